@@ -1,0 +1,1 @@
+"""Reference implementation of asynchronous checkpointing (NVRx-compatible core)."""

@@ -1,0 +1,1 @@
+"""Async checkpoint core: request queue, background callers and an async ``torch.save``."""

@@ -1,0 +1,1 @@
+"""ckptspec: the executable specification of async and local checkpointing."""

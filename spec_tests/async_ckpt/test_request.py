@@ -1,0 +1,159 @@
+"""AsyncRequest: fields, finalize functions, freeze, execute_sync, preload_fn, no-op requests."""
+
+import functools
+import os
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec_tests import workloads
+from spec_tests.asserts import bounded
+from spec_tests.targets import current_target
+
+FIELDS = ("async_fn", "async_fn_args", "finalize_fns", "async_fn_kwargs", "preload_fn", "is_frozen",
+          "call_idx")
+
+
+def _core():
+    return current_target().module("async_ckpt.core")
+
+
+@pytest.mark.spec("AR-1")
+def test_fields_order_and_defaults(core):
+    cls = core.AsyncRequest
+    assert issubclass(cls, tuple) and cls._fields == FIELDS, f"fields={cls._fields}, but should be {FIELDS}"
+    req = cls(None, (), [])
+    assert (req.preload_fn, req.is_frozen, req.call_idx) == (None, False, 0)
+    assert not req.async_fn_kwargs, f"async_fn_kwargs={req.async_fn_kwargs!r}, but should default to empty"
+    with pytest.raises(TypeError):
+        cls(None, ())
+
+
+@pytest.mark.spec("AR-3")
+def test_frozen_request_refuses_finalize_fns(core):
+    frozen = core.AsyncRequest(None, (), [print]).freeze()
+    with pytest.raises(RuntimeError):
+        frozen.add_finalize_fn(print)
+    assert list(frozen.finalize_fns) == [print]
+
+
+@pytest.mark.spec("AR-4")
+@given(n=st.integers(0, 4), call_idx=st.integers(0, 9))
+def test_freeze_returns_a_frozen_copy(n, call_idx):
+    fns = [functools.partial(print, i) for i in range(n)]
+    req = _core().AsyncRequest(print, (1, 2), fns, {"k": 1}, None, False, call_idx)
+    frozen = req.freeze()
+    assert frozen is not req and frozen.is_frozen and not req.is_frozen
+    for name in FIELDS:
+        if name not in ("is_frozen", "finalize_fns"):
+            assert getattr(frozen, name) == getattr(req, name), f"freeze() changed {name}"
+    assert list(frozen.finalize_fns) == fns and list(req.finalize_fns) == fns
+
+
+@pytest.mark.spec("AR-5")
+def test_frozen_copy_is_independent_of_the_original(core):
+    req = core.AsyncRequest(None, (), [print])
+    frozen = req.freeze()
+    req.add_finalize_fn(repr)
+    assert list(frozen.finalize_fns) == [print], (
+        f"frozen.finalize_fns={list(frozen.finalize_fns)}, but should stay [print] "
+        "after add_finalize_fn on the original")
+
+
+def _run_sync(n_initial, n_added, log_dir):
+    log = os.path.join(log_dir, f"log{os.getpid()}")
+    fns = [functools.partial(workloads.append_line, log, f"f{i}") for i in range(n_initial)]
+    req = _core().AsyncRequest(None, (), fns)
+    for i in range(n_added):
+        req.add_finalize_fn(functools.partial(workloads.append_line, log, f"f{n_initial + i}"))
+    req.execute_sync()
+    with open(log) as f:
+        lines = f.read().split()
+    os.remove(log)
+    return lines
+
+
+@pytest.mark.spec("AR-2", "AR-6")
+@given(n_initial=st.integers(0, 3), n_added=st.integers(1, 3))
+def test_finalize_fns_run_in_insertion_order(rank_pool, tmp_path_factory, n_initial, n_added):
+    log_dir = str(tmp_path_factory.mktemp("order"))
+    expected = [f"f{i}" for i in range(n_initial + n_added)]
+    assert rank_pool(1).run(_run_sync, n_initial, n_added, log_dir) == [expected]
+
+
+def _execute_sync_effects(tmp):
+    log = os.path.join(tmp, "log")
+
+    def preload():
+        workloads.append_line(log, "preload")
+        return "async"  # becomes argument 1 of async_fn: the text it appends
+
+    req = _core().AsyncRequest(workloads.append_line, (log, "placeholder"),
+                               [functools.partial(workloads.append_line, log, "finalize")],
+                               preload_fn=preload)
+    req.execute_sync()
+    with open(log) as f:
+        return f.read().split()
+
+
+@pytest.mark.spec("AR-6", "AR-7")
+def test_execute_sync_runs_preload_then_async_fn_then_finalize(rank_pool, tmp_path):
+    assert rank_pool(1).run(_execute_sync_effects, str(tmp_path)) == [["preload", "async", "finalize"]]
+
+
+def _preload_contract(tmp, persistent):
+    """preload_fn gets no arguments; its result becomes args[1]; the request's args stay as they were."""
+    out = os.path.join(tmp, "out.pt")
+    args = (None, "placeholder", out)
+    req = _core().AsyncRequest(workloads.save_when_open, args, [],
+                               preload_fn=functools.partial(_preloaded_value, "from-preload"))
+    if persistent is None:
+        req.execute_sync()
+    else:
+        queue = _core().AsyncCallsQueue(persistent=persistent)
+        queue.schedule_async_request(req)
+        bounded(60, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
+        queue.close()
+    import torch
+
+    return torch.load(out), req.async_fn_args == args
+
+
+def _preloaded_value(value, *unexpected):
+    if unexpected:
+        raise TypeError(f"preload_fn was called with arguments {unexpected!r}")
+    return value
+
+
+@pytest.mark.spec("AR-7")
+@pytest.mark.parametrize("path", ["execute_sync", "persistent", "temporal"])
+def test_preload_fn_result_replaces_argument_one(rank_pool, tmp_path, path, target):
+    if path != "execute_sync" and not target.has(f"{path}_caller"):
+        pytest.skip(f"target lacks the {path} caller")
+    persistent = {"execute_sync": None, "persistent": True, "temporal": False}[path]
+    assert rank_pool(1).run(_preload_contract, str(tmp_path), persistent) == [("from-preload", True)]
+
+
+def _noop_request(tmp, persistent):
+    log = os.path.join(tmp, f"noop-{persistent}")
+    queue = _core().AsyncCallsQueue(persistent=persistent)
+    first = queue.schedule_async_request(_core().AsyncRequest(
+        workloads.append_line, (log, "real"), [functools.partial(workloads.append_line, log, "fin0")]))
+    second = queue.schedule_async_request(_core().AsyncRequest(
+        None, (), [functools.partial(workloads.append_line, log, "fin1")]))
+    bounded(30, "maybe_finalize_async_calls(blocking=True) with a no-op request pending",
+            queue.maybe_finalize_async_calls, True)
+    pending = queue.get_num_unfinalized_calls()
+    queue.close()
+    with open(log) as f:
+        return (first, second), pending, f.read().split()
+
+
+@pytest.mark.spec("AR-8")
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "temporal"])
+def test_noop_request_gets_an_index_and_is_finalized(rank_pool, tmp_path, persistent, target):
+    if not target.has("persistent_caller" if persistent else "temporal_caller"):
+        pytest.skip("target lacks this caller")
+    assert rank_pool(1).run(_noop_request, str(tmp_path), persistent) == [
+        ((0, 1), 0, ["real", "fin0", "fin1"])]

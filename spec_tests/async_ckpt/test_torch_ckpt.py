@@ -1,0 +1,98 @@
+"""TorchAsyncCheckpoint: torch.save in the background, finalized in a training loop."""
+
+import os
+
+import pytest
+import torch
+from hypothesis import given
+
+from spec_tests import strategies, workloads
+from spec_tests.asserts import assert_state_dict_equal, bounded
+from spec_tests.targets import current_target
+
+pytestmark = pytest.mark.needs("torch_async_checkpoint")
+PERSISTENCE = [pytest.param(True, id="persistent"), pytest.param(False, id="temporal")]
+
+
+def _checkpointer(persistent):
+    return current_target().module("async_ckpt.torch_ckpt").TorchAsyncCheckpoint(persistent_queue=persistent)
+
+
+def _private(obj):
+    """Copy tensors into private memory (what arrives over the pool's pipe is shared memory)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: _private(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_private(v) for v in obj]
+    return obj
+
+
+def _save_mutate_load(tmp, persistent, state_dict):
+    gate, path = os.path.join(tmp, "gate"), os.path.join(tmp, "ckpt.pt")
+    state_dict = {"0gate": workloads.PickleGate(gate), **_private(state_dict)}  # the write waits here
+    expected = _private(state_dict)
+    ckpt = _checkpointer(persistent)
+    ckpt.async_save(state_dict, path)
+    strategies.mutate_in_place(state_dict)
+    workloads.open_gate(gate)
+    bounded(60, "finalize_async_save(blocking=True)", ckpt.finalize_async_save, True)
+    bounded(60, "finalize_async_save(terminate=True)", ckpt.finalize_async_save, True, True, True)
+    assert_state_dict_equal(torch.load(path, weights_only=False), expected,
+                            call="torch.load of a file written by async_save before an in-place update")
+    os.remove(gate), os.remove(path)
+
+
+@pytest.mark.spec("TAC-1", "AQ-14")
+@pytest.mark.parametrize("persistent", PERSISTENCE)
+@given(state_dict=strategies.state_dicts())
+def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, persistent, state_dict):
+    rank_pool(1).run(_save_mutate_load, str(tmp_path_factory.mktemp("tac")), persistent, state_dict)
+
+
+def _training_loop(tmp, persistent):
+    ckpt = _checkpointer(persistent)
+    model = {"w": torch.zeros(8), "step": 0}
+    saved = {}
+    for step in range(6):
+        gate = os.path.join(tmp, f"gate{step}")
+        # Must return at once although the previous save is still held by its gate.
+        bounded(10, "finalize_async_save(blocking=False) while a save is in flight",
+                ckpt.finalize_async_save, False)
+        model["w"].add_(1)
+        model["step"] = step
+        if step % 2 == 0:
+            path = os.path.join(tmp, f"step{step}.pt")
+            ckpt.async_save({"0gate": workloads.PickleGate(gate), **model}, path)
+            saved[path] = {"w": model["w"].clone(), "step": step}
+        if step >= 1:
+            workloads.open_gate(os.path.join(tmp, f"gate{step - 1}"))
+    workloads.open_gate(os.path.join(tmp, "gate5"))
+    bounded(60, "finalize_async_save(blocking=True, terminate=True)", ckpt.finalize_async_save, True, True, True)
+    for path, expected in saved.items():
+        loaded = torch.load(path, weights_only=False)
+        assert_state_dict_equal({"w": loaded["w"], "step": loaded["step"]}, expected, call=f"torch.load({path})")
+    return len(saved)
+
+
+@pytest.mark.spec("TAC-2")
+@pytest.mark.parametrize("persistent", PERSISTENCE)
+def test_non_blocking_finalize_in_a_training_loop(rank_pool, tmp_path, persistent):
+    assert rank_pool(1).run(_training_loop, str(tmp_path), persistent) == [3]
+
+
+def _two_instances(tmp):
+    persistent, temporal = _checkpointer(True), _checkpointer(False)
+    a, b = {"x": torch.arange(4)}, {"y": torch.ones(3)}
+    persistent.async_save(a, os.path.join(tmp, "a.pt"))
+    temporal.async_save(b, os.path.join(tmp, "b.pt"))
+    bounded(60, "finalize_async_save on the persistent instance", persistent.finalize_async_save, True, True, True)
+    bounded(60, "finalize_async_save on the temporal instance", temporal.finalize_async_save, True, True, True)
+    assert_state_dict_equal(torch.load(os.path.join(tmp, "a.pt")), a, call="persistent instance's file")
+    assert_state_dict_equal(torch.load(os.path.join(tmp, "b.pt")), b, call="temporal instance's file")
+
+
+@pytest.mark.spec("TAC-3")
+def test_instances_do_not_interfere(rank_pool, tmp_path):
+    rank_pool(1).run(_two_instances, str(tmp_path))

@@ -1,0 +1,363 @@
+"""Run a test body on N ranks, with a bound on every run and a report that covers every rank.
+
+Two ways in:
+
+    @ranks(2, timeout=60)                 # fresh ranks for one test
+    def test_x(target, tmp_path): ...     # module-level; the body runs on every rank
+
+    def test_y(rank_pool):                # warm ranks, reused across hypothesis examples
+        results = rank_pool(2).run(body, arg)   # body: a module-level function
+
+Ranks are forked from a forkserver that has torch and the target preloaded (tens of ms per rank
+instead of seconds), rendezvous through a FileStore in a temporary directory (no ports, so xdist
+workers never collide), and use gloo, or NCCL when `backend="nccl"` (or "auto" with enough GPUs;
+too few GPUs skip before anything is started). Each rank is the leader of its own process group,
+so stopping a rank with `killpg` also ends every process it started, orphans included.
+
+A run fails with one `RankFailures` listing every rank: its traceback, its unexpected exit code,
+or, for a rank that did not finish within the timeout (or within a short grace period after another
+rank failed), its stack dumped by faulthandler. `expect_exit={rank: code}` declares a death the test
+causes on purpose (e.g. `-signal.SIGKILL`). A rank that calls `pytest.skip` skips the test.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import importlib
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from multiprocessing.connection import wait
+
+__all__ = ["RankFailures", "RankPool", "ranks", "rank_state", "resolve_backend", "world"]
+
+DEFAULT_TIMEOUT = 120.0
+GRACE_AFTER_FAILURE = 3.0
+DUMP_WAIT = 2.0
+
+rank_state: dict = {}
+"""Per-rank state kept between runs of one RankPool (empty in a fresh rank)."""
+
+
+class RankFailures(AssertionError):
+    """One or more ranks failed, hung or exited unexpectedly; the message covers every rank."""
+
+
+def world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    return dist.get_rank(), dist.get_world_size()
+
+
+def resolve_backend(backend: str, world_size: int) -> str:
+    """"gloo", or "nccl" when asked for (or "auto") and world_size GPUs exist; else skip."""
+    import pytest
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        pytest.skip(f"needs {world_size} CUDA devices for NCCL, found {gpus}")
+    return backend
+
+
+# --------------------------------------------------------------------------------------- ranks
+
+
+@dataclass(frozen=True)
+class _WorldSpec:
+    world_size: int
+    backend: str
+    store_path: str
+    dump_dir: str
+    target_name: str
+    pg_timeout: float
+
+
+def _rank_main(rank: int, spec: _WorldSpec, conn, job) -> None:
+    try:
+        _join_world(rank, spec)
+    except BaseException:
+        conn.send(("error", f"rank setup failed:\n{traceback.format_exc()}"))
+        return
+    while job is not None:
+        _serve(conn, job)
+        job = conn.recv()  # one-shot runs and RankPool.close send None
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a test may have destroyed it on purpose
+        dist.destroy_process_group()
+
+
+def _join_world(rank: int, spec: _WorldSpec) -> None:
+    os.setpgid(0, 0)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank))
+    from spec_tests.targets import ENV_VAR, load_target
+
+    os.environ[ENV_VAR] = spec.target_name
+    dump = open(os.path.join(spec.dump_dir, f"rank{rank}.stack"), "w")
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+    import torch
+    import torch.distributed as dist
+
+    load_target(spec.target_name)
+    if spec.backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        spec.backend, store=dist.FileStore(spec.store_path, spec.world_size), rank=rank,
+        world_size=spec.world_size, timeout=timedelta(seconds=spec.pg_timeout))
+
+
+def _serve(conn, job) -> None:
+    import pytest
+
+    module, qualname, unwrap, args, kwargs = job
+    try:
+        fn = importlib.import_module(module)
+        for part in qualname.split("."):
+            fn = getattr(fn, part)
+        result = (fn.__wrapped__ if unwrap else fn)(*args, **kwargs)
+        reply = ("ok", result)
+    except pytest.skip.Exception as exc:
+        reply = ("skip", str(exc))
+    except BaseException:  # CheckpointException is a BaseException
+        reply = ("error", traceback.format_exc())
+    try:
+        conn.send(reply)
+    except Exception:
+        conn.send(("error", f"result could not be sent back:\n{traceback.format_exc()}"))
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    from spec_tests.targets import current_target
+
+    target = current_target()
+    ctx.set_forkserver_preload(
+        ["torch", "torch.distributed", "pytest", "spec_tests.dist", target.adapter.__name__,
+         *target.adapter.MODULES.values()])
+    return ctx
+
+
+@dataclass
+class _Outcome:
+    kind: str = "pending"  # ok | error | skip | exit | expected_exit | hung
+    detail: object = None
+
+
+@dataclass
+class _Ranks:
+    """N started rank processes and the pipes to them."""
+
+    spec: _WorldSpec
+    procs: list
+    conns: list
+    workdir: str
+    outcomes: list = field(default_factory=list)
+
+    @classmethod
+    def start(cls, world_size, backend, timeout, jobs):
+        from spec_tests.targets import current_target
+
+        workdir = tempfile.mkdtemp(prefix="ckptspec-ranks-")
+        spec = _WorldSpec(world_size, backend, os.path.join(workdir, "store"), workdir,
+                          current_target().name, pg_timeout=max(timeout, 30.0) + 30.0)
+        ctx, procs, conns = _context(), [], []
+        for rank in range(world_size):
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, args=(rank, spec, child_end, jobs[rank]),
+                               name=f"ckptspec-rank{rank}")
+            proc.start()
+            child_end.close()
+            procs.append(proc)
+            conns.append(parent_end)
+        return cls(spec, procs, conns, workdir)
+
+    def collect(self, timeout: float, expect_exit: dict[int, int]) -> list[_Outcome]:
+        """Wait for one reply (or exit) per rank, bounded by timeout and the failure grace."""
+        self.outcomes = [_Outcome() for _ in self.procs]
+        deadline, failed_at = time.monotonic() + timeout, None
+        while self.pending():
+            limit = deadline if failed_at is None else min(deadline, failed_at + GRACE_AFTER_FAILURE)
+            if time.monotonic() >= limit:
+                break
+            handles = [self.conns[r] for r in self.pending()] + [self.procs[r].sentinel for r in self.pending()]
+            wait(handles, timeout=limit - time.monotonic())
+            for rank in self.pending():
+                if self._update(rank, expect_exit) and failed_at is None:
+                    failed_at = time.monotonic()
+        for rank in self.pending():
+            self.outcomes[rank] = _Outcome("hung", self._dump_stack(rank))
+        return self.outcomes
+
+    def pending(self) -> list[int]:
+        return [r for r, o in enumerate(self.outcomes) if o.kind == "pending"]
+
+    def _update(self, rank: int, expect_exit: dict[int, int]) -> bool:
+        """Record rank's reply or exit if there is one; True if that is a failure."""
+        outcome, proc = self.outcomes[rank], self.procs[rank]
+        try:
+            if self.conns[rank].poll():
+                outcome.kind, outcome.detail = self.conns[rank].recv()
+                return outcome.kind == "error" or rank in expect_exit
+        except (EOFError, OSError):
+            pass
+        if proc.is_alive():
+            return False
+        proc.join()
+        expected = rank in expect_exit and expect_exit[rank] == proc.exitcode
+        outcome.kind, outcome.detail = ("expected_exit" if expected else "exit"), proc.exitcode
+        return not expected
+
+    def _dump_stack(self, rank: int) -> str:
+        path = os.path.join(self.workdir, f"rank{rank}.stack")
+        try:
+            os.kill(self.procs[rank].pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return "(process already gone)"
+        deadline = time.monotonic() + DUMP_WAIT
+        while time.monotonic() < deadline and not os.path.getsize(path):
+            time.sleep(0.05)
+        time.sleep(0.1)  # let faulthandler finish writing every thread
+        with open(path) as f:
+            return f.read() or "(no stack was dumped)"
+
+    def kill(self) -> None:
+        """End every rank and everything it started (its process group), then remove the workdir."""
+        for proc in self.procs:
+            if proc.pid is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for proc in self.procs:
+            proc.join(timeout=10)
+        for conn in self.conns:
+            conn.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _describe(outcomes: list[_Outcome], timeout: float, expect_exit: dict[int, int]) -> str | None:
+    """The RankFailures text, or None if every rank did what was expected."""
+    bad, lines = 0, []
+    for rank, o in enumerate(outcomes):
+        if o.kind == "error":
+            text = f"rank {rank} raised\n{_indent(o.detail)}"
+        elif o.kind == "exit":
+            want = f" (expected {expect_exit[rank]})" if rank in expect_exit else ""
+            text = f"rank {rank} exited with code {o.detail}{want} without reporting a result"
+        elif o.kind == "hung":
+            text = (f"rank {rank} did not finish within {timeout:g}s (or was stopped after another "
+                    f"rank failed); stack:\n{_indent(o.detail)}")
+        elif rank in expect_exit and o.kind != "expected_exit":
+            text = f"rank {rank} was expected to exit with code {expect_exit[rank]} but returned"
+        else:
+            lines.append(f"rank {rank}: {o.kind}")
+            continue
+        bad += 1
+        lines.append(text)
+    if not bad:
+        return None
+    return f"{bad} of {len(outcomes)} ranks failed:\n\n" + "\n\n".join(lines)
+
+
+def _indent(text) -> str:
+    return "\n".join("    " + line for line in str(text).rstrip().splitlines())
+
+
+def _finish(outcomes, timeout, expect_exit) -> list:
+    import pytest
+
+    __tracebackhide__ = True
+    message = _describe(outcomes, timeout, expect_exit)
+    if message:
+        raise RankFailures(message)
+    skips = [o.detail for o in outcomes if o.kind == "skip"]
+    if skips:
+        pytest.skip(skips[0])
+    return [o.detail if o.kind == "ok" else None for o in outcomes]
+
+
+def _job(fn, unwrap, args, kwargs):
+    if "<locals>" in fn.__qualname__:
+        raise TypeError(f"{fn.__qualname__} must be a module-level function to run on ranks")
+    return (fn.__module__, fn.__qualname__, unwrap, args, kwargs)
+
+
+def run_on_ranks(fn, world_size, args=(), kwargs=None, *, backend="auto", timeout=DEFAULT_TIMEOUT,
+                 expect_exit=None, unwrap=False) -> list:
+    """Run fn(*args, **kwargs) once on fresh ranks; return each rank's result."""
+    __tracebackhide__ = True
+    backend, expect_exit = resolve_backend(backend, world_size), dict(expect_exit or {})
+    job = _job(fn, unwrap, args, kwargs or {})
+    group = _Ranks.start(world_size, backend, timeout, [job] * world_size)
+    try:
+        for conn in group.conns:
+            conn.send(None)  # one-shot: the rank stops after this job
+        outcomes = group.collect(timeout, expect_exit)
+    finally:
+        group.kill()
+    return _finish(outcomes, timeout, expect_exit)
+
+
+def ranks(world_size: int, *, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
+          expect_exit: dict[int, int] | None = None):
+    """Decorator: run a module-level test body on `world_size` fresh ranks."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            __tracebackhide__ = True
+            run_on_ranks(fn, world_size, args, kwargs, backend=backend, timeout=timeout,
+                         expect_exit=expect_exit, unwrap=True)
+
+        return wrapper
+
+    return decorate
+
+
+class RankPool:
+    """`world_size` warm ranks sharing one process group; respawned after any failure."""
+
+    def __init__(self, world_size: int, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT):
+        self.world_size, self.timeout = world_size, timeout
+        self.backend = resolve_backend(backend, world_size)
+        self._ranks: _Ranks | None = None
+
+    def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
+        """Run fn(*args, **kwargs) on every rank; return the per-rank results."""
+        __tracebackhide__ = True
+        timeout = self.timeout if timeout is None else timeout
+        job = _job(fn, False, args, kwargs)
+        if self._ranks is None:
+            self._ranks = _Ranks.start(self.world_size, self.backend, self.timeout,
+                                       [job] * self.world_size)
+        else:
+            for conn in self._ranks.conns:
+                conn.send(job)
+        outcomes = self._ranks.collect(timeout, {})
+        if any(o.kind != "ok" for o in outcomes):
+            ranks_, self._ranks = self._ranks, None
+            ranks_.kill()  # a failed process group may not be reusable: respawn on the next run
+        return _finish(outcomes, timeout, {})
+
+    def close(self) -> None:
+        if self._ranks is not None:
+            ranks_, self._ranks = self._ranks, None
+            for conn in ranks_.conns:
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + 10
+            for proc in ranks_.procs:
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            ranks_.kill()

@@ -1,0 +1,160 @@
+"""Watch the watchmen: the multi-rank runner reports failing, hung and killed ranks, and cleans up."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from spec_tests.dist import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
+
+
+def _sum_of_ranks():
+    t = torch.tensor([dist.get_rank()])
+    dist.all_reduce(t)
+    return int(t.item()), world()
+
+
+def _rank1_raises():
+    if dist.get_rank() == 1:
+        raise AssertionError("rank 1 saw a bad checksum")
+    dist.barrier()
+
+
+def _rank1_hangs_in_named_function():
+    if dist.get_rank() == 1:
+        _a_function_that_never_returns()
+
+
+def _a_function_that_never_returns():
+    while True:
+        time.sleep(0.05)
+
+
+def _rank1_kills_itself():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _rank0_skips():
+    pytest.skip("rank 0 has no GPU")
+
+
+def _start_grandchild_then_hang(pid_file):
+    child = subprocess.Popen(["sleep", "300"])
+    with open(pid_file, "w") as f:
+        f.write(str(child.pid))
+    _a_function_that_never_returns()
+
+
+def _remember(value):
+    rank_state["value"] = value
+    return value
+
+
+def _recall():
+    return rank_state.get("value")
+
+
+def test_results_come_back_from_every_rank():
+    assert run_on_ranks(_sum_of_ranks, 3) == [(3, (r, 3)) for r in range(3)]
+
+
+def test_a_failing_rank_is_reported_with_every_other_rank():
+    with pytest.raises(RankFailures) as info:
+        run_on_ranks(_rank1_raises, 2, timeout=30)
+    text = str(info.value)
+    assert "rank 1 raised" in text and "rank 1 saw a bad checksum" in text
+    assert "rank 0" in text
+
+
+def test_a_hung_rank_is_reported_with_its_stack():
+    with pytest.raises(RankFailures) as info:
+        run_on_ranks(_rank1_hangs_in_named_function, 2, timeout=5)
+    text = str(info.value)
+    assert "rank 1 did not finish within 5s" in text
+    assert "_a_function_that_never_returns" in text
+    assert "rank 0: ok" in text
+
+
+def test_an_unexpected_death_is_reported_with_its_exit_code():
+    with pytest.raises(RankFailures) as info:
+        run_on_ranks(_rank1_kills_itself, 2, timeout=30)
+    assert f"rank 1 exited with code {-signal.SIGKILL}" in str(info.value)
+
+
+def test_a_declared_death_is_not_a_failure():
+    results = run_on_ranks(_rank1_kills_itself, 2, timeout=30, expect_exit={1: -signal.SIGKILL})
+    assert results == [None, None]
+
+
+def test_a_declared_death_that_does_not_happen_is_a_failure():
+    with pytest.raises(RankFailures) as info:
+        run_on_ranks(_sum_of_ranks, 2, timeout=30, expect_exit={1: -signal.SIGKILL})
+    assert "rank 1 was expected to exit" in str(info.value)
+
+
+def test_a_skip_on_a_rank_skips_the_test():
+    with pytest.raises(pytest.skip.Exception, match="rank 0 has no GPU"):
+        run_on_ranks(_rank0_skips, 2, timeout=30)
+
+
+def test_processes_started_by_a_stopped_rank_are_ended(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    with pytest.raises(RankFailures):
+        run_on_ranks(_start_grandchild_then_hang, 1, (str(pid_file),), timeout=5)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid), f"grandchild {pid} of a stopped rank is still running"
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_pool_keeps_rank_state_and_respawns_after_a_failure():
+    pool = RankPool(2, timeout=10)
+    try:
+        assert pool.run(_remember, 7) == [7, 7]
+        assert pool.run(_recall) == [7, 7]
+        with pytest.raises(RankFailures, match="rank 1 raised"):
+            pool.run(_rank1_raises)
+        assert pool.run(_recall) == [None, None], "a respawned pool starts with fresh ranks"
+        assert pool.run(_sum_of_ranks) == [(1, (0, 2)), (1, (1, 2))]
+    finally:
+        pool.close()
+
+
+def test_a_pool_reports_a_hung_rank_and_recovers():
+    pool = RankPool(2, timeout=5)
+    try:
+        with pytest.raises(RankFailures, match="rank 1 did not finish"):
+            pool.run(_rank1_hangs_in_named_function)
+        assert pool.run(_sum_of_ranks)[0][0] == 1
+    finally:
+        pool.close()
+
+
+@ranks(2, timeout=60)
+def test_the_decorator_runs_the_body_on_every_rank_with_fixtures(tmp_path):
+    rank, size = world()
+    (tmp_path / f"rank{rank}").write_text(str(size))
+    dist.barrier()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+
+
+def test_functions_defined_inside_tests_are_refused():
+    def local():
+        return 1
+
+    with pytest.raises(TypeError, match="module-level"):
+        run_on_ranks(local, 1)

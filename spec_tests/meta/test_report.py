@@ -1,0 +1,289 @@
+"""The conformance report: aggregation rule, Markdown table, --update, input validation, --run."""
+
+import json
+import subprocess
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec_tests import clauses as clause_registry
+from spec_tests import report
+from spec_tests.report import (END_MARKER, OUTCOMES, START_MARKER, ReportError, cell, load_run,
+                               main, render, replace_block, verdict)
+
+outcome_lists = st.lists(st.sampled_from(sorted(OUTCOMES)), max_size=12)
+REGISTRY = {"X-1": {"statement": "first clause", "source": "s"},
+            "X-2": {"statement": "second | clause with a pipe", "source": "s"},
+            "X-3": {"statement": "a " * 60 + "long one", "source": "s"}}
+
+
+def _write(tmp_path, name, tests, target="impl", version="(source tree)", clauses=REGISTRY):
+    path = tmp_path / name
+    path.write_text(json.dumps({"target": target, "version": version, "capabilities": [],
+                                "clauses": clauses, "tests": tests}))
+    return path
+
+
+def _test(nodeid, outcome, *clauses, when="call"):
+    return {"nodeid": nodeid, "outcome": outcome, "when": when, "clauses": list(clauses),
+            "duration": 0.1, "message": ""}
+
+
+def _rows(markdown):
+    """Table rows (header, separator and body) as lists of cells."""
+    table = [line for line in markdown.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in table]
+
+
+# ---------------------------------------------------------------------------------- aggregation
+
+
+@given(outcome_lists)
+def test_any_failure_error_or_xpass_is_fail(outcomes):
+    failing = {"failed", "error", "xpass"} & set(outcomes)
+    assert (verdict(outcomes) == "fail") == bool(failing)
+
+
+@given(outcome_lists)
+def test_verdict_follows_precedence(outcomes):
+    present = set(outcomes)
+    expected = ("fail" if present & {"failed", "error", "xpass"} else
+                "xfail" if "xfail" in present else
+                "pass" if "passed" in present else
+                "skip" if "skipped" in present else "not covered")
+    assert verdict(outcomes) == expected
+
+
+@given(outcome_lists)
+def test_cell_counts_tests_with_the_verdict(outcomes):
+    text = cell(outcomes)
+    if not outcomes:
+        assert text == "not covered"
+        return
+    name, count = text[:-1].split(" (")
+    assert name == verdict(outcomes)
+    k, _, n = count.partition("/")
+    assert int(n or k) == len(outcomes) and 1 <= int(k) <= len(outcomes)
+    assert (n == "") == (int(k) == len(outcomes))
+
+
+@given(outcome_lists, st.permutations(range(12)))
+def test_verdict_ignores_order(outcomes, order):
+    shuffled = [outcomes[i] for i in order if i < len(outcomes)]
+    assert cell(shuffled) == cell(outcomes)
+
+
+def test_cell_examples():
+    assert cell([]) == "not covered"
+    assert cell(["passed"] * 3) == "pass (3)"
+    assert cell(["passed", "failed", "passed", "skipped"]) == "fail (1/4)"
+    assert cell(["xpass"]) == "fail (1)"
+    assert cell(["xfail", "passed"]) == "xfail (1/2)"
+    assert cell(["skipped", "passed"]) == "pass (1/2)"
+    assert cell(["skipped", "skipped"]) == "skip (2)"
+
+
+def test_a_test_counts_once_with_its_worst_phase(tmp_path):
+    run = load_run(_write(tmp_path, "a.json", [
+        _test("t::a", "passed", "X-1"), _test("t::a", "error", "X-1", when="teardown"),
+        _test("t::b", "passed", "X-1")]))
+    assert sorted(run.outcomes("X-1")) == ["error", "passed"]
+    assert cell(run.outcomes("X-1")) == "fail (1/2)"
+
+
+# ---------------------------------------------------------------------------------- rendering
+
+
+def test_one_row_per_registry_clause_one_column_per_target(tmp_path):
+    impl = load_run(_write(tmp_path, "impl.json", [
+        _test("t::a", "passed", "X-1"), _test("t::b", "failed", "X-1", "X-2")]))
+    nvrx = load_run(_write(tmp_path, "nvrx.json", [
+        _test("t::a", "xfail", "X-1"), _test("t::b", "skipped", "X-2")],
+        target="nvrx", version="0.4.1", clauses={}))
+    rows = _rows(render([impl, nvrx], REGISTRY))
+    header, separator, body = rows[0], rows[1], rows[2:]
+    assert header == ["clause", "statement", "impl (source tree)", "nvrx 0.4.1"]
+    assert len(separator) == len(header)
+    assert [r[0] for r in body] == ["X-1", "X-2", "X-3"]
+    assert all(len(r) == 4 for r in body)
+    assert [r[2:] for r in body] == [["fail (1/2)", "xfail (1)"],
+                                     ["fail (1)", "skip (1)"],
+                                     ["not covered", "not covered"]]
+
+
+def test_statements_are_shortened_and_escaped(tmp_path):
+    run = load_run(_write(tmp_path, "a.json", []))
+    body = render([run], REGISTRY).splitlines()
+    assert "second \\| clause with a pipe" in body[3]
+    long_statement = _rows(render([run], REGISTRY))[4][1]
+    assert long_statement.endswith("…") and len(long_statement) <= 70
+
+
+def test_legend_and_summary_lines(tmp_path):
+    run = load_run(_write(tmp_path, "a.json", [
+        _test("t::a", "passed", "X-1"), _test("t::b", "xpass", "X-1"),
+        _test("t::c", "xfail", "X-2"), _test("t::d", "skipped", "X-2"),
+        _test("t::meta", "passed")]))
+    text = render([run], REGISTRY)
+    below = text.split("\n\n", 1)[1]
+    assert below.startswith("Legend:")
+    assert ("- **impl (source tree)**: 2 passed, 1 failed, 1 xfail, 1 skipped; "
+            "clauses not covered: X-3") in below
+
+
+def test_registry_defaults_to_clauses_toml(tmp_path):
+    run = load_run(_write(tmp_path, "a.json", [], clauses={}))
+    body = _rows(render([run]))[2:]
+    assert [r[0] for r in body] == list(clause_registry.load())
+    assert {r[2] for r in body} == {"not covered"}
+
+
+def test_clauses_unknown_to_the_registry_still_get_rows(tmp_path):
+    clauses = {**REGISTRY, "OLD-1": {"statement": "removed since", "source": "s"}}
+    run = load_run(_write(tmp_path, "a.json", [_test("t::a", "passed", "OLD-1")], clauses=clauses))
+    assert _rows(render([run], REGISTRY))[-1] == ["OLD-1", "removed since", "pass (1)"]
+
+
+# ---------------------------------------------------------------------------------- --update
+
+
+def test_update_replaces_only_the_marked_block(tmp_path):
+    readme = tmp_path / "README.md"
+    before, after = "# Title\n\nintro\n", "\n## After\ntext\n"
+    readme.write_text(f"{before}{START_MARKER}\nold table\nmore\n{END_MARKER}{after}")
+    source = _write(tmp_path, "a.json", [_test("t::a", "passed", "X-1")])
+    assert main([str(source), "--update", str(readme)]) == 0
+    text = readme.read_text()
+    start = text.index(START_MARKER) + len(START_MARKER) + 1
+    assert text.startswith(before + START_MARKER + "\n")
+    assert text.endswith(END_MARKER + after)
+    assert "old table" not in text
+    assert text[start:text.index(END_MARKER)] == render([load_run(source)])
+
+
+def test_update_is_idempotent():
+    text = f"a\n{START_MARKER}\n{END_MARKER}\nb\n"
+    once = replace_block(text, "| t |\n")
+    assert replace_block(once, "| t |\n") == once == f"a\n{START_MARKER}\n| t |\n{END_MARKER}\nb\n"
+
+
+@pytest.mark.parametrize("text", [
+    "no markers\n", f"{START_MARKER}\nonly a start\n", f"only an end\n{END_MARKER}\n",
+    f"{END_MARKER}\nreversed\n{START_MARKER}\n",
+    f"{START_MARKER}\n{END_MARKER}\n{START_MARKER}\n{END_MARKER}\n"])
+def test_update_without_a_single_marked_block_fails_clearly(tmp_path, capsys, text):
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    assert main([str(_write(tmp_path, "a.json", [])), "--update", str(readme)]) == 1
+    err = capsys.readouterr().err
+    assert str(readme) in err and START_MARKER in err and END_MARKER in err
+    assert readme.read_text() == text
+
+
+def test_stdout_without_update(tmp_path, capsys):
+    assert main([str(_write(tmp_path, "a.json", [_test("t::a", "passed", "X-1")]))]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| clause | statement | impl (source tree) |")
+
+
+# ---------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    (json.dumps({"version": "1", "clauses": {}, "tests": []}), "'target'"),
+    (json.dumps({"target": "impl", "version": "1", "clauses": {}, "tests": {}}), "'tests'"),
+    (json.dumps({"target": "impl", "version": "1", "clauses": {"X-1": "s"}, "tests": []}),
+     "'clauses'"),
+    (json.dumps({"target": "impl", "version": "1", "clauses": {},
+                 "tests": [_test("t::a", "weird")]}), "tests[0].outcome 'weird'"),
+    (json.dumps({"target": "impl", "version": "1", "clauses": {},
+                 "tests": [{"nodeid": "t::a", "outcome": "passed", "clauses": "X-1"}]}),
+     "tests[0].clauses"),
+    (json.dumps({"target": "impl", "version": "1", "clauses": {}, "tests": ["t::a"]}),
+     "tests[0] is not an object"),
+])
+def test_bad_json_is_an_error_naming_the_file(tmp_path, capsys, content, problem):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ReportError, match=str(path)) as info:
+        load_run(path)
+    assert problem in str(info.value)
+    assert main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert str(path) in err and problem in err
+
+
+def test_missing_file_is_an_error_naming_it(tmp_path, capsys):
+    path = tmp_path / "absent.json"
+    assert main([str(path)]) == 1
+    assert f"{path}: cannot read" in capsys.readouterr().err
+
+
+def test_no_input_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    assert "--run" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- --run
+
+
+@pytest.fixture
+def fake_pytest(monkeypatch):
+    """Replace the suite run: record each command and write a JSON file, exiting with `codes`."""
+    calls, codes = [], {}
+
+    def fake_run(command, **kwargs):
+        target = command[command.index("--impl") + 1]
+        json_path = command[command.index("--conformance-json") + 1]
+        calls.append((command, kwargs))
+        outcome = "failed" if target == "nvrx" else "passed"
+        with open(json_path, "w") as f:
+            json.dump({"target": target, "version": "v", "capabilities": [], "clauses": {},
+                       "tests": [_test("t::a", outcome, "X-1")]}, f)
+        return subprocess.CompletedProcess(command, codes.get(target, 0))
+
+    monkeypatch.setattr(report.subprocess, "run", fake_run)
+    return calls, codes
+
+
+def test_run_runs_each_target_then_reports(tmp_path, fake_pytest, capsys, monkeypatch):
+    calls, codes = fake_pytest
+    codes["nvrx"] = 1  # a failing suite is data, not an error
+    monkeypatch.setattr(report.clause_registry, "load", lambda: REGISTRY)
+    out = tmp_path / "conf"
+    out.mkdir()
+    assert main(["--run", "impl", "nvrx", "--out", str(out)]) == 0
+    commands = [command for command, _ in calls]
+    assert [c[c.index("--impl") + 1] for c in commands] == ["impl", "nvrx"]
+    for command, target in zip(commands, ["impl", "nvrx"]):
+        assert command[1:] == ["-m", "pytest", "spec_tests", "-n", "auto", "-q", "-p",
+                               "no:randomly", "--impl", target, "--conformance-json",
+                               str((out / f"{target}.json").resolve())]
+    assert all(kwargs["cwd"] == report.REPO_ROOT for _, kwargs in calls)
+    rows = _rows(capsys.readouterr().out)
+    assert rows[0][2:] == ["impl v", "nvrx v"]
+    assert rows[2][2:] == ["pass (1)", "fail (1)"]
+
+
+def test_run_with_update(tmp_path, fake_pytest):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{START_MARKER}\n{END_MARKER}\n")
+    out = tmp_path / "conf"
+    out.mkdir()
+    assert main(["--run", "impl", "--out", str(out), "--update", str(readme)]) == 0
+    assert "| impl v |" in readme.read_text().splitlines()[1]
+
+
+def test_run_with_an_unexpected_exit_code_names_the_target(tmp_path, fake_pytest, capsys):
+    _, codes = fake_pytest
+    codes["mcore"] = 4
+    out = tmp_path / "conf"
+    out.mkdir()
+    assert main(["--run", "mcore", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "'mcore'" in err and "code 4" in err

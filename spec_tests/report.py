@@ -1,0 +1,290 @@
+"""Conformance table: which clause of `clauses.toml` each target passes, as Markdown.
+
+Input is the JSON that `pytest spec_tests --impl NAME --conformance-json PATH` writes (see
+spec_tests.plugin): {"target", "version", "clauses": {id: {...}}, "tests": [{"nodeid", "outcome",
+"clauses", ...}]}. Usage:
+
+    python -m spec_tests.report A.json B.json ...        print the table to stdout
+    python -m spec_tests.report A.json --update FILE     replace the block between the lines
+                                                         <!-- conformance:start --> and
+                                                         <!-- conformance:end --> in FILE
+    python -m spec_tests.report --run impl nvrx mcore [--out DIR] [--update FILE]
+        first run the suite once per target (`python -m pytest spec_tests -n auto -q -p no:randomly
+        --impl T --conformance-json DIR/T.json`, DIR defaulting to conformance/), then report on
+        those files. Pytest exit codes 0 and 1 are data; any other code is an error.
+
+The README is refreshed with `python -m spec_tests.report --run impl nvrx mcore --update README.md`.
+
+Table contract: one row per clause id, registry order first (spec_tests.clauses.load(), so a
+clause no test cites is still a row), then ids only the input files know; columns clause,
+statement (shortened to about 70 characters), then one column per input file headed
+"target version". A test is counted once per nodeid, with its worst recorded phase (a passing call
+with a failing teardown is an error). A cell aggregates the tests citing the clause:
+
+    fail   any failed, error or xpass (a strict xfail that passed is recorded as failed)
+    xfail  else any xfail (a known failure listed in the target's expectations)
+    pass   else any passed
+    skip   else any skipped
+    not covered  no test cites the clause
+
+followed by "(n)" when all n citing tests have that outcome, else "(k/n)". Below the table: a
+legend line and one summary line per target. Bad input (unreadable, not JSON, wrong shape) is an
+error naming the file; errors exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spec_tests import clauses as clause_registry
+
+__all__ = [
+    "END_MARKER", "OUTCOMES", "START_MARKER", "ReportError", "Run", "cell", "load_run", "main",
+    "pytest_command", "render", "replace_block", "run_target", "verdict",
+]
+
+START_MARKER = "<!-- conformance:start -->"
+END_MARKER = "<!-- conformance:end -->"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STATEMENT_WIDTH = 70
+
+# Recorded outcome -> verdict; verdicts in precedence order (the first present wins).
+_VERDICT_OF = {"failed": "fail", "error": "fail", "xpass": "fail", "xfail": "xfail",
+               "passed": "pass", "skipped": "skip"}
+_PRECEDENCE = ("fail", "xfail", "pass", "skip")
+OUTCOMES = frozenset(_VERDICT_OF)
+NOT_COVERED = "not covered"
+LEGEND = ("Legend: **fail** = a citing test failed, errored or passed unexpectedly; **xfail** = "
+          "a known failure from the target's expectations file, none failed; **pass** = none "
+          "failed, some passed; **skip** = all skipped; **not covered** = no test cites the "
+          "clause; (n) = all n citing tests, (k/n) = k of the n citing tests.")
+
+
+class ReportError(Exception):
+    """Bad input or a failed run; the message names the file or target."""
+
+
+# ---------------------------------------------------------------------------------- aggregation
+
+
+def verdict(outcomes: Iterable[str]) -> str:
+    """The verdict for a clause whose citing tests had these outcomes (see the module docstring)."""
+    present = {_VERDICT_OF[o] for o in outcomes}
+    return next((v for v in _PRECEDENCE if v in present), NOT_COVERED)
+
+
+def cell(outcomes: Sequence[str]) -> str:
+    """The verdict with its count: "pass (3)" when all 3 passed, "fail (1/4)" when 1 of 4 failed."""
+    result = verdict(outcomes)
+    if result == NOT_COVERED:
+        return result
+    k, n = sum(_VERDICT_OF[o] == result for o in outcomes), len(outcomes)
+    return f"{result} ({k})" if k == n else f"{result} ({k}/{n})"
+
+
+def _worse(a: str, b: str) -> str:
+    return min(a, b, key=lambda o: _PRECEDENCE.index(_VERDICT_OF[o]))
+
+
+# ---------------------------------------------------------------------------------- input
+
+
+@dataclass(frozen=True)
+class Run:
+    """One target's recorded run: each test's worst outcome and the clauses it cites."""
+
+    label: str                                    # "target version", the column header
+    clauses: Mapping[str, Mapping[str, str]]      # the registry the run was recorded against
+    tests: Mapping[str, tuple[str, frozenset[str]]]  # nodeid -> (outcome, cited clause ids)
+
+    def outcomes(self, clause_id: str) -> list[str]:
+        return [outcome for outcome, cited in self.tests.values() if clause_id in cited]
+
+
+def _check(ok: bool, path: Path, problem: str) -> None:
+    if not ok:
+        raise ReportError(f"{path}: {problem}")
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: not valid JSON: {exc}") from None
+
+
+def _check_test(path: Path, index: int, test: object) -> None:
+    where = f"tests[{index}]"
+    _check(isinstance(test, dict), path, f"{where} is not an object")
+    _check(isinstance(test.get("nodeid"), str), path, f"{where}.nodeid is not a string")
+    _check(test.get("outcome") in OUTCOMES, path,
+           f"{where}.outcome {test.get('outcome')!r} is not one of {', '.join(sorted(OUTCOMES))}")
+    cited = test.get("clauses")
+    _check(isinstance(cited, list) and all(isinstance(c, str) for c in cited), path,
+           f"{where}.clauses is not a list of clause ids")
+
+
+def load_run(path: Path | str) -> Run:
+    """Read and validate one conformance JSON file."""
+    path = Path(path)
+    data = _read_json(path)
+    _check(isinstance(data, dict), path, "expected a JSON object written by --conformance-json")
+    for key, kind in (("target", str), ("version", str), ("clauses", dict), ("tests", list)):
+        _check(isinstance(data.get(key), kind), path, f"missing or malformed field {key!r}")
+    _check(all(isinstance(v, dict) for v in data["clauses"].values()), path,
+           "field 'clauses' must map clause ids to objects")
+    tests: dict[str, tuple[str, frozenset[str]]] = {}
+    for index, test in enumerate(data["tests"]):
+        _check_test(path, index, test)
+        outcome, cited = test["outcome"], frozenset(test["clauses"])
+        if test["nodeid"] in tests:
+            previous, previous_cited = tests[test["nodeid"]]
+            outcome, cited = _worse(previous, outcome), previous_cited | cited
+        tests[test["nodeid"]] = (outcome, cited)
+    return Run(f"{data['target']} {data['version']}", data["clauses"], tests)
+
+
+# ---------------------------------------------------------------------------------- rendering
+
+
+def _shorten(text: str, width: int = STATEMENT_WIDTH) -> str:
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    cut = text[:width - 1].rsplit(" ", 1)[0]
+    return cut.rstrip(",;:") + "…"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _rows(runs: Sequence[Run], registry: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """Clause id -> statement: the registry's clauses, then those only the runs know."""
+    rows = {cid: entry["statement"] for cid, entry in registry.items()}
+    for run in runs:
+        for cid, entry in run.clauses.items():
+            rows.setdefault(cid, str(entry.get("statement", "")))
+        for _, cited in run.tests.values():
+            for cid in sorted(cited):
+                rows.setdefault(cid, "")
+    return rows
+
+
+def _summary(run: Run, clause_ids: Iterable[str]) -> str:
+    counts = Counter(_VERDICT_OF[outcome] for outcome, _ in run.tests.values())
+    uncovered = [cid for cid in clause_ids if not run.outcomes(cid)]
+    return (f"- **{_md(run.label)}**: {counts['pass']} passed, {counts['fail']} failed, "
+            f"{counts['xfail']} xfail, {counts['skip']} skipped; clauses not covered: "
+            f"{', '.join(uncovered) or 'none'}")
+
+
+def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """The Markdown table, legend and per-target summaries (ends with a newline)."""
+    rows = _rows(runs, clause_registry.load() if registry is None else registry)
+    header = ["clause", "statement", *(run.label for run in runs)]
+    lines = ["| " + " | ".join(_md(h) for h in header) + " |",
+             "| " + " | ".join("---" for _ in header) + " |"]
+    for cid, statement in rows.items():
+        cells = [cid, _shorten(statement), *(cell(run.outcomes(cid)) for run in runs)]
+        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+    lines += ["", LEGEND, ""]
+    lines += [_summary(run, rows) for run in runs]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------- --update
+
+
+def replace_block(text: str, block: str, name: str = "input") -> str:
+    """`text` with the lines between the start and end markers replaced by `block`."""
+    lines = text.splitlines(keepends=True)
+    stripped = [line.strip() for line in lines]
+    starts = [i for i, s in enumerate(stripped) if s == START_MARKER]
+    ends = [i for i, s in enumerate(stripped) if s == END_MARKER]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise ReportError(f"{name}: needs exactly one line {START_MARKER} followed later by one "
+                          f"line {END_MARKER} (found {len(starts)} start, {len(ends)} end)")
+    if not block.endswith("\n"):
+        block += "\n"
+    return "".join(lines[:starts[0] + 1]) + block + "".join(lines[ends[0]:])
+
+
+def _update_file(path: Path, block: str) -> None:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    path.write_text(replace_block(text, block, str(path)))
+
+
+# ---------------------------------------------------------------------------------- --run
+
+
+def pytest_command(target: str, json_path: Path) -> list[str]:
+    """The command that runs the suite against `target`, recording to `json_path`."""
+    return [sys.executable, "-m", "pytest", "spec_tests", "-n", "auto", "-q", "-p", "no:randomly",
+            "--impl", target, "--conformance-json", str(json_path)]
+
+
+def run_target(target: str, out_dir: Path) -> Path:
+    """Run the suite against `target` (output to stderr); return the JSON file it wrote."""
+    json_path = (out_dir / f"{target}.json").resolve()
+    json_path.unlink(missing_ok=True)  # never report on a previous run's file
+    command = pytest_command(target, json_path)
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    code = subprocess.run(command, cwd=REPO_ROOT, stdout=sys.stderr, check=False).returncode
+    if code not in (0, 1):
+        raise ReportError(f"target {target!r}: pytest exited with code {code} "
+                          "(0 and 1 are expected; anything else means the run did not complete)")
+    return json_path
+
+
+# ---------------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m spec_tests.report",
+        description="Render the clause-by-target conformance table from --conformance-json files.")
+    parser.add_argument("files", nargs="*", type=Path, metavar="JSON",
+                        help="files written by pytest --conformance-json")
+    parser.add_argument("--run", nargs="+", default=[], metavar="TARGET",
+                        help="first run the suite against each TARGET, then report on its JSON")
+    parser.add_argument("--out", type=Path, default=Path("conformance"), metavar="DIR",
+                        help="where --run writes TARGET.json (default: conformance/)")
+    parser.add_argument("--update", type=Path, metavar="FILE",
+                        help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE "
+                             "instead of printing")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.files and not args.run:
+        parser.error("give JSON files, --run TARGET ..., or both")
+    try:
+        paths = [*args.files, *(run_target(target, args.out) for target in args.run)]
+        table = render([load_run(path) for path in paths])
+        if args.update is None:
+            sys.stdout.write(table)
+        else:
+            _update_file(args.update, table)
+    except ReportError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Adapter for Megatron-Core 0.16.1 (`megatron.core.dist_checkpointing.strategies.async_utils`).
+
+Megatron-Core provides the async core only (no TorchAsyncCheckpoint). On a machine without a GPU,
+`install()` applies `_cpu_cuda` to `async_utils`, in this process and in spawned persistent workers
+(whose loop calls `torch.cuda.set_device(rank % device_count())`). Nothing else is changed.
+"""
+
+from pathlib import Path
+
+from spec_tests.targets import _cpu_cuda
+
+NAME = "mcore"
+DISTRIBUTION = "megatron-core"
+MODULES = {"async_ckpt.core": "megatron.core.dist_checkpointing.strategies.async_utils"}
+CAPABILITIES = frozenset({"persistent_caller", "temporal_caller"})
+EXPECTATIONS = str(Path(__file__).with_name("mcore.expectations.toml"))
+
+
+def install() -> None:
+    from megatron.core.dist_checkpointing.strategies.async_utils import PersistentAsyncCaller
+
+    _cpu_cuda.install_for(NAME, MODULES.values(), PersistentAsyncCaller)
