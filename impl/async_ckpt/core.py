@@ -672,8 +672,12 @@ def _persistent_worker(conn, lifeline, log_level: int) -> None:
     logger.setLevel(log_level)
     inbox: "queue.Queue" = queue.Queue()
     threading.Thread(target=_receive_requests, args=(conn, inbox), daemon=True).start()
-    while (item := inbox.get()) is not None:
+    while True:
+        item = inbox.get()
+        if item is None:
+            break
         _serve_request(conn, *item)
+        item = None  # release the request (and its shared pages) while waiting for the next
     logger.debug("Persistent checkpoint worker %d exiting", os.getpid())
 
 
