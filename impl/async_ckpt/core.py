@@ -16,7 +16,8 @@ Decisions:
   "some rank failed". Errors are gathered (``all_gather_object``) only on failure.
 * A failure (exception in async_fn / preload_fn / a finalize fn, or a worker that dies) raises
   ``CheckpointException`` on every rank, ``failures`` mapping each failing rank to its exception.
-  The failed request is dropped: it is never retried and its finalize fns do not run.
+  The failed request is dropped: it is never retried and its finalize fns do not run (after a
+  failing finalize fn, the remaining ones are skipped). Later requests stay queued.
 * Snapshot: ``PersistentAsyncCaller`` copies every tensor reachable through dicts, lists and
   tuples of the args/kwargs into one shared-memory segment per request (a Linux memfd) before
   scheduling returns: one copy, tied tensors stay tied, segments come from a pool keyed by byte
@@ -682,18 +683,26 @@ def _persistent_worker(conn, lifeline, log_level: int) -> None:
 
 
 def _receive_requests(conn, inbox: "queue.Queue") -> None:
-    """Read and unpickle requests as they arrive, so the trainer never waits on a busy worker."""
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the trainer is gone
-            message = None
-        if message is None:
-            inbox.put(None)
-            return
-        idx, wants_ack, body = message
-        request, err = _run_guarded(lambda: _unstage(*pickle.loads(body)))
-        inbox.put((idx, wants_ack, request, err))
+    """Read and unpickle requests as they arrive, so the trainer never waits on a busy worker.
+
+    Holds no request between iterations: tensors freed by this daemon thread while the
+    interpreter shuts down would abort the worker.
+    """
+    while (message := _recv_or_none(conn)) is not None:
+        inbox.put(_decode_request(*message))
+    inbox.put(None)
+
+
+def _recv_or_none(conn):
+    try:
+        return conn.recv()
+    except (EOFError, OSError):  # the trainer is gone
+        return None
+
+
+def _decode_request(idx: int, wants_ack: bool, body: bytes) -> Tuple:
+    request, err = _run_guarded(lambda: _unstage(*pickle.loads(body)))
+    return idx, wants_ack, request, err
 
 
 def _serve_request(conn, idx: int, wants_ack: bool, request, err) -> None:
@@ -754,10 +763,10 @@ class AsyncCallsQueue:
         request = _as_async_request(async_request)
         if self._closed:
             raise RuntimeError("AsyncCallsQueue is closed")
-        frozen = request.freeze()
-        caller = self._get_async_caller()
         idx = self._next_idx
-        caller.schedule_async_call(frozen._replace(call_idx=idx, finalize_fns=()))
+        frozen = request.freeze()._replace(call_idx=idx)
+        caller = self._get_async_caller()
+        caller.schedule_async_call(frozen._replace(finalize_fns=()))
         self._pending.append(_ActiveAsyncRequest(idx, caller, frozen))
         self._next_idx += 1
         return idx
