@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-__all__ = ["DTYPES", "mutate_in_place", "state_dicts", "tensors"]
+__all__ = ["DTYPES", "mutate_in_place", "private_copy", "state_dicts", "tensors"]
 
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int32, torch.int64, torch.bool, torch.complex64)
@@ -52,3 +52,18 @@ def mutate_in_place(obj) -> None:
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             mutate_in_place(value)
+
+
+def private_copy(obj):
+    """Copy the tensors of a nested state dict into private memory.
+
+    What arrives over the rank pool's pipe lives in shared memory, where fork gives no copy-on-write;
+    a trainer's tensors live in private memory.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: private_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [private_copy(v) for v in obj]
+    return obj

@@ -14,6 +14,7 @@ from torch.distributed.checkpoint import CheckpointException
 from spec_tests import strategies, workloads
 from spec_tests.asserts import assert_state_dict_equal, bounded
 from spec_tests.dist import ranks, world
+from spec_tests.processes import alive, wait_for_file
 from spec_tests.targets import current_target
 
 CALLERS = [pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
@@ -284,23 +285,10 @@ def _abort_in_flight(tmp, persistent):
     never = os.path.join(tmp, "never-opened")
     queue.schedule_async_request(_core().AsyncRequest(
         workloads.write_pid, (pid_file, never), [functools.partial(workloads.append_line, log, "fin")]))
-    bounded(30, "the async call to start", _wait_for_file, pid_file)
+    wait_for_file(pid_file)
     bounded(10, "close(abort=True)", queue.close, abort=True)
     runner = int(open(pid_file).read())
-    return _lines(log), _alive(runner)
-
-
-def _wait_for_file(path):
-    while not os.path.exists(path) or not os.path.getsize(path):
-        threading.Event().wait(0.01)
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+    return _lines(log), alive(runner)
 
 
 @pytest.mark.spec("AQ-11")
@@ -396,9 +384,8 @@ def test_works_without_a_process_group(tmp_path, persistent):
 
 def _snapshot(tmp, persistent, state_dict):
     gate, out = os.path.join(tmp, "gate"), os.path.join(tmp, "out.pt")
-    # Tensors that arrived over the pool's pipe live in shared memory; a trainer's live in private memory.
-    state_dict = _clone(state_dict)
-    expected = _clone(state_dict)
+    state_dict = strategies.private_copy(state_dict)
+    expected = strategies.private_copy(state_dict)
     queue = _core().AsyncCallsQueue(persistent=persistent)
     queue.schedule_async_request(_core().AsyncRequest(workloads.save_when_open, (gate, state_dict, out), []))
     strategies.mutate_in_place(state_dict)  # the next training step, while the write waits
@@ -408,16 +395,6 @@ def _snapshot(tmp, persistent, state_dict):
     assert_state_dict_equal(torch.load(out, weights_only=False), expected,
                             call="data saved by an async call scheduled before an in-place update")
     os.remove(gate), os.remove(out)
-
-
-def _clone(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clone(v) for v in obj]
-    return obj
 
 
 @pytest.mark.spec("AQ-14")

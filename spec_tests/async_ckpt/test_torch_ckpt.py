@@ -18,21 +18,10 @@ def _checkpointer(persistent):
     return current_target().module("async_ckpt.torch_ckpt").TorchAsyncCheckpoint(persistent_queue=persistent)
 
 
-def _private(obj):
-    """Copy tensors into private memory (what arrives over the pool's pipe is shared memory)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, dict):
-        return {k: _private(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_private(v) for v in obj]
-    return obj
-
-
 def _save_mutate_load(tmp, persistent, state_dict):
     gate, path = os.path.join(tmp, "gate"), os.path.join(tmp, "ckpt.pt")
-    state_dict = {"0gate": workloads.PickleGate(gate), **_private(state_dict)}  # the write waits here
-    expected = _private(state_dict)
+    state_dict = {"0gate": workloads.PickleGate(gate), **strategies.private_copy(state_dict)}  # the write waits here
+    expected = strategies.private_copy(state_dict)
     ckpt = _checkpointer(persistent)
     ckpt.async_save(state_dict, path)
     strategies.mutate_in_place(state_dict)

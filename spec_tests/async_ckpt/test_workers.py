@@ -14,28 +14,12 @@ from torch.distributed.checkpoint import CheckpointException
 from spec_tests import workloads
 from spec_tests.asserts import bounded
 from spec_tests.dist import ranks
+from spec_tests.processes import alive, wait_for_file
 from spec_tests.targets import ENV_VAR, current_target
 
 
 def _core():
     return current_target().module("async_ckpt.core")
-
-
-def _wait_for_file(path, seconds=30):
-    deadline = time.monotonic() + seconds
-    while not (os.path.exists(path) and os.path.getsize(path)):
-        assert time.monotonic() < deadline, f"{path} was not written within {seconds}s"
-        time.sleep(0.01)
-    with open(path) as f:
-        return f.read()
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _slow_preload(marker, value):
@@ -58,10 +42,10 @@ def test_preload_runs_in_the_worker_before_schedule_returns_and_close_ends_it(tm
     preload_pid = int(open(marker).read())
     assert preload_pid != os.getpid(), "preload_fn ran in the trainer, not in the persistent worker"
     bounded(60, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
-    worker = int(_wait_for_file(pid_file))
+    worker = int(wait_for_file(pid_file))
     assert worker == preload_pid, f"preload ran in {preload_pid}, the async call in {worker}"
     bounded(30, "close()", queue.close)
-    assert not _alive(worker), f"worker {worker} is still running after close()"
+    assert not alive(worker), f"worker {worker} is still running after close()"
 
 
 @pytest.mark.spec("TC-1")
@@ -73,9 +57,9 @@ def test_temporal_calls_run_in_their_own_children(tmp_path):
     for f in files:
         queue.schedule_async_request(_core().AsyncRequest(workloads.write_pid, (f,), []))
     bounded(60, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
-    pids = [int(_wait_for_file(f)) for f in files]
+    pids = [int(wait_for_file(f)) for f in files]
     assert len(set(pids)) == 2 and os.getpid() not in pids, f"calls ran in {pids}, trainer is {os.getpid()}"
-    assert not any(map(_alive, pids)), f"children {pids} still running after finalize"
+    assert not any(map(alive, pids)), f"children {pids} still running after finalize"
     queue.close()
 
 
@@ -102,11 +86,11 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
     env = dict(os.environ, **{ENV_VAR: current_target().name})
     trainer = subprocess.run([sys.executable, "-c", _TRAINER, str(tmp_path)], env=env, timeout=90)
     assert trainer.returncode == -signal.SIGKILL, f"the trainer exited with {trainer.returncode}"
-    worker = int(_wait_for_file(str(tmp_path / "worker")))
+    worker = int(wait_for_file(str(tmp_path / "worker")))
     deadline = time.monotonic() + 10
-    while _alive(worker) and time.monotonic() < deadline:
+    while alive(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    orphan = _alive(worker)
+    orphan = alive(worker)
     if orphan:
         os.kill(worker, signal.SIGKILL)  # ours to clean up: started by the trainer we started
     assert not orphan, f"worker {worker} still runs 10s after its trainer was killed"
@@ -117,7 +101,7 @@ def _kill_worker_then_finalize(tmp):
     queue = _core().AsyncCallsQueue(persistent=True)
     queue.schedule_async_request(_core().AsyncRequest(
         workloads.write_pid, (pid_file, os.path.join(tmp, "never")), []))
-    os.kill(int(_wait_for_file(pid_file)), signal.SIGKILL)
+    os.kill(int(wait_for_file(pid_file)), signal.SIGKILL)
     try:
         bounded(30, "maybe_finalize_async_calls(blocking=True) after the worker died",
                 queue.maybe_finalize_async_calls, True)

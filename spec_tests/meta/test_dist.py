@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from spec_tests.dist import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
+from spec_tests.processes import alive
 
 
 def _sum_of_ranks():
@@ -108,17 +109,9 @@ def test_processes_started_by_a_stopped_rank_are_ended(tmp_path):
         run_on_ranks(_start_grandchild_then_hang, 1, (str(pid_file),), timeout=5)
     pid = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
-    assert not _alive(pid), f"grandchild {pid} of a stopped rank is still running"
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+    assert not alive(pid), f"grandchild {pid} of a stopped rank is still running"
 
 
 def test_a_pool_keeps_rank_state_and_respawns_after_a_failure():
