@@ -1,7 +1,7 @@
 """The pytest plugin every suite of this project loads (from the root conftest, or `-p spec_tests.plugin`).
 
 - `--impl NAME` (or $CKPTSPEC_IMPL) selects the target; the name is written back to the environment.
-- `@pytest.mark.spec("AQ-3", ...)` cites clauses of `clauses.toml`. In spec_tests/ (but meta/) and
+- `@pytest.mark.spec("AQ-3", ...)` cites clauses of `spec_tests/clauses/*.toml`. In spec_tests/ (but meta/) and
   fault_injection/ every test must cite at least one; an unknown id is a usage error.
 - `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability;
   `@pytest.mark.gpu` skips without CUDA.
@@ -56,7 +56,7 @@ def pytest_configure(config):
     config.ckptspec_profile = profile
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(_Recorder(config), "ckptspec-recorder")
-    for line in ("spec(*ids): clauses of spec_tests/clauses.toml that the test checks",
+    for line in ("spec(*ids): clauses of spec_tests/clauses/*.toml that the test checks",
                  "needs(*capabilities): skip unless the target has these capabilities",
                  "gpu: needs a CUDA device"):
         config.addinivalue_line("markers", line)

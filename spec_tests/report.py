@@ -1,4 +1,4 @@
-"""Conformance table: which clause of `clauses.toml` each target passes, as Markdown.
+"""Conformance table: which clause of the registry (`spec_tests/clauses/`) each target passes, as Markdown.
 
 Input is the JSON that `pytest spec_tests --impl NAME --conformance-json PATH` writes (see
 spec_tests.plugin): {"target", "version", "clauses": {id: {...}}, "tests": [{"nodeid", "outcome",

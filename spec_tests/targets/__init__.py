@@ -42,6 +42,9 @@ CAPABILITY_DOCS = {
     "temporal_caller": "TemporalAsyncCaller and AsyncCallsQueue(persistent=False)",
     "torch_async_checkpoint": "async_ckpt.torch_ckpt.TorchAsyncCheckpoint",
     "no_process_group": "the async core usable without torch.distributed initialised",
+    "storage_writer": "async_ckpt.filesystem_async.FileSystemWriterAsync and async_ckpt.state_dict_saver",
+    "msc": "FileSystemWriterAsync(use_msc=True) writing msc:// URLs through multi-storage-client",
+    "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
 }
 
 
