@@ -80,6 +80,7 @@ class _WorldSpec:
     dump_dir: str
     target_name: str
     pg_timeout: float
+    devices: tuple = ()  # NCCL: the GPU of each rank, leased by _GpuLease
 
 
 def _rank_main(rank: int, spec: _WorldSpec, conn, job) -> None:
@@ -110,10 +111,13 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
 
     load_target(spec.target_name)
     if spec.backend == "nccl":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(spec.devices[rank])
     dist.init_process_group(
         spec.backend, store=dist.FileStore(spec.store_path, spec.world_size), rank=rank,
         world_size=spec.world_size, timeout=timedelta(seconds=spec.pg_timeout))
+    # gloo's init can return on one rank while a peer is still connecting; a rank that then
+    # finishes (or dies) first would break that peer's setup. Start the body only when all joined.
+    dist.barrier()
 
 
 def _serve(conn, job) -> None:
@@ -147,6 +151,49 @@ def _context():
     return ctx
 
 
+class _GpuLease:
+    """Exclusive use of `count` GPUs among all processes of this machine: one flock'ed file per device.
+
+    So that concurrent tests (pytest -n auto) never put two ranks on one GPU. Holdings are all or
+    nothing (a partial set is released before retrying), so two tests cannot deadlock. UNTESTED on GPU.
+    """
+
+    LOCK_DIR = os.path.join(tempfile.gettempdir(), "ckptspec-gpu-locks")
+
+    def __init__(self, count: int, timeout: float):
+        import fcntl
+
+        import torch
+
+        os.makedirs(self.LOCK_DIR, exist_ok=True)
+        self._files: list = []
+        deadline = time.monotonic() + timeout
+        while True:
+            for device in range(torch.cuda.device_count()):
+                f = open(os.path.join(self.LOCK_DIR, f"gpu{device}.lock"), "w")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.close()
+                    continue
+                self._files.append((device, f))
+                if len(self._files) == count:
+                    return
+            self.release()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{count} GPUs did not become free within {timeout:g}s")
+            time.sleep(0.2)
+
+    @property
+    def devices(self) -> tuple:
+        return tuple(device for device, _ in self._files)
+
+    def release(self) -> None:
+        for _, f in self._files:
+            f.close()  # closing the file drops its flock
+        self._files = []
+
+
 @dataclass
 class _Outcome:
     kind: str = "pending"  # ok | error | skip | exit | expected_exit | hung
@@ -162,14 +209,17 @@ class _Ranks:
     conns: list
     workdir: str
     outcomes: list = field(default_factory=list)
+    lease: _GpuLease | None = None
 
     @classmethod
     def start(cls, world_size, backend, timeout, jobs):
         from spec_tests.targets import current_target
 
+        lease = _GpuLease(world_size, timeout) if backend == "nccl" else None
         workdir = tempfile.mkdtemp(prefix="ckptspec-ranks-")
         spec = _WorldSpec(world_size, backend, os.path.join(workdir, "store"), workdir,
-                          current_target().name, pg_timeout=max(timeout, 30.0) + 30.0)
+                          current_target().name, pg_timeout=max(timeout, 30.0) + 30.0,
+                          devices=lease.devices if lease else ())
         ctx, procs, conns = _context(), [], []
         for rank in range(world_size):
             parent_end, child_end = ctx.Pipe()
@@ -179,7 +229,7 @@ class _Ranks:
             child_end.close()
             procs.append(proc)
             conns.append(parent_end)
-        return cls(spec, procs, conns, workdir)
+        return cls(spec, procs, conns, workdir, lease=lease)
 
     def collect(self, timeout: float, expect_exit: dict[int, int]) -> list[_Outcome]:
         """Wait for one reply (or exit) per rank, bounded by timeout and the failure grace."""
@@ -242,6 +292,8 @@ class _Ranks:
             proc.join(timeout=10)
         for conn in self.conns:
             conn.close()
+        if self.lease is not None:
+            self.lease.release()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

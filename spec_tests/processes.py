@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["alive", "wait_for_file"]
+__all__ = ["alive", "exists", "wait_for_file"]
 
 
 def alive(pid: int) -> bool:
@@ -15,6 +15,11 @@ def alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def exists(pid: int) -> bool:
+    """True while pid has a process-table entry: running, or exited but not reaped by its parent."""
+    return os.path.exists(f"/proc/{pid}")
 
 
 def wait_for_file(path: str, seconds: float = 30) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["GATE_TIMEOUT", "PickleGate", "append_line", "fail", "gated", "open_gate", "save_when_open", "write_pid"]
+__all__ = ["GATE_TIMEOUT", "PickleFails", "PickleGate", "append_line", "call_when_open", "fail", "gated", "open_gate",
+           "save_when_open", "write_pid"]
 
 GATE_TIMEOUT = 120.0
 
@@ -48,6 +49,12 @@ def save_when_open(gate: str | None, obj, path: str) -> None:
     torch.save(obj, path)
 
 
+def call_when_open(gate: str, fn, *args, **kwargs):
+    """fn(*args, **kwargs) once the gate is open (e.g. a storage writer's save function held back)."""
+    _wait_for(gate)
+    return fn(*args, **kwargs)
+
+
 def append_line(path: str, text: str) -> None:
     with open(path, "a") as f:
         f.write(text + "\n")
@@ -65,16 +72,35 @@ class PickleGate:
 
     Put first in a state dict given to torch.save, it holds the writer (worker or child) until the
     test opens the gate, so "the trainer mutates while the write is in flight" happens every time.
+    With `reached` (a directory), a writer that gets to the gate first creates a file there named by
+    its pid, so the test can wait until every writer is held.
     """
 
-    def __init__(self, gate: str, creator: int | None = None):
-        self.gate, self.creator = gate, os.getpid() if creator is None else creator
+    def __init__(self, gate: str, creator: int | None = None, reached: str | None = None):
+        self.gate, self.creator, self.reached = gate, os.getpid() if creator is None else creator, reached
 
     def __reduce__(self):
         if os.getpid() != self.creator:
+            if self.reached is not None:
+                Path(self.reached, str(os.getpid())).touch()
             _wait_for(self.gate)
-        return (PickleGate, (self.gate, self.creator))
+        return (PickleGate, (self.gate, self.creator, self.reached))
 
     def __eq__(self, other):
         return isinstance(other, PickleGate) and other.gate == self.gate
 
+
+class PickleFails:
+    """A state-dict value that cannot be pickled outside the process that created it.
+
+    In a state dict saved in the background (forked child, worker), it makes that write fail with
+    RuntimeError(message) while everything in the trainer (copies, collectives) still works.
+    """
+
+    def __init__(self, message: str, creator: int | None = None):
+        self.message, self.creator = message, os.getpid() if creator is None else creator
+
+    def __reduce__(self):
+        if os.getpid() != self.creator:
+            raise RuntimeError(self.message)
+        return (PickleFails, (self.message, self.creator))

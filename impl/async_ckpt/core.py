@@ -226,16 +226,25 @@ def _map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
 # function joins non-daemonic children, which would wait forever on an idle persistent worker.
 # It runs exit finalizers (exitpriority >= 0) before that join, both at interpreter exit and at
 # the end of processes started by multiprocessing (e.g. torch.multiprocessing.spawn ranks),
-# where plain atexit hooks would come too late or never run.
+# where plain atexit hooks would come too late or never run. Processes started by multiprocessing
+# clear the finalizer registry they inherit, and a forked child must never abort its parent's
+# workers: so the set and its hook belong to one pid and are made afresh in each process.
 _LIVE_CALLERS: "weakref.WeakSet[AsyncCaller]" = weakref.WeakSet()
+_LIVE_CALLERS_PID: Optional[int] = None
+
+
+def _track_live(caller: "AsyncCaller") -> None:
+    global _LIVE_CALLERS, _LIVE_CALLERS_PID
+    if _LIVE_CALLERS_PID != os.getpid():
+        _LIVE_CALLERS, _LIVE_CALLERS_PID = weakref.WeakSet(), os.getpid()
+        mp_util.Finalize(None, _abort_live_callers, exitpriority=10)
+    _LIVE_CALLERS.add(caller)
 
 
 def _abort_live_callers() -> None:
-    for caller in list(_LIVE_CALLERS):
-        caller.close(abort=True)
-
-
-mp_util.Finalize(None, _abort_live_callers, exitpriority=10)
+    if _LIVE_CALLERS_PID == os.getpid():
+        for caller in list(_LIVE_CALLERS):
+            caller.close(abort=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,7 +386,7 @@ class TemporalAsyncCaller(AsyncCaller):
         result_w.close()
         lifeline_r.close()
         self._children[idx] = (process, result_r, lifeline_w)
-        _LIVE_CALLERS.add(self)
+        _track_live(self)
 
     def _poll(self, timeout: float) -> None:
         idx = self._pending[0] if self._pending else None
@@ -611,7 +620,7 @@ class PersistentAsyncCaller(AsyncCaller):
         worker_conn.close()
         lifeline_r.close()
         self._process, self._conn, self._lifeline = process, conn, lifeline_w
-        _LIVE_CALLERS.add(self)
+        _track_live(self)
         logger.info("Started persistent checkpoint worker (pid %d)", self._process.pid)
 
     def _release_worker(self) -> None:

@@ -2,10 +2,22 @@
 
 On a machine without a GPU, `install()` applies `_cpu_cuda` to the NVRx modules that call
 `torch.cuda` (listed in `_CUDA_MODULES`), in this process and in spawned persistent workers. Nothing else
-about NVRx is changed.
+about NVRx is changed, except two device calls that move local-checkpoint replicas between ranks
+(`local/replication/group_utils.py`), neutralised the same way (`_cpu_replica_transfers`):
+
+- `GroupWrapper.isend_state_dict` calls `tensor.cuda()` on each tensor before `dist.send`: while that
+  method runs, `torch.Tensor.cuda` returns the tensor itself (restored when it returns).
+- `GroupWrapper.irecv_state_dict` receives into `torch.empty_like(t, device='cuda')`: in that module
+  `torch.empty_like` allocates on the CPU when asked for a CUDA device.
+
+gloo sends and receives CPU tensors; the values, their order and the protocol are unchanged.
 """
 
+import importlib
+import types
 from pathlib import Path
+
+import torch
 
 from spec_tests.targets import _cpu_cuda
 
@@ -40,3 +52,46 @@ def install() -> None:
     from nvidia_resiliency_ext.checkpointing.async_ckpt.core import PersistentAsyncCaller
 
     _cpu_cuda.install_for(NAME, _CUDA_MODULES, PersistentAsyncCaller)
+    _cpu_replica_transfers()
+
+
+class _CpuAllocations(types.ModuleType):
+    """`torch` for group_utils: empty_like(..., device=<cuda>) allocates on the CPU; all else is unchanged."""
+
+    def __init__(self, real):
+        super().__init__(real.__name__)
+        self.__dict__["_real"] = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def empty_like(self, tensor, *args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == "cuda":
+            device = "cpu"
+        return self._real.empty_like(tensor, *args, device=device, **kwargs)
+
+
+def _tensor_itself(tensor, *args, **kwargs):
+    return tensor
+
+
+def _cpu_replica_transfers() -> None:
+    """Without a GPU, let NVRx send local-checkpoint replicas over gloo (see the module docstring)."""
+    if torch.cuda.is_available():
+        return
+    group_utils = importlib.import_module(_ROOT + "local.replication.group_utils")
+    wrapper = group_utils.GroupWrapper
+    if getattr(wrapper.isend_state_dict, "_ckptspec_original", None) is not None:
+        return
+    group_utils.torch = _CpuAllocations(group_utils.torch)
+    original = wrapper.isend_state_dict
+
+    def isend_state_dict(self, state_dict, dst):
+        torch.Tensor.cuda = _tensor_itself
+        try:
+            return original(self, state_dict, dst)
+        finally:
+            del torch.Tensor.cuda  # uncovers torch's own Tensor.cuda again
+
+    isend_state_dict._ckptspec_original = original
+    wrapper.isend_state_dict = isend_state_dict

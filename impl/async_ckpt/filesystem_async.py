@@ -1,0 +1,477 @@
+"""A torch.distributed.checkpoint (DCP) storage writer that plans in the trainer and writes in the background.
+
+Flow (signature-compatible with NVRx ``async_ckpt.filesystem_async``):
+
+1. ``save_state_dict_async_plan`` plans the save and calls ``prepare_write_data`` (in the trainer). It groups
+   the plan's items into at most ``thread_count`` buckets, one data file each.
+2. ``get_save_function_and_args()`` returns ``(save_fn, preload_fn, save_args)`` for
+   ``AsyncRequest(save_fn, save_args, finalize_fns, preload_fn=preload_fn)``. ``save_fn(*save_args)`` writes
+   the buckets in parallel threads, in whatever process runs it, and leaves the write results (or the error)
+   in a small local file that ``retrieve_write_results()`` reads back in the trainer.
+3. ``save_state_dict_async_finalize`` gathers every rank's results and the coordinator calls ``finish``.
+
+Commit protocol:
+
+* Planning refuses a path that is a file or that already holds a checkpoint (``.metadata``): nothing is
+  written then, and an existing checkpoint is never overwritten.
+* Each rank writes only its own data files and fsyncs each one (and, on POSIX, the directory) before it
+  reports success; a failure is reported, never raised in the background, so that finalization can tell
+  every rank.
+* ``finish`` runs on the coordinator only, once every rank reported success. On POSIX it writes
+  ``.metadata.tmp``, fsyncs it, renames it to ``.metadata`` and fsyncs the directory, so ``.metadata`` is
+  never seen partially written. Through Multi-Storage Client, ``.metadata`` is one object written after every
+  data object's upload returned: an object store makes a PUT visible whole or not at all, and MSC's POSIX
+  provider writes a temporary file, fsynced here, that it renames on close.
+* So a failed save leaves no ``.metadata`` in its directory and touches no other directory.
+
+Layout: data files are named ``{group}__{rank}_{k}.distcp``: ``group`` is ``""``, or ``separation_hint``
+for the items whose key starts with it, and ``k`` counts a rank's files from 0.
+
+Copies: the writer copies no CPU tensor in the trainer. The async core that runs ``save_fn`` takes the
+snapshot of its arguments when the request is scheduled (a copy into shared memory, or a fork), so
+``preload_fn`` is ``None`` unless CUDA tensors must be staged to host memory (pinned buffers; the GPU path is
+untested, this was written on a CPU-only machine). A tensor viewing a larger storage is copied when it is
+written, since ``torch.save`` would write the whole storage; tensor bytes otherwise go from the staged tensor
+straight into the file.
+
+Simplifications: one file per bucket (no ``single_file_per_rank=False``); tensors are serialized with
+``torch.save``, which is what the stock ``FileSystemReader`` reads; no stream transforms; ``write_data`` (the
+synchronous ``dcp.save`` path) is not supported.
+"""
+
+import functools
+import heapq
+import io
+import logging
+import os
+import pickle
+import tempfile
+import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from math import prod
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
+
+import torch
+from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo, _StoragePrefix
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+
+from ..utils import dist_rank
+
+__all__ = ["FileSystemWriterAsync", "WriteBucket"]
+
+logger = logging.getLogger(__name__)
+
+METADATA_NAME = ".metadata"
+DATA_SUFFIX = ".distcp"
+MSC_SCHEME = "msc://"
+
+
+class WriteBucket(NamedTuple):
+    """One data file: where it goes, its name in the metadata, and its (item, data) pairs."""
+
+    path: str
+    relative_path: str
+    data: Tuple[List[Tuple[WriteItem, io.BytesIO]], List[Tuple[WriteItem, torch.Tensor]]]
+
+
+class FileSystemWriterAsync(StorageWriter):
+    """DCP StorageWriter whose writes run through ``get_save_function_and_args`` (see the module docstring).
+
+    ``path`` is a directory, or with ``use_msc=True`` an ``msc://<profile>/<path>`` URL (or a local path) written
+    through Multi-Storage Client. Bad arguments raise ValueError here, before anything is written.
+    """
+
+    can_run_decentralized_global_plan = True
+
+    def __init__(
+        self,
+        path: Union[str, os.PathLike],
+        *,
+        thread_count: int = 1,
+        separation_hint: Optional[str] = None,
+        use_msc: bool = False,
+    ):
+        super().__init__()
+        self.checkpoint_dir = _checked_path(path, thread_count, separation_hint, use_msc)
+        self.thread_count = thread_count
+        self.separation_hint = separation_hint
+        self.use_msc = use_msc
+        self.save_id = str(uuid.uuid4())
+        self.write_buckets: Optional[List[WriteBucket]] = None
+        self._results_path: Optional[str] = None
+        self._cleanup: Optional[weakref.finalize] = None
+        self._prepare_error: Optional[Exception] = None
+
+    # ---------------------------------------------------------------------- StorageWriter protocol
+
+    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+        if checkpoint_id:
+            self.checkpoint_dir = _checked_path(checkpoint_id, self.thread_count, self.separation_hint, self.use_msc)
+        self.save_id = str(uuid.uuid4())
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Nothing to set up: every rank plans alike, and only the coordinator is ever asked to ``finish``."""
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Refuse a path that is a file or holds a checkpoint; create the directory."""
+        storage = _storage(self.use_msc)
+        if storage.is_file(self.checkpoint_dir):
+            raise NotADirectoryError(f"checkpoint path {self.checkpoint_dir!r} is a file, not a directory")
+        if storage.is_file(storage.join(self.checkpoint_dir, METADATA_NAME)):
+            raise FileExistsError(
+                f"{self.checkpoint_dir!r} already holds a checkpoint ({METADATA_NAME}); "
+                "FileSystemWriterAsync never overwrites one: save into a new directory"
+            )
+        storage.makedirs(self.checkpoint_dir)
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        """Give plan i the file prefix ``__{i}_``."""
+        return [_with_prefix(plan, i) for i, plan in enumerate(plans)]
+
+    def prepare_decentralized_global_plan(self, local_plan: SavePlan) -> SavePlan:
+        """Same prefix as ``prepare_global_plan`` would give, from this rank's own rank."""
+        return _with_prefix(local_plan, dist_rank())
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner):
+        raise NotImplementedError(
+            "FileSystemWriterAsync writes through save_state_dict_async_plan, get_save_function_and_args "
+            "and save_state_dict_async_finalize, not through torch.distributed.checkpoint.save"
+        )
+
+    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+        """Coordinator only, after every rank wrote: commit ``.metadata`` atomically."""
+        metadata.storage_data = {wr.index: wr.storage_data for rank_results in results for wr in rank_results}
+        metadata.storage_meta = self.storage_meta()
+        metadata.version = CURRENT_DCP_VERSION
+        storage = _storage(self.use_msc)
+        storage.write_atomically(storage.join(self.checkpoint_dir, METADATA_NAME), pickle.dumps(metadata))
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.checkpoint_dir
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    # ---------------------------------------------------------------------------- async protocol
+
+    def prepare_write_data(self, plan: SavePlan, planner: SavePlanner) -> None:
+        """Group the plan's items into buckets and resolve their data (no tensor is copied here).
+
+        An error is kept and reported by ``retrieve_write_results``, so that finalization raises it on
+        every rank instead of this rank alone leaving the collective protocol.
+        """
+        self._discard_results()
+        self._prepare_error = None
+        try:
+            self.write_buckets = self._buckets(plan, planner)
+        except Exception as exc:
+            self._prepare_error, self.write_buckets = exc, []
+        if self.write_buckets:
+            fd, self._results_path = tempfile.mkstemp(prefix="ckpt-write-results-")
+            os.close(fd)
+            self._cleanup = weakref.finalize(self, _remove_quietly, self._results_path)
+
+    def get_save_function_and_args(self) -> Tuple[Optional[Callable], Optional[Callable], Any]:
+        """``(save_fn, preload_fn, save_args)``, or ``(None, None, ())`` when this rank writes nothing.
+
+        ``save_args`` is ``[rank, write_buckets, results_path]``; ``preload_fn()``, when not None, returns the
+        buckets staged to host memory (it replaces ``save_args[1]``).
+        """
+        if not self.write_buckets:
+            return None, None, ()
+        preload_fn = None
+        if any(t.is_cuda for bucket in self.write_buckets for _, t in bucket.data[1]):
+            preload_fn = functools.partial(self.preload_tensors, self.write_buckets, True)
+        save_fn = functools.partial(_write_all, self.use_msc)
+        return save_fn, preload_fn, [dist_rank(), self.write_buckets, self._results_path]
+
+    @staticmethod
+    def preload_tensors(write_buckets: List[WriteBucket], non_blocking: bool = True) -> List[WriteBucket]:
+        """The buckets with every tensor copied to host memory now (CUDA ones into pinned buffers).
+
+        CPU tensors are copied too, so that every tensor is snapshotted at the same point.
+        """
+        # UNTESTED on GPU: written on a CPU-only machine.
+        def stage(t: torch.Tensor) -> torch.Tensor:
+            if not t.is_cuda:
+                return t.clone()
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=non_blocking)
+            return host.copy_(t, non_blocking=non_blocking)
+
+        staged = [b._replace(data=(b.data[0], [(item, stage(t)) for item, t in b.data[1]])) for b in write_buckets]
+        if non_blocking and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return staged
+
+    def retrieve_write_results(self) -> List[WriteResult]:
+        """This rank's write results, once ``save_fn`` has run; raises if preparing or writing failed."""
+        if self._prepare_error is not None:
+            raise RuntimeError(f"preparing the write data failed: {self._prepare_error!r}") from self._prepare_error
+        if not self.write_buckets:
+            return []
+        if self._results_path is None:
+            raise RuntimeError("the write results of this save were already retrieved")
+        try:
+            with open(self._results_path, "rb") as f:
+                outcome = pickle.load(f) if os.fstat(f.fileno()).st_size else None
+        finally:
+            self._discard_results()
+        if outcome is None:
+            raise RuntimeError(
+                f"no write results for {self.checkpoint_dir!r}: the save function did not run to the end"
+            )
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    # ----------------------------------------------------------------------------------- helpers
+
+    def _buckets(self, plan: SavePlan, planner: SavePlanner) -> List[WriteBucket]:
+        prefix = plan.storage_data.prefix
+        storage = _storage(self.use_msc)
+        buckets: List[WriteBucket] = []
+        for group, items, bins in self._groups(plan.items):
+            for bucket_items in _split_by_size_and_type(bins, items):
+                name = f"{group}{prefix}{len(buckets)}{DATA_SUFFIX}"
+                bytes_data = [(i, planner.resolve_data(i)) for i in bucket_items if i.type == WriteItemType.BYTE_IO]
+                tensor_data = [
+                    (i, planner.resolve_data(i).detach()) for i in bucket_items if i.type != WriteItemType.BYTE_IO
+                ]
+                buckets.append(WriteBucket(storage.join(self.checkpoint_dir, name), name, (bytes_data, tensor_data)))
+        return buckets
+
+    def _groups(self, items: List[WriteItem]) -> List[Tuple[str, List[WriteItem], int]]:
+        """(file name group, its items, its number of files), splitting the thread budget by the hint."""
+        hint = self.separation_hint
+        if hint is None:
+            return [("", items, self.thread_count)]
+        hinted = [i for i in items if i.index.fqn.startswith(hint)]
+        others = [i for i in items if not i.index.fqn.startswith(hint)]
+        half = self.thread_count // 2
+        return [("", others, self.thread_count - half), (hint, hinted, half)]
+
+    def _discard_results(self) -> None:
+        if self._cleanup is not None:
+            self._cleanup()
+        self._results_path = self._cleanup = None
+
+
+# ------------------------------------------------------------------------------------- the write
+
+
+def _write_all(use_msc: bool, rank: int, buckets: List[WriteBucket], results_path: str) -> None:
+    """Write each bucket to its file in its own thread, then record the results or the first error.
+
+    Never raises for a failed write: the error is recorded for ``retrieve_write_results``.
+    """
+    storage = _storage(use_msc)
+    with ThreadPoolExecutor(max_workers=len(buckets), thread_name_prefix="ckpt-write") as pool:
+        outcomes = list(pool.map(functools.partial(_try_write_bucket, storage, rank), buckets))
+    errors = [o for o in outcomes if isinstance(o, BaseException)]
+    if not errors:
+        try:
+            storage.sync_dir(os.path.dirname(buckets[0].path))
+        except OSError as exc:
+            errors.append(RuntimeError(f"rank {rank}: syncing the checkpoint directory failed: {exc!r}"))
+    outcome = errors[0] if errors else [result for results in outcomes for result in results]
+    tmp = results_path + ".tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(outcome, f)
+    os.replace(tmp, results_path)
+
+
+def _try_write_bucket(storage: "_PosixStorage", rank: int, bucket: WriteBucket) -> Union[List[WriteResult], Exception]:
+    try:
+        return _write_bucket(storage, bucket)
+    except Exception as exc:
+        logger.error("rank %d: writing %s failed: %r", rank, bucket.path, exc)
+        return RuntimeError(f"rank {rank}: writing {bucket.path} failed: {exc!r}")
+
+
+def _write_bucket(storage: "_PosixStorage", bucket: WriteBucket) -> List[WriteResult]:
+    bytes_data, tensor_data = bucket.data
+    results = []
+    with storage.open_write(bucket.path) as stream:
+        for item, data in bytes_data:
+            results.append(_write_item(stream, item, bucket.relative_path, data))
+        for item, tensor in tensor_data:
+            results.append(_write_item(stream, item, bucket.relative_path, _compact(tensor)))
+        storage.sync(stream)
+    return results
+
+
+def _write_item(stream, item: WriteItem, relative_path: str, data: Union[io.BytesIO, torch.Tensor]) -> WriteResult:
+    offset = stream.tell()
+    if isinstance(data, torch.Tensor):
+        torch.save(data, stream)
+    else:
+        stream.write(data.getbuffer())
+    length = stream.tell() - offset
+    return WriteResult(index=item.index, size_in_bytes=length, storage_data=_StorageInfo(relative_path, offset, length))
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy of only its elements when it views a larger storage (torch.save writes whole storages)."""
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone()
+    return t
+
+
+def _split_by_size_and_type(bins: int, items: List[WriteItem]) -> List[List[WriteItem]]:
+    """Non-empty buckets: byte items round-robin, tensors largest first into the lightest bucket."""
+    buckets: List[List[WriteItem]] = [[] for _ in range(bins)]
+    byte_items = [i for i in items if i.type == WriteItemType.BYTE_IO]
+    tensor_items = sorted((i for i in items if i.type != WriteItemType.BYTE_IO), key=_item_size, reverse=True)
+    for n, item in enumerate(byte_items):
+        buckets[n % bins].append(item)
+    heap = [(0, b) for b in range(bins)]
+    for item in tensor_items:
+        size, b = heapq.heappop(heap)
+        buckets[b].append(item)
+        heapq.heappush(heap, (size + _item_size(item), b))
+    return [bucket for bucket in buckets if bucket]
+
+
+def _item_size(item: WriteItem) -> int:
+    return prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+
+
+# ----------------------------------------------------------------------------------- storage
+
+
+class _PosixStorage:
+    """Local files: fsync for durability, tmp + fsync + rename + directory fsync for the commit."""
+
+    @staticmethod
+    def join(directory: str, name: str) -> str:
+        return os.path.join(directory, name)
+
+    @staticmethod
+    def is_file(path: str) -> bool:
+        return os.path.isfile(path)
+
+    @staticmethod
+    def makedirs(path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    @staticmethod
+    def open_write(path: str):
+        return open(path, "wb")
+
+    @staticmethod
+    def sync(stream) -> None:
+        stream.flush()
+        os.fsync(stream.fileno())
+
+    @staticmethod
+    def sync_dir(path: str) -> None:
+        fd = os.open(path or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_atomically(self, path: str, data: bytes) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            self.sync(f)
+        os.rename(tmp, path)
+        self.sync_dir(os.path.dirname(path))
+
+
+class _MscStorage(_PosixStorage):
+    """Multi-Storage Client: files are objects; MSC creates parent directories itself where there are any."""
+
+    @staticmethod
+    def join(directory: str, name: str) -> str:
+        return directory.rstrip("/") + "/" + name
+
+    @staticmethod
+    def is_file(path: str) -> bool:
+        import multistorageclient as msc
+
+        return msc.is_file(path)
+
+    @staticmethod
+    def makedirs(path: str) -> None:
+        pass
+
+    @staticmethod
+    def open_write(path: str):
+        import multistorageclient as msc
+
+        return msc.open(path, "wb")
+
+    @staticmethod
+    def sync(stream) -> None:
+        stream.flush()
+        stream.fsync()  # POSIX provider: fsync of its temporary file; object stores upload on close
+
+    @staticmethod
+    def sync_dir(path: str) -> None:
+        pass  # no directory handle through MSC
+
+    def write_atomically(self, path: str, data: bytes) -> None:
+        with self.open_write(path) as f:  # one PUT, or a renamed temporary file for the POSIX provider
+            f.write(data)
+            self.sync(f)
+
+
+def _storage(use_msc: bool) -> _PosixStorage:
+    return _MscStorage() if use_msc else _PosixStorage()
+
+
+# --------------------------------------------------------------------------------- validation
+
+
+def _checked_path(path, thread_count: int, separation_hint: Optional[str], use_msc: bool) -> str:
+    """The checkpoint location to use (a local path made absolute: the writer may run in another process)."""
+    path = os.fspath(path)
+    _check_arguments(path, thread_count, separation_hint, use_msc)
+    return path if use_msc else os.path.abspath(path)
+
+
+def _check_arguments(path: str, thread_count: int, separation_hint: Optional[str], use_msc: bool) -> None:
+    if not isinstance(thread_count, int) or isinstance(thread_count, bool) or thread_count < 1:
+        raise ValueError(f"thread_count must be an int >= 1, got {thread_count!r}")
+    if separation_hint is not None:
+        if not isinstance(separation_hint, str) or not separation_hint or "/" in separation_hint:
+            raise ValueError(f"separation_hint must be a non-empty string without '/', got {separation_hint!r}")
+        if thread_count < 2:
+            raise ValueError(f"separation_hint needs thread_count >= 2 (one file per group), got {thread_count}")
+    if use_msc:
+        _check_msc_profile(path)
+    elif path.startswith(MSC_SCHEME):
+        raise ValueError(f"{path!r} is a Multi-Storage Client URL: pass use_msc=True to write it")
+
+
+def _check_msc_profile(path: str) -> None:
+    import multistorageclient as msc
+
+    try:
+        msc.resolve_storage_client(path)
+    except ValueError as exc:
+        raise ValueError(f"cannot write {path!r} through Multi-Storage Client: {exc}") from exc
+
+
+def _with_prefix(plan: SavePlan, rank: int) -> SavePlan:
+    return replace(plan, storage_data=_StoragePrefix(f"__{rank}_"))
+
+
+def _remove_quietly(path: str) -> None:
+    for name in (path, path + ".tmp"):
+        try:
+            os.remove(name)
+        except FileNotFoundError:
+            pass

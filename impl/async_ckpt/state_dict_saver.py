@@ -1,0 +1,260 @@
+"""Save a state dict in the torch.distributed.checkpoint format in three steps: plan, write (async), finalize.
+
+``save_state_dict_async_plan`` plans on every rank and prepares the writer; the write runs wherever the
+caller puts ``storage_writer.get_save_function_and_args()`` (an AsyncRequest); ``save_state_dict_async_finalize``
+gathers the write results and lets the coordinator commit the metadata. Signature-compatible with NVRx
+``async_ckpt.state_dict_saver``.
+
+Planning takes one of three paths, all of which call ``planner.finish_plan`` and
+``storage_writer.prepare_write_data``:
+
+* cached: with a metadata cache holding a previous plan, every rank checks that its local plan is unchanged
+  (one integer all-reduce); if so, the cached global plan and metadata are reused and no plan is exchanged;
+* decentralized, when planner and writer both allow it: the coordinator gathers the local plans to build the
+  metadata (skipped when ``verify_global_md_reuse`` accepts the plans loaded with
+  ``init_checkpoint_metadata_cache``) and every rank makes its global plan locally;
+* central: the local plans are gathered, the coordinator makes the global plan, and each rank gets its part.
+
+Errors are collective: a planning error on any rank, a failed write on any rank, or a failed metadata
+commit raise ``CheckpointException`` on every rank, and the metadata is written only if every rank's writes
+succeeded.
+
+Decisions: a cached plan is reused only while every rank's local plan (keys, shapes, dtypes, ...) is
+unchanged, so a changed structure never reuses a stale plan; ``enable_cache=True`` without
+``metadata_cache`` uses the module's cache (created on first use); ``verify_global_md_reuse`` works with any
+backend (its flag tensor lives where the backend wants it).
+"""
+
+import logging
+from dataclasses import fields
+from typing import TYPE_CHECKING, List, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.utils import _DistWrapper
+
+from ..utils import dist_ready
+
+if TYPE_CHECKING:
+    from .filesystem_async import FileSystemWriterAsync
+
+__all__ = [
+    "CheckpointMetadataCache",
+    "get_metadata_caching_status",
+    "init_checkpoint_metadata_cache",
+    "save_state_dict_async_finalize",
+    "save_state_dict_async_plan",
+    "verify_global_md_reuse",
+]
+
+logger = logging.getLogger(__name__)
+
+SaveStateDictRet = Tuple["FileSystemWriterAsync", Optional[Metadata], _DistWrapper]
+
+
+class CheckpointMetadataCache:
+    """What one save's planning can hand to the next: plans, metadata, and whether they were reused.
+
+    ``cached_global_metadata`` is held by the coordinator only; ``loaded_all_plans`` are the local plans
+    recorded in a previous checkpoint's metadata (``init_checkpoint_metadata_cache``).
+    """
+
+    def __init__(self):
+        self.cached_central_plan: Optional[SavePlan] = None
+        self.cached_local_plan: Optional[SavePlan] = None
+        self.cached_global_metadata: Optional[Metadata] = None
+        self.validated_cache_reuse = False
+        self.validated_loaded_metadata_reuse = False
+        self.loaded_all_plans: Optional[List[SavePlan]] = None
+
+    def set_cached_global_metadata(self, cached_global_metadata: Metadata) -> None:
+        """Hold a previous checkpoint's metadata and the local plans it records (if any).
+
+        Plans cached from earlier saves are dropped: they need not match this metadata.
+        """
+        self.cached_central_plan = self.cached_local_plan = None
+        self.cached_global_metadata = cached_global_metadata
+        self.loaded_all_plans = getattr(cached_global_metadata, "all_local_plans", None)
+        if self.loaded_all_plans is None:
+            logger.debug("metadata has no all_local_plans: its reuse cannot be verified")
+
+    def set_cache_metadata(self, central_plan: SavePlan, local_plan: SavePlan, global_md_verify_reuse: bool) -> None:
+        """Record this save's plans; the plan counts as reused iff it equals the previous save's."""
+        self.validated_loaded_metadata_reuse = global_md_verify_reuse
+        self.validated_cache_reuse = self.cached_central_plan is not None and central_plan == self.cached_central_plan
+        self.cached_central_plan = central_plan
+        self.cached_local_plan = local_plan
+
+    def prepare_save_state_dict_ret(
+        self, rank: int, coordinator: int, save_state_dict_ret: SaveStateDictRet
+    ) -> SaveStateDictRet:
+        """Cache fresh metadata, or give the coordinator the cached metadata when planning reused it."""
+        writer, metadata, dist_wrapper = save_state_dict_ret
+        if metadata is not None:
+            self.cached_global_metadata = metadata
+        elif rank == coordinator:
+            metadata = self.cached_global_metadata
+        return writer, metadata, dist_wrapper
+
+    def get_cache_metadata(self) -> Tuple[Optional[SavePlan], Optional[SavePlan], bool, Optional[List[SavePlan]]]:
+        """(cached central plan, cached local plan, validated_cache_reuse, loaded_all_plans)."""
+        return self.cached_central_plan, self.cached_local_plan, self.validated_cache_reuse, self.loaded_all_plans
+
+    def get_metadata_caching_status(self) -> Tuple[bool, bool]:
+        """(validated_cache_reuse, validated_loaded_metadata_reuse) of the latest save."""
+        return self.validated_cache_reuse, self.validated_loaded_metadata_reuse
+
+
+_checkpoint_metadata_cache: Optional[CheckpointMetadataCache] = None
+
+
+def _module_cache() -> CheckpointMetadataCache:
+    global _checkpoint_metadata_cache
+    if _checkpoint_metadata_cache is None:
+        _checkpoint_metadata_cache = CheckpointMetadataCache()
+    return _checkpoint_metadata_cache
+
+
+def init_checkpoint_metadata_cache(cached_global_metadata: Metadata) -> None:
+    """Create the module's cache if needed and give it a previous checkpoint's metadata."""
+    _module_cache().set_cached_global_metadata(cached_global_metadata)
+
+
+def get_metadata_caching_status() -> Optional[Tuple[bool, bool]]:
+    """The module cache's (validated_cache_reuse, validated_loaded_metadata_reuse), or None without one."""
+    if _checkpoint_metadata_cache is None:
+        return None
+    return _checkpoint_metadata_cache.get_metadata_caching_status()
+
+
+def save_state_dict_async_plan(
+    state_dict: STATE_DICT_TYPE,
+    storage_writer: "FileSystemWriterAsync",
+    process_group: Optional[dist.ProcessGroup] = None,
+    coordinator_rank: int = 0,
+    planner: Optional[Union[SavePlanner, DefaultSavePlanner]] = None,
+    enable_cache: bool = False,
+    metadata_cache: Optional[CheckpointMetadataCache] = None,
+) -> SaveStateDictRet:
+    """Plan the save on every rank (collective) and prepare ``storage_writer``'s write.
+
+    Returns ``(storage_writer, metadata or None, dist_wrapper)``, to pass to ``save_state_dict_async_finalize``;
+    only the coordinator holds the metadata. Raises CheckpointException on every rank if planning failed on any.
+    """
+    cache = (metadata_cache if metadata_cache is not None else _module_cache()) if enable_cache else None
+    dist_wrapper = _DistWrapper(process_group, dist_ready(), coordinator_rank)
+    planner = planner if planner is not None else DefaultSavePlanner()
+    local_plan, local_error = _local_step(planner, storage_writer, state_dict, dist_wrapper.is_coordinator)
+    central_plan, metadata, md_reused = _global_step(
+        planner, storage_writer, local_plan, local_error, cache, dist_wrapper
+    )
+    central_plan = planner.finish_plan(central_plan)
+    storage_writer.prepare_write_data(central_plan, planner)
+    ret = (storage_writer, metadata, dist_wrapper)
+    if cache is not None:
+        cache.set_cache_metadata(central_plan, local_plan, md_reused)
+        ret = cache.prepare_save_state_dict_ret(dist_wrapper.get_rank(), coordinator_rank, ret)
+    return ret
+
+
+def _local_step(planner, writer, state_dict, is_coordinator) -> Tuple[Optional[SavePlan], Optional[BaseException]]:
+    try:
+        planner.set_up_planner(state_dict, is_coordinator=is_coordinator)
+        writer.set_up_storage_writer(is_coordinator)
+        return writer.prepare_local_plan(planner.create_local_plan()), None
+    except Exception as exc:
+        return None, exc
+
+
+def _global_step(
+    planner, writer, local_plan, local_error, cache, dist_wrapper
+) -> Tuple[SavePlan, Optional[Metadata], bool]:
+    """(this rank's global plan, the metadata on the coordinator or None, whether loaded metadata is reused)."""
+    if cache is not None and cache.cached_central_plan is not None:
+        unchanged = local_error is None and local_plan == cache.cached_local_plan
+        if _all_ranks_agree(unchanged, dist_wrapper):
+            return cache.cached_central_plan, None, False
+        cache.cached_central_plan = cache.cached_local_plan = None  # stale on every rank, so no rank reports reuse
+
+    def own_plan() -> SavePlan:
+        if local_error is not None:
+            raise local_error
+        return local_plan
+
+    if getattr(planner, "can_run_decentralized_global_plan", False) and getattr(
+        writer, "can_run_decentralized_global_plan", False
+    ):
+        loaded = cache.loaded_all_plans if cache is not None else None
+        md_reused = verify_global_md_reuse(loaded, local_plan, dist_wrapper.get_rank(), dist_wrapper)
+        metadata = None if md_reused else _gather_metadata(planner, own_plan, dist_wrapper)
+        global_plan = writer.prepare_decentralized_global_plan(planner.create_decentralized_global_plan(local_plan))
+        return global_plan, metadata, md_reused
+
+    built = {}
+
+    def make_global_plans(all_plans: List[SavePlan]) -> List[SavePlan]:
+        all_plans, built["metadata"] = planner.create_global_plan(all_plans)
+        return writer.prepare_global_plan(all_plans)
+
+    central_plan = dist_wrapper.reduce_scatter("plan", own_plan, make_global_plans)
+    return central_plan, built.get("metadata"), False
+
+
+def _gather_metadata(planner, own_plan, dist_wrapper: _DistWrapper) -> Optional[Metadata]:
+    """Gather the local plans; the coordinator builds the metadata, recording the plans in it."""
+    built = {}
+
+    def build(all_plans: List[SavePlan]) -> None:
+        _, metadata = planner.create_global_plan(all_plans)
+        metadata.all_local_plans = all_plans
+        built["metadata"] = metadata
+
+    dist_wrapper.all_reduce("plan", own_plan, build)
+    return built.get("metadata")
+
+
+def verify_global_md_reuse(
+    loaded_all_plans: Optional[List[SavePlan]], local_plan: SavePlan, rank: int, dist_wrapper: _DistWrapper
+) -> bool:
+    """True on every rank iff every rank's local plan equals its loaded plan in all fields but storage_data.
+
+    False, without communicating, when there are no loaded plans or not one per rank.
+    """
+    if not loaded_all_plans or len(loaded_all_plans) != dist_wrapper.get_world_size():
+        return False
+    loaded = loaded_all_plans[rank]
+    same = local_plan is not None and all(
+        getattr(local_plan, f.name) == getattr(loaded, f.name) for f in fields(local_plan) if f.name != "storage_data"
+    )
+    return _all_ranks_agree(same, dist_wrapper)
+
+
+def _all_ranks_agree(flag: bool, dist_wrapper: _DistWrapper) -> bool:
+    """True iff ``flag`` is True on every rank of the wrapper's group (one MIN all-reduce of one int)."""
+    if not dist_wrapper.use_dist:
+        return flag
+    nccl = dist.get_backend(dist_wrapper.group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    value = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN, group=dist_wrapper.group)
+    return bool(value.item())
+
+
+def save_state_dict_async_finalize(
+    storage_writer: "FileSystemWriterAsync", global_metadata: Optional[Metadata], dist_wrapper: _DistWrapper
+) -> None:
+    """Gather every rank's write results; if all succeeded, the coordinator commits the metadata.
+
+    Collective. Raises CheckpointException on every rank if a write failed on any rank or the commit failed;
+    no metadata is written then.
+    """
+
+    def commit(all_results) -> None:
+        if global_metadata is None:
+            raise RuntimeError("the coordinator has no metadata to commit (pass the plan step's return value)")
+        storage_writer.finish(global_metadata, all_results)
+
+    dist_wrapper.all_reduce("write", storage_writer.retrieve_write_results, commit)

@@ -1,0 +1,116 @@
+"""``LocalCheckpointManager``: local checkpoint parts as files in a per-rank directory.
+
+Layout: ``<root_local_ckpt_dir>/<session_id>/<rank>/iter_<iteration:07d>_<owner>_<tag>.pt`` where tag is
+``local`` for a part saved without replication, else the strategy's placement tag (e.g. ``w4c0-1``).
+A part being written carries the extra suffix ``.dirty``; it is renamed to the clean name only when
+the save is finalized. Each file is ``torch.save`` of the part's TensorAwareStateDict, flushed to disk
+before it is reported written. Other files in the directory are never touched.
+"""
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..base_state_dict import TensorAwareStateDict
+from ..replication.strategies import ReplicationStrategy
+from .base_manager import BaseCheckpointManager, CheckpointingException, CkptID, SameMachineReplicationException, Tag
+
+__all__ = ["LocalCheckpointManager"]
+
+logger = logging.getLogger(__name__)
+
+_DIRTY = ".dirty"
+_PART = re.compile(r"iter_(\d+)_(\d+)_(local|w\d+c[\d-]+)\.pt(\.dirty)?")
+
+
+def _write_parts(writes: List[Tuple[str, TensorAwareStateDict]]) -> None:
+    """Write each part to its (dirty) path and flush it to disk. The async function of a save."""
+    for path, part in writes:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            torch.save(part, f)
+            f.flush()
+            os.fsync(f.fileno())
+        logger.debug("wrote %s", path)
+
+
+class LocalCheckpointManager(BaseCheckpointManager):
+    """Local checkpoints in ``root_local_ckpt_dir`` (node-local storage such as an SSD or a RAM disk).
+
+    Args:
+        root_local_ckpt_dir: root directory; each rank uses ``<root>/<session_id>/<rank>``.
+        session_id: separates the checkpoints of different workloads sharing a root (one path
+            component, may be empty).
+        repl_strategy: how parts are replicated (None: no replication).
+    """
+
+    def __init__(self, root_local_ckpt_dir: Union[str, Path], session_id: str = "",
+                 repl_strategy: Optional[ReplicationStrategy] = None):
+        if not isinstance(session_id, str) or session_id in (".", "..") or "/" in session_id or os.sep in session_id:
+            raise ValueError(f"session_id must be one path component (or empty), got {session_id!r}")
+        super().__init__(session_id, repl_strategy)
+        self.root_local_ckpt_dir = root_local_ckpt_dir
+
+    @property
+    def local_ckpt_dir(self) -> Path:
+        return Path(self.root_local_ckpt_dir) / self.session_id / str(self.rank)
+
+    def _path(self, ckpt_id: CkptID, tag: Tag, dirty: bool = False) -> Path:
+        iteration, owner, _ = ckpt_id
+        name = f"iter_{iteration:07d}_{owner}_{tag or 'local'}.pt" + (_DIRTY if dirty else "")
+        return self.local_ckpt_dir / name
+
+    def _files(self) -> List[Tuple[Path, CkptID, Tag, bool]]:
+        """(path, id, tag, dirty) of every part file in this rank's directory (none if it is missing)."""
+        directory = self.local_ckpt_dir
+        if not directory.exists():
+            return []
+        found = []
+        for entry in directory.iterdir():
+            match = _PART.fullmatch(entry.name)
+            if match and entry.is_file():
+                tag = None if match[3] == "local" else match[3]
+                found.append((entry, (int(match[1]), int(match[2]), self.session_id), tag, bool(match[4])))
+        return found
+
+    def _my_parts(self) -> List[Tuple[CkptID, Tag]]:
+        return [(ckpt_id, tag) for _, ckpt_id, tag, dirty in self._files() if not dirty]
+
+    def _load(self, ckpt_id: CkptID, tag: Tag) -> TensorAwareStateDict:
+        path = self._path(ckpt_id, tag)
+        try:
+            return torch.load(path, weights_only=False)
+        except FileNotFoundError:
+            raise CheckpointingException(f"local checkpoint part {path} does not exist") from None
+
+    def _save_call(self, parts: Dict[CkptID, TensorAwareStateDict], tag: Tag):
+        writes: Dict[str, TensorAwareStateDict] = {}
+        for ckpt_id, part in parts.items():
+            path = str(self._path(ckpt_id, tag, dirty=True))
+            if path in writes:
+                raise SameMachineReplicationException(ckpt_id)
+            writes[path] = part
+        return _write_parts, (list(writes.items()),)
+
+    def _publish(self, ckpt_ids: Sequence[CkptID], tag: Tag) -> None:
+        for ckpt_id in ckpt_ids:
+            dirty = self._path(ckpt_id, tag, dirty=True)
+            if not dirty.is_file():
+                raise CheckpointingException(f"part {ckpt_id} was not written: {dirty} is missing")
+            os.replace(dirty, self._path(ckpt_id, tag))
+
+    def _discard(self, iteration: int) -> None:
+        self._remove(lambda i: i == iteration)
+
+    def _cleanup(self, iteration: int) -> None:
+        self._remove(lambda i: i != iteration)
+
+    def _remove(self, which) -> None:
+        for path, (iteration, _, _), _, _ in self._files():
+            if which(iteration):
+                logger.debug("removing %s", path)
+                path.unlink(missing_ok=True)

@@ -1,0 +1,164 @@
+"""Replication strategies: where the copies of each rank's checkpoint part live, and how they move.
+
+``CliqueReplicationStrategy`` splits the ranks into cliques (see ``parse_group_sequence``); at save
+every clique member receives a copy of every other member's part, and at load a rank missing its
+part gets it from a clique member that holds it.
+
+Decisions:
+
+* Invalid ``(world_size, replication_jump, replication_factor)`` raise ValueError on every rank,
+  before any process group is created. ``replication_factor=1`` is valid (cliques of one, no copies).
+* The default ``replication_jump`` is the number of visible GPUs at call time (one node's ranks, so
+  copies land on other nodes); with no GPU it must be given.
+* ``replicate`` leaves the caller's state dict as it was and returns it as its own entry.
+* The sender of a missing part is its lowest-ranked holder in the clique: deterministic, no RNG.
+* ``placement_tag`` names the layout (world size and this rank's clique); the manager records it
+  with every part, so parts saved under other replication parameters are recognised.
+"""
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..base_state_dict import TensorAwareStateDict
+from .group_utils import (ExchangePlan, broadcast_state_dict, parse_group_sequence, recv_state_dict,
+                          send_state_dict)
+
+__all__ = ["CliqueReplicationStrategy", "LazyCliqueReplicationStrategy", "NoReplicasAvailableError",
+           "ReplicationStrategy"]
+
+logger = logging.getLogger(__name__)
+
+
+class NoReplicasAvailableError(Exception):
+    """No member of the clique holds a part some member needs."""
+
+
+class ReplicationStrategy(ABC):
+    """How parts are replicated at save and retrieved at load. All methods are collective."""
+
+    @abstractmethod
+    def replicate(self, local_ckpt: TensorAwareStateDict, id_: Hashable
+                  ) -> Tuple[List[TensorAwareStateDict], List[Hashable]]:
+        """Exchange parts: return the parts this rank must store (its own included) and their ids."""
+
+    @abstractmethod
+    def retrieve_plan(self, globally_available_ids: Sequence[Sequence[Hashable]],
+                      wanted: Sequence[Hashable]) -> ExchangePlan:
+        """Plan who sends what so every rank gets the ids it wants.
+
+        ``globally_available_ids[r]`` lists the ids global rank r holds. Raises
+        NoReplicasAvailableError when a wanted id has no holder the strategy can use.
+        """
+
+    @abstractmethod
+    def retrieve_execute(self, plan: ExchangePlan, my_data: Dict[Hashable, TensorAwareStateDict]
+                         ) -> Dict[Hashable, TensorAwareStateDict]:
+        """Carry out ``plan``; ``my_data`` holds what this rank sends. Returns what it receives."""
+
+    @property
+    @abstractmethod
+    def placement_tag(self) -> str:
+        """Names this rank's replica placement; equal tags mean the same replication layout."""
+
+
+class CliqueReplicationStrategy(ReplicationStrategy):
+    """Full replication within ``local_group``, the clique this rank belongs to."""
+
+    def __init__(self, local_group, target_device="cpu"):
+        self.local_group = local_group
+        self.target_device = torch.device(target_device)
+        self.ranks: List[int] = list(dist.get_process_group_ranks(local_group))
+        if dist.get_rank() not in self.ranks:
+            raise ValueError(f"rank {dist.get_rank()} is not in the replication group {self.ranks}")
+
+    @classmethod
+    def from_replication_params(cls, replication_jump: Optional[int] = None,
+                                replication_factor: int = 2) -> "CliqueReplicationStrategy":
+        """Create every clique's process group (collective) and keep this rank's clique."""
+        if replication_jump is None:
+            replication_jump = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if replication_jump == 0:
+                raise ValueError("replication_jump defaults to the number of GPUs per node, and none is "
+                                 "visible: pass replication_jump explicitly")
+        cliques = parse_group_sequence(replication_jump, replication_factor, dist.get_world_size())
+        rank, mine = dist.get_rank(), None
+        for clique in cliques:  # every rank must create every group, in the same order
+            group = dist.new_group(clique)
+            if rank in clique:
+                mine = group
+        logger.debug("rank %d replicates within %s", rank, next(c for c in cliques if rank in c))
+        return cls(mine, target_device="cpu")
+
+    @property
+    def placement_tag(self) -> str:
+        return f"w{dist.get_world_size()}c{'-'.join(map(str, self.ranks))}"
+
+    def replicate(self, local_ckpt, id_):
+        ids = [None] * len(self.ranks)
+        dist.all_gather_object(ids, id_, group=self.local_group)
+        me = dist.get_rank()
+        parts = [broadcast_state_dict(local_ckpt if src == me else None, src, self.local_group, self.target_device)
+                 for src in self.ranks]
+        return parts, ids
+
+    def retrieve_plan(self, globally_available_ids, wanted):
+        gathered: List[Optional[List[Hashable]]] = [None] * len(self.ranks)
+        dist.all_gather_object(gathered, list(wanted), group=self.local_group)
+        plan, missing = ExchangePlan(), []
+        for receiver, wants in zip(self.ranks, gathered):
+            for id_ in wants:
+                holders = [m for m in self.ranks if id_ in globally_available_ids[m]]
+                if not holders:
+                    missing.append(f"{id_!r} (wanted by rank {receiver})")
+                    continue
+                plan.plan(receiver if receiver in holders else holders[0], receiver, id_)
+        if missing:
+            raise NoReplicasAvailableError(
+                f"no member of the replication clique {self.ranks} holds {', '.join(missing)}")
+        return plan
+
+    def retrieve_execute(self, plan, my_data):
+        absent = plan.required_ids() - set(my_data)
+        if absent:
+            raise ValueError(f"my_data lacks the parts this rank must send: {sorted(map(repr, absent))}")
+        me, received = dist.get_rank(), {}
+        for entry in plan.entries:
+            if entry.sender == me and entry.receiver == me:
+                received[entry.id_] = my_data[entry.id_]
+            elif entry.sender == me:
+                send_state_dict(my_data[entry.id_], entry.receiver, self.local_group)
+            elif entry.receiver == me:
+                received[entry.id_] = recv_state_dict(entry.sender, self.local_group, self.target_device)
+        return received
+
+
+class LazyCliqueReplicationStrategy(ReplicationStrategy):
+    """A CliqueReplicationStrategy whose process groups are created on first use."""
+
+    def __init__(self, replication_jump: Optional[int] = None, replication_factor: int = 2):
+        self.replication_jump, self.replication_factor = replication_jump, replication_factor
+        self._strategy: Optional[CliqueReplicationStrategy] = None
+
+    @property
+    def replication_strategy(self) -> CliqueReplicationStrategy:
+        if self._strategy is None:
+            self._strategy = CliqueReplicationStrategy.from_replication_params(
+                self.replication_jump, self.replication_factor)
+        return self._strategy
+
+    def replicate(self, local_ckpt, id_):
+        return self.replication_strategy.replicate(local_ckpt, id_)
+
+    def retrieve_plan(self, globally_available_ids, wanted):
+        return self.replication_strategy.retrieve_plan(globally_available_ids, wanted)
+
+    def retrieve_execute(self, plan, my_data):
+        return self.replication_strategy.retrieve_execute(plan, my_data)
+
+    @property
+    def placement_tag(self) -> str:
+        return self.replication_strategy.placement_tag

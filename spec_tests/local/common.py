@@ -1,0 +1,159 @@
+"""Helpers for the local checkpointing tests: node-local roots, managers on ranks, the clique model.
+
+Every rank gets its own root, ``<base>/node<rank>``, as if each rank ran on its own node with its own
+local SSD. Losing a node is then target-neutral: delete that directory (no knowledge of the target's
+file layout is needed) and start fresh rank processes.
+
+Fresh rank processes import the module of the function they run; this one stays light (no
+hypothesis), so the functions that run right after a restart live here.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+
+import torch
+
+from spec_tests.asserts import bounded
+from spec_tests.dist import rank_state, world
+from spec_tests.local.cpu_state_dict import CpuTensorAwareStateDict
+from spec_tests.targets import current_target
+
+__all__ = ["BOUND", "PART_SLACK", "PAYLOAD", "async_queue", "cliques", "find_then_load",
+           "fresh_find_then_load", "lose_nodes", "manager", "module", "node_root", "rank_value", "save", "save_values",
+           "storage_bytes", "strategy", "tasd", "try_save_values"]
+
+BOUND = 60.0
+"""Seconds any one collective call of a manager may take in these tests (they move a few KiB)."""
+
+
+def module(name: str):
+    """The target's local module, e.g. module("ckpt_managers.local_manager")."""
+    return current_target().module("local." + name)
+
+
+def node_root(base: str, rank: int) -> str:
+    return os.path.join(base, f"node{rank}")
+
+
+def lose_nodes(base: str, lost) -> None:
+    """Delete the local storage of the `lost` ranks (the rank pool must be restarted afterwards)."""
+    for rank in lost:
+        shutil.rmtree(node_root(base, rank), ignore_errors=True)
+
+
+def strategy(replication):
+    """The target's CliqueReplicationStrategy for replication=(jump, factor), or None.
+
+    Cached per rank process: creating one creates process groups, a collective every rank repeats.
+    """
+    if replication is None:
+        return None
+    cache = rank_state.setdefault("strategies", {})
+    if replication not in cache:
+        strategies = module("replication.strategies")
+        cache[replication] = strategies.CliqueReplicationStrategy.from_replication_params(*replication)
+    return cache[replication]
+
+
+def manager(base: str, replication=None):
+    """A new LocalCheckpointManager for this rank, on this rank's node-local root."""
+    rank, _ = world()
+    lm = module("ckpt_managers.local_manager")
+    return lm.LocalCheckpointManager(node_root(base, rank), repl_strategy=strategy(replication))
+
+
+def tasd(state_dict: dict) -> CpuTensorAwareStateDict:
+    """The suite's CPU TensorAwareStateDict over a copy of state_dict.
+
+    The copy's tensors live in private memory, like a trainer's (what arrives over the rank pool's
+    pipe is in shared memory)."""
+    return CpuTensorAwareStateDict(copy.deepcopy(state_dict))
+
+
+def async_queue(persistent: bool):
+    """A new AsyncCallsQueue of the target (close it when done: a persistent one owns a worker)."""
+    return current_target().module("async_ckpt.core").AsyncCallsQueue(persistent=persistent)
+
+
+def save(mgr, state: CpuTensorAwareStateDict, iteration: int, mode: str = "sync"):
+    """Save and wait until the save is finalized; return what save() returned.
+
+    mode: "sync" (is_async=False), or "temporal" / "persistent" (is_async=True through a new AsyncCallsQueue
+    of that kind, closed afterwards)."""
+    if mode == "sync":
+        return bounded(BOUND, "save(is_async=False)", mgr.save, state, iteration, is_async=False)
+    request = bounded(BOUND, "save(is_async=True)", mgr.save, state, iteration, is_async=True)
+    calls = async_queue(mode == "persistent")
+    calls.schedule_async_request(request)
+    bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", calls.maybe_finalize_async_calls, True)
+    bounded(BOUND, "AsyncCallsQueue.close()", calls.close)
+    return request
+
+
+def find_then_load(mgr):
+    """find_latest(), then load() whatever it found: (found, ("loaded", state_dict, part id) or
+    ("raised", exception class name)). Every call is bounded."""
+    found = bounded(BOUND, "find_latest()", mgr.find_latest)
+    try:
+        loaded, part_id = bounded(BOUND, "load()", mgr.load)
+    except AssertionError:
+        raise  # a bound was exceeded: this rank must be discarded
+    except Exception as exc:
+        return found, ("raised", type(exc).__name__)
+    return found, ("loaded", loaded.state_dict, tuple(part_id))
+
+
+def save_values(base: str, layout, iteration: int, mode: str = "sync") -> None:
+    """On every rank: save rank_value(rank, iteration) with a new manager."""
+    rank, _ = world()
+    save(manager(base, layout), tasd(rank_value(rank, iteration)), iteration, mode)
+
+
+def try_save_values(base: str, layout, iteration: int, mode: str = "sync") -> str:
+    """save_values, reporting "saved" or the class name of what save() raised (a bound exceeded fails)."""
+    try:
+        save_values(base, layout, iteration, mode)
+        return "saved"
+    except AssertionError:
+        raise
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def fresh_find_then_load(base: str, layout):
+    """On every rank: find_then_load with a new manager."""
+    return find_then_load(manager(base, layout))
+
+
+def storage_bytes(base: str, rank: int) -> int:
+    """Bytes in all files under rank's node-local root."""
+    total = 0
+    for folder, _, files in os.walk(node_root(base, rank)):
+        total += sum(os.path.getsize(os.path.join(folder, name)) for name in files)
+    return total
+
+
+def cliques(world_size: int, jump: int, factor: int) -> list[list[int]]:
+    """The spec's clique layout (001, CliqueReplicationStrategy docstring): in every block of
+    jump*factor consecutive ranks starting at s, ranks s+b, s+b+jump, ..., s+b+(factor-1)*jump form
+    a clique, for each b < jump."""
+    block = jump * factor
+    return [[start + b + k * jump for k in range(factor)]
+            for start in range(0, world_size, block) for b in range(jump)]
+
+
+PAYLOAD = 16 * 1024
+"""Bytes of the payload tensor of rank_value: it dominates the size of a part."""
+PART_SLACK = 8 * 1024
+"""What a part may take beyond its payload (file format, pickled objects)."""
+
+
+def rank_value(rank: int, iteration: int) -> dict:
+    """A per-rank, per-iteration state dict: tensors, plain values, and a PAYLOAD-byte tensor."""
+    base = 1000 * iteration + 10 * rank
+    return {"w": torch.arange(base, base + 3, dtype=torch.int64), "opt": {"lr": 0.5 * rank, "steps": [iteration]},
+            "tag": f"r{rank}i{iteration}", "half": [torch.full((2, 2), float(rank), dtype=torch.float16)],
+            "payload": torch.full((PAYLOAD // 4,), float(base), dtype=torch.float32)}

@@ -1,0 +1,136 @@
+"""CliqueReplicationStrategy: the clique layout, the exchange of parts, and missing replicas (gloo ranks)."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from spec_tests import strategies
+from spec_tests.asserts import assert_state_dict_equal, bounded
+from spec_tests.dist import world
+from spec_tests.local.common import BOUND, cliques, module, strategy, tasd
+
+pytestmark = pytest.mark.needs("local_checkpointing")
+
+
+def _clique_strategy(jump, factor):
+    return module("replication.strategies").CliqueReplicationStrategy.from_replication_params(jump, factor)
+
+
+# --------------------------------------------------------------------------------------- layouts
+
+
+def _replicate_in_every_layout(layouts):
+    rank, _ = world()
+    seen = {}
+    for jump, factor in layouts:
+        strat = _clique_strategy(jump, factor)
+        parts, ids = bounded(BOUND, "replicate()", strat.replicate,
+                             tasd({"rank": torch.tensor([rank]), "name": f"r{rank}"}), ("part", rank))
+        data = [(p.state_dict["rank"].item(), p.state_dict["name"]) for p in parts]
+        seen[(jump, factor)] = ([i[1] for i in ids], data)
+    return seen
+
+
+@pytest.mark.spec("CL-1", "CL-3")
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_cliques_partition_the_ranks_in_every_valid_layout(rank_pool, world_size):
+    layouts = strategies.replication_layouts(world_size)
+    seen = rank_pool(world_size).run(_replicate_in_every_layout, layouts)
+    for jump, factor in layouts:
+        where = f"world_size={world_size}, replication_jump={jump}, replication_factor={factor}"
+        members = [seen[rank][(jump, factor)][0] for rank in range(world_size)]
+        for rank, clique in enumerate(members):
+            assert rank in clique and len(clique) == factor, f"rank {rank} got clique {clique} [{where}]"
+            gaps = {b - a for a, b in zip(clique, clique[1:])}
+            assert gaps <= {jump}, f"rank {rank}'s clique {clique} is not spaced {jump} apart [{where}]"
+            assert all(members[m] == clique for m in clique), f"clique {clique} is not agreed by its members [{where}]"
+            data = seen[rank][(jump, factor)][1]
+            assert data == [(m, f"r{m}") for m in clique], f"rank {rank} received {data} from {clique} [{where}]"
+        distinct = sorted({tuple(c) for c in members})
+        assert distinct == sorted(map(tuple, cliques(world_size, jump, factor))), (
+            f"cliques {distinct}, but the layout defines {cliques(world_size, jump, factor)} [{where}]")
+
+
+def _construct_invalid(layouts):
+    outcomes = []
+    for jump, factor in layouts:
+        try:
+            _clique_strategy(jump, factor)
+            outcomes.append("constructed")
+        except Exception as exc:
+            named = str(jump) in str(exc) and str(factor) in str(exc)
+            outcomes.append(f"{type(exc).__name__}{'' if named else ' (parameters not named)'}")
+    return outcomes
+
+
+INVALID_FOR_4 = [(0, 2), (-1, 2), (2, 0), (1, -2), (3, 1), (1, 3), (2, 4), (8, 1), (1, 8), (4, 2)]
+
+
+@pytest.mark.spec("CL-2")
+def test_an_invalid_layout_is_refused_on_every_rank(rank_pool):
+    outcomes = rank_pool(4).run(_construct_invalid, INVALID_FOR_4)
+    for rank, per_layout in enumerate(outcomes):
+        for (jump, factor), outcome in zip(INVALID_FOR_4, per_layout):
+            assert outcome == "ValueError", (
+                f"rank {rank}: from_replication_params({jump}, {factor}) on 4 ranks gave {outcome}, "
+                "but should raise ValueError naming the parameters")
+
+
+# -------------------------------------------------------------------------------------- exchange
+
+
+def _replicate_own_state(states, layout):
+    rank, _ = world()
+    parts, ids = bounded(BOUND, "replicate()", strategy(layout).replicate, tasd(states[rank]), ("part", rank))
+    return list(ids), [p.state_dict for p in parts]
+
+
+def _assert_replicated(results, states, layout):
+    __tracebackhide__ = True
+    for clique in cliques(len(states), *layout):
+        for rank in clique:
+            ids, parts = results[rank]
+            assert ids == [("part", m) for m in clique], f"rank {rank} got ids {ids} from clique {clique}"
+            for member, part in zip(clique, parts):
+                assert_state_dict_equal(part, states[member], call=f"replicate() on rank {rank}, part of {member}")
+
+
+@pytest.mark.spec("CL-3")
+@given(data=st.data())
+def test_replicate_gives_each_member_every_clique_members_state(rank_pool, data):
+    layout = data.draw(strategies.replication_params(4, none=False), label="(jump, factor)")
+    states = data.draw(st.lists(strategies.state_dicts(max_leaves=4, views=False), min_size=4, max_size=4),
+                       label="states")
+    _assert_replicated(rank_pool(4).run(_replicate_own_state, states, layout), states, layout)
+
+
+@pytest.mark.spec("CL-3")
+def test_replicate_copies_views_by_value(rank_pool):
+    """Strided and transposed views (a model's tied or transposed weights) arrive with their own values."""
+    bases = [(torch.arange(12.0) + 100 * rank).reshape(3, 4) for rank in range(2)]
+    states = [{"strided": base[:, ::2], "transposed": base.t(), "row": base[1]} for base in bases]
+    _assert_replicated(rank_pool(2).run(_replicate_own_state, states, (1, 2)), states, (1, 2))
+
+
+# ---------------------------------------------------------------------------------------- missing
+
+
+def _plan_with_holders(available, layout):
+    rank, _ = world()
+    strategies_mod = module("replication.strategies")
+    try:
+        bounded(BOUND, "retrieve_plan()", strategy(layout).retrieve_plan, available, [("part", rank)])
+        return "planned"
+    except strategies_mod.NoReplicasAvailableError:
+        return "NoReplicasAvailableError"
+
+
+@pytest.mark.spec("CL-4")
+def test_a_part_without_holder_in_the_clique_is_refused_on_every_member(rank_pool):
+    # Cliques {0, 1} and {2, 3}: rank 0 holds both parts of its clique; rank 3's part is held only
+    # outside its clique (by rank 1), which does not count.
+    available = [[("part", 0), ("part", 1)], [("part", 3)], [("part", 2)], []]
+    outcomes = rank_pool(4).run(_plan_with_holders, available, (1, 2))
+    assert outcomes == ["planned", "planned", "NoReplicasAvailableError", "NoReplicasAvailableError"], (
+        f"retrieve_plan outcomes per rank: {outcomes}")

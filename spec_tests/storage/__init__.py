@@ -1,0 +1,1 @@
+"""The storage path: FileSystemWriterAsync, the state-dict saver and its metadata cache, Multi-Storage Client."""

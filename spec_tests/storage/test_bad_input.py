@@ -1,0 +1,67 @@
+"""Bad input is refused with a clear error before anything is written."""
+
+import os
+
+import pytest
+import torch
+from torch.distributed.checkpoint import CheckpointException
+
+from spec_tests.storage import saving
+
+pytestmark = pytest.mark.needs("storage_writer")
+
+
+def _writer(path, **kwargs):
+    return saving.module("filesystem_async").FileSystemWriterAsync(path, **kwargs)
+
+
+def _plan_error(path):
+    """The CheckpointException text from planning a save into `path` (fails the rank if planning succeeds)."""
+    with pytest.raises(CheckpointException) as info:
+        saving.plan({"w": torch.ones(2)}, _writer(path))
+    return str(info.value)
+
+
+@pytest.mark.spec("FS-12")
+def test_a_path_that_is_a_file_is_refused_at_planning(rank_pool, tmp_path):
+    path = tmp_path / "ckpt"
+    path.write_bytes(b"not a checkpoint")
+    message = rank_pool(1).run(_plan_error, str(path))[0]
+    assert str(path) in message, f"the planning error does not name the path {path}: {message}"
+    assert path.read_bytes() == b"not a checkpoint" and os.listdir(tmp_path) == ["ckpt"], (
+        f"refusing the path changed it or wrote next to it: {sorted(os.listdir(tmp_path))}")
+
+
+def _resave(path):
+    saving.async_save({"w": torch.arange(4.0)}, path, persistent=None, thread_count=2)
+    before = saving.tree(path)
+    with pytest.raises(CheckpointException):
+        saving.plan({"w": torch.zeros(4), "extra": torch.ones(1)}, _writer(path, thread_count=2))
+    return before, saving.tree(path)
+
+
+@pytest.mark.spec("FS-13")
+def test_a_directory_holding_a_checkpoint_is_refused_and_kept(rank_pool, tmp_path):
+    path = str(tmp_path / "ckpt")
+    before, after = rank_pool(1).run(_resave, path)[0]
+    assert after == before, (f"planning a save into a checkpoint directory changed it: files {sorted(before)} "
+                             f"became {sorted(after)} (or their contents changed)")
+
+
+def _bad_arguments(path, kwargs):
+    try:
+        _writer(path, **kwargs)
+    except ValueError as exc:
+        return f"ValueError: {exc}", os.path.exists(path)
+    return None, os.path.exists(path)
+
+
+@pytest.mark.spec("FS-14")
+@pytest.mark.parametrize("kwargs", [{"thread_count": 0}, {"thread_count": -1},
+                                    {"thread_count": 1, "separation_hint": "opt"}],
+                         ids=["thread_count=0", "thread_count=-1", "hint-with-one-thread"])
+def test_bad_thread_counts_are_refused_at_construction(rank_pool, tmp_path, kwargs):
+    path = str(tmp_path / "ckpt")
+    error, created = rank_pool(1).run(_bad_arguments, path, kwargs)[0]
+    assert error is not None, f"FileSystemWriterAsync(path, **{kwargs}) was accepted, but should raise ValueError"
+    assert not created, f"FileSystemWriterAsync(path, **{kwargs}) created {path} before refusing"

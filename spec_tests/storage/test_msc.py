@@ -1,0 +1,154 @@
+"""Multi-Storage Client: msc:// URLs on a POSIX profile and on a real S3 endpoint, and object-store failures.
+
+Ranks are told the MSC config file through MSC_CONFIG before anything touches MSC; the workers and children
+they start inherit it.
+"""
+
+import os
+import uuid
+
+import pytest
+import torch
+from torch.distributed.checkpoint import CheckpointException
+
+from spec_tests.asserts import bounded
+from spec_tests.storage import saving
+from spec_tests.storage.s3 import BUCKET
+
+pytestmark = pytest.mark.needs("storage_writer", "msc", "temporal_caller")
+SAVE_BOUND = 45.0
+
+
+def _state():
+    return {"model": {"w": torch.arange(12.0).view(3, 4).t(), "h": torch.ones(5, dtype=torch.bfloat16)},
+            "opt": {"m": torch.arange(6, dtype=torch.int8), "flags": torch.tensor([True, False])},
+            "step": 11, "name": "run", "blob": b"\x00\x01", "empty": torch.empty(0, 2)}
+
+
+def _use(config):
+    os.environ["MSC_CONFIG"] = config
+
+
+def _msc_reader(url):
+    import multistorageclient as msc
+
+    return msc.torch.MultiStorageFileSystemReader(url, thread_count=2)
+
+
+def _posix_round_trip(url, local):
+    state = _state()
+    saving.async_save(state, url, use_msc=True, thread_count=2)
+    through_msc = saving.mismatch(saving.load(state, local, reader=_msc_reader(url)), state,
+                                  f"dcp.load(MultiStorageFileSystemReader({url!r}))")
+    stock = saving.mismatch(saving.load(state, local), state, f"dcp.load(FileSystemReader({local!r}))")
+    return through_msc, stock, sorted(os.listdir(local))
+
+
+@pytest.mark.spec("MSC-1")
+def test_a_posix_profile_checkpoint_loads_through_msc_and_stock_dcp(rank_pool, tmp_path):
+    local = str(tmp_path / "ckpt")
+    through_msc, stock, files = rank_pool(1).run(_posix_round_trip, "msc://__filesystem__" + local, local)[0]
+    assert through_msc is None, through_msc
+    assert stock is None, stock
+    assert ".metadata" in files and all(f == ".metadata" or f.endswith(".distcp") for f in files), (
+        f"the checkpoint directory holds {files}")
+
+
+def _s3_round_trip(config, url):
+    _use(config)
+    state = _state()
+    saving.async_save(state, url, persistent=True, use_msc=True, thread_count=3)
+    return saving.mismatch(saving.load(state, "unused", reader=_msc_reader(url)), state,
+                           f"dcp.load(MultiStorageFileSystemReader({url!r}))")
+
+
+@pytest.mark.spec("MSC-2")
+@pytest.mark.needs("persistent_caller")
+def test_an_s3_checkpoint_loads_through_msc(rank_pool, s3):
+    prefix = f"{uuid.uuid4().hex}/ckpt"
+    problem = rank_pool(1).run(_s3_round_trip, s3.config_path, f"msc://s3/{prefix}")[0]
+    assert problem is None, problem
+    names = [key[len(prefix) + 1:] for key in s3.keys(prefix + "/")]
+    assert ".metadata" in names and all(n == ".metadata" or n.endswith(".distcp") for n in names), (
+        f"the bucket holds {names} under {prefix}/")
+
+
+def _failing_save(config, url):
+    _use(config)
+    state = {"a": torch.arange(256.0), "b": torch.ones(256), "step": 1}
+    with pytest.raises(CheckpointException):
+        bounded(SAVE_BOUND, f"a save to {url}", saving.async_save, state, url, use_msc=True, thread_count=2,
+                bound=SAVE_BOUND)
+
+
+FAULTS = {
+    "server-gone-mid-save": ("s3-faulty", lambda proxy: proxy.die_after_puts(1)),
+    "5xx-on-data": ("s3-faulty", lambda proxy: proxy.fail_puts(500, ".distcp")),
+    "5xx-on-metadata": ("s3-faulty", lambda proxy: proxy.fail_puts(503, ".metadata")),
+    "missing-bucket": ("s3-missing", lambda proxy: None),
+}
+
+
+@pytest.mark.spec("MSC-3")
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_object_store_errors_raise_checkpoint_exception_and_commit_nothing(rank_pool, s3, proxy, fault):
+    profile, inject = FAULTS[fault]
+    prefix = f"{uuid.uuid4().hex}/ckpt"
+    inject(proxy)
+    rank_pool(1).run(_failing_save, s3.config_path, f"msc://{profile}/{prefix}")
+    committed = [k for k in s3.keys(prefix + "/") if k.endswith(".metadata")]
+    assert not committed, f"after the failed save ({fault}) the bucket holds {committed}"
+
+
+def _unknown_profile(config, url):
+    _use(config)
+    try:
+        writer = saving.module("filesystem_async").FileSystemWriterAsync(url, use_msc=True)
+    except ValueError as exc:
+        return "ValueError", str(exc)
+    with pytest.raises(CheckpointException) as info:
+        saving.plan({"w": torch.ones(2)}, writer)
+    return "CheckpointException", str(info.value)
+
+
+@pytest.mark.spec("MSC-4")
+def test_an_unknown_profile_is_refused_before_writing(rank_pool, s3):
+    kind, message = rank_pool(1).run(_unknown_profile, s3.config_path, "msc://no-such-profile/ckpt")[0]
+    assert "no-such-profile" in message, f"the {kind} does not name the unknown profile: {message}"
+
+
+def _without_use_msc(url):
+    try:
+        saving.module("filesystem_async").FileSystemWriterAsync(url)
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.mark.spec("MSC-5")
+def test_an_msc_url_without_use_msc_is_refused(rank_pool):
+    assert rank_pool(1).run(_without_use_msc, "msc://s3/some/ckpt")[0], (
+        "FileSystemWriterAsync('msc://...') without use_msc=True was accepted (it would write to a local 'msc:' dir)")
+
+
+def _save_once(config, url):
+    _use(config)
+    saving.async_save({"w": torch.arange(4.0)}, url, use_msc=True)
+
+
+def _plan_again(config, url):
+    _use(config)
+    writer = saving.module("filesystem_async").FileSystemWriterAsync(url, use_msc=True)
+    with pytest.raises(CheckpointException):
+        saving.plan({"w": torch.zeros(4), "v": torch.ones(2)}, writer)
+
+
+@pytest.mark.spec("MSC-6")
+def test_an_object_store_checkpoint_is_not_overwritten(rank_pool, s3):
+    prefix = f"{uuid.uuid4().hex}/ckpt"
+    url = f"msc://s3/{prefix}"
+    rank_pool(1).run(_save_once, s3.config_path, url)
+    before = {o["Key"]: o["ETag"] for o in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
+    rank_pool(1).run(_plan_again, s3.config_path, url)
+    after = {o["Key"]: o["ETag"] for o in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
+    assert after == before, f"refusing to overwrite changed the checkpoint's objects: {before} -> {after}"

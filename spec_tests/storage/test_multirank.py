@@ -1,0 +1,109 @@
+"""Several ranks: each writes its own items, the coordinator alone commits, and errors reach every rank."""
+
+import os
+
+import pytest
+import torch
+from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+from spec_tests.asserts import assert_state_dict_equal, bounded
+from spec_tests.dist import world
+from spec_tests.storage import saving
+
+# The temporal caller: a persistent worker per rank would cost more start-up than the tests themselves, and
+# what is checked here is the storage protocol between ranks, the same for either caller.
+pytestmark = pytest.mark.needs("storage_writer", "temporal_caller")
+WORLDS = [pytest.param(2, id="2ranks"), pytest.param(4, id="4ranks")]
+ERROR_BOUND = 20.0
+
+
+def _rank_state(rank):
+    return {f"rank{rank}": {"w": torch.full((3,), float(rank)), "i": torch.arange(rank + 2)}, "step": 7}
+
+
+def _save_counting_finish(path, coordinator):
+    rank, _ = world()
+    writer = saving.module("filesystem_async").FileSystemWriterAsync(path, thread_count=2)
+    calls = []
+    real_finish = writer.finish
+
+    def finish(metadata, results):
+        calls.append(len(results))
+        return real_finish(metadata, results)
+
+    writer.finish = finish
+    plan_ret = saving.plan(_rank_state(rank), writer, coordinator_rank=coordinator)
+    queue = saving.queue(False)
+    queue.schedule_async_request(saving.request(writer, plan_ret))
+    saving.finalize(queue)
+    return calls, plan_ret[1] is not None
+
+
+@pytest.mark.spec("FS-9", "FS-15", "SD-1")
+@pytest.mark.parametrize("coordinator", ["first", "last"])
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_each_rank_writes_its_items_and_only_the_coordinator_commits(rank_pool, tmp_path, world_size, coordinator):
+    coordinator = 0 if coordinator == "first" else world_size - 1
+    path = str(tmp_path / "ckpt")
+    calls, holds_metadata = zip(*rank_pool(world_size).run(_save_counting_finish, path, coordinator))
+    assert list(holds_metadata) == [r == coordinator for r in range(world_size)], (
+        f"save_state_dict_async_plan returned metadata on ranks {holds_metadata}, but only the coordinator "
+        f"({coordinator}) should hold it")
+    expected_calls = [[world_size] if r == coordinator else [] for r in range(world_size)]
+    assert list(calls) == expected_calls, (f"finish() calls per rank (with the number of ranks' results) were {calls}, "
+                                     f"but should be {expected_calls} (coordinator {coordinator})")
+    storage = saving.read_metadata(path).storage_data
+    for rank in range(world_size):
+        files = {info.relative_path for index, info in storage.items() if index.fqn.startswith(f"rank{rank}.")}
+        assert files and all(f.startswith(f"__{rank}_") for f in files), (
+            f"rank {rank}'s items are recorded in files {sorted(files)}, not in its own __{rank}_* files")
+        own = [f for f in saving.data_files(path) if f.startswith(f"__{rank}_")]
+        assert len(own) <= 2, f"rank {rank} wrote {own} with thread_count=2"
+    expected = {"step": 7}
+    for rank in range(world_size):
+        expected.update(_rank_state(rank))
+    assert_state_dict_equal(saving.load(expected, path), expected, call=f"dcp.load of a {world_size}-rank checkpoint")
+
+
+def _failing_save(good, bad):
+    rank, _ = world()
+    saving.async_save(_rank_state(rank), good)
+    with pytest.raises(CheckpointException):
+        saving.async_save(_rank_state(rank), bad, bound=ERROR_BOUND)
+    return os.path.exists(os.path.join(bad, ".metadata"))
+
+
+@pytest.mark.spec("FS-10", "FS-11")
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_a_write_failure_on_one_rank_fails_every_rank_and_commits_nothing(rank_pool, tmp_path, world_size):
+    good, bad = str(tmp_path / "good"), str(tmp_path / "bad")
+    failing = world_size - 1
+    os.makedirs(os.path.join(bad, f"__{failing}_0.distcp"))  # a directory where rank `failing` writes its file
+    committed = rank_pool(world_size).run(_failing_save, good, bad)
+    assert not any(committed), f"after rank {failing}'s write failed, .metadata exists (seen per rank: {committed})"
+    expected = {"step": 7}
+    for rank in range(world_size):
+        expected.update(_rank_state(rank))
+    assert_state_dict_equal(saving.load(expected, good), expected, call="dcp.load of the earlier checkpoint")
+
+
+class _FailingPlanner(DefaultSavePlanner):
+    def create_local_plan(self):
+        raise RuntimeError("this rank cannot plan")
+
+
+def _planning_failure(path):
+    rank, size = world()
+    planner = _FailingPlanner() if rank == size - 1 else DefaultSavePlanner()
+    writer = saving.module("filesystem_async").FileSystemWriterAsync(path)
+    with pytest.raises(CheckpointException):
+        bounded(ERROR_BOUND, "save_state_dict_async_plan", saving.plan, _rank_state(rank), writer, planner=planner)
+
+
+@pytest.mark.spec("SD-2")
+def test_a_planning_error_on_one_rank_raises_on_every_rank(rank_pool, tmp_path):
+    path = str(tmp_path / "ckpt")
+    rank_pool(2).run(_planning_failure, path)
+    written = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    assert not written, f"a failed plan left {written} in the checkpoint directory"
