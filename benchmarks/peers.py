@@ -1,0 +1,248 @@
+"""The checkpointing methods the benchmarks compare ("peers"), each behind the same three calls.
+
+    phases = peer.save(state_dict, path)   # returns when the trainer may go on; {step: seconds}
+    peer.wait()                            # returns once the last save is committed on every rank
+    peer.close()
+
+A peer's name is `family:method`. The family is the checkpoint format: `dcp` peers write a
+torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers write one
+`torch.save` file. `durable` says whether the data is fsync'ed before the save counts as done
+(`torch.save` never fsyncs).
+
+- `dcp:impl`, `dcp:nvrx` (+ `-temporal`): FileSystemWriterAsync + save_state_dict_async_plan +
+  AsyncCallsQueue of the target, as in the NVRx usage guide; finalize writes `.metadata`.
+- `torch:impl`, `torch:nvrx` (+ `-temporal`): TorchAsyncCheckpoint. `torch:mcore` (+ `-temporal`):
+  Megatron-Core's AsyncCallsQueue running `torch.save` (Megatron has no TorchAsyncCheckpoint).
+- `dcp:async_save-thread` / `-process` / `-pinned`: `torch.distributed.checkpoint.async_save` with
+  the thread or process executor; `-pinned` stages into a reused pinned buffer (needs CUDA).
+- `dcp:save`, `torch:save`: the synchronous baselines.
+
+Targets are loaded with `load_target`, so NVRx and Megatron-Core get the adapters' CPU neutralisation.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from time import perf_counter
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import DefaultSavePlanner
+
+from spec_tests.targets import MissingCapability, load_target
+
+__all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
+
+
+class Peer:
+    """Base: `name`, `family`, `durable`; subclasses implement save/wait/close."""
+
+    name = family = ""
+    durable = True
+
+    def save(self, state_dict, path: str) -> dict[str, float]:
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        """Nothing to wait for (synchronous peers)."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def plan_write(target_name: str, state_dict, path: str, **writer_kwargs):
+    """Plan a save with the target's FileSystemWriterAsync; return (request parts, finalize fn).
+
+    The parts are `(save_fn, preload_fn, save_args)` from `get_save_function_and_args()`.
+    """
+    target = load_target(target_name)
+    fsa = target.module("async_ckpt.filesystem_async")
+    saver = target.module("async_ckpt.state_dict_saver")
+    writer = fsa.FileSystemWriterAsync(path, **writer_kwargs)
+    planned = saver.save_state_dict_async_plan(state_dict, writer, None, 0, planner=DefaultSavePlanner())
+    return writer.get_save_function_and_args(), partial(saver.save_state_dict_async_finalize, *planned)
+
+
+class _WriterPeer(Peer):
+    family = "dcp"
+
+    def __init__(self, target_name: str, persistent: bool, **writer_kwargs):
+        self._target_name, self._writer_kwargs = target_name, writer_kwargs
+        self._core = load_target(target_name).module("async_ckpt.core")
+        self._queue = self._core.AsyncCallsQueue(persistent=persistent)
+
+    def save(self, state_dict, path):
+        start = perf_counter()
+        (save_fn, preload_fn, save_args), finalize = plan_write(
+            self._target_name, state_dict, path, **self._writer_kwargs)
+        request = self._core.AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn)
+        planned = perf_counter()
+        self._queue.schedule_async_request(request)
+        return {"plan": planned - start, "schedule": perf_counter() - planned}
+
+    def wait(self):
+        self._queue.maybe_finalize_async_calls(blocking=True, no_dist=False)
+
+    def close(self):
+        self._queue.close()
+
+
+class _TorchAsyncPeer(Peer):
+    family, durable = "torch", False
+
+    def __init__(self, target_name: str, persistent: bool):
+        target = load_target(target_name)
+        if target.has("torch_async_checkpoint"):
+            ckpt = target.module("async_ckpt.torch_ckpt").TorchAsyncCheckpoint(persistent_queue=persistent)
+            own_fn = vars(ckpt).get("async_fn", vars(type(ckpt)).get("async_fn"))
+            self._schedule = partial(_async_save_with_own_fn, ckpt, own_fn)
+            self._wait = partial(ckpt.finalize_async_save, blocking=True)
+            self._close = partial(ckpt.finalize_async_save, blocking=True, terminate=True)
+        else:  # Megatron-Core: its queue with the request TorchAsyncCheckpoint would build
+            core = target.module("async_ckpt.core")
+            queue = core.AsyncCallsQueue(persistent=persistent)
+            self._schedule = lambda sd, path: queue.schedule_async_request(
+                core.AsyncRequest(torch.save, (sd, path), []))
+            self._wait = partial(queue.maybe_finalize_async_calls, blocking=True, no_dist=True)
+            self._close = queue.close
+
+    def save(self, state_dict, path):
+        start = perf_counter()
+        self._schedule(state_dict, path)
+        return {"schedule": perf_counter() - start}
+
+    def wait(self):
+        self._wait()
+
+    def close(self):
+        self._close()
+
+
+def _async_save_with_own_fn(ckpt, async_fn, state_dict, path):
+    """ckpt.async_save, with the async_fn that ckpt's constructor chose.
+
+    NVRx 0.4.1 keeps async_fn on the class and every constructor reassigns it, so a persistent
+    instance built before a temporal one would send the temporal one's unpicklable wrapper and
+    hang (a known divergence, spec clause on independent instances). The benchmark compares
+    each instance as a process holding only that instance would run it.
+    """
+    if "async_fn" in vars(type(ckpt)) and "async_fn" not in vars(ckpt):
+        type(ckpt).async_fn = async_fn
+    ckpt.async_save(state_dict, path)
+
+
+class _DcpAsyncSavePeer(Peer):
+    family = "dcp"
+
+    def __init__(self, executor: str, pinned: bool = False):
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        self._executor = AsyncCheckpointerType(executor)
+        self._stager = None
+        if pinned:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            # Kept across saves: the pinned buffer is allocated by the first save and reused.
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=True))
+        self._future = None
+
+    def save(self, state_dict, path):
+        start = perf_counter()
+        response = dcp.async_save(state_dict, checkpoint_id=path, async_checkpointer_type=self._executor,
+                                  async_stager=self._stager)
+        self._future = getattr(response, "upload_completion", response)
+        return {"schedule": perf_counter() - start}
+
+    def wait(self):
+        if self._future is not None:
+            self._future.result()
+            self._future = None
+
+    def close(self):
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+        if self._executor.value == "process":
+            _stop_dcp_checkpoint_process()
+
+
+def _stop_dcp_checkpoint_process() -> None:
+    """Stop torch's checkpoint process, so that the next process-executor save starts a fresh one.
+
+    torch keeps it in a module global and offers no public way to stop it; its own destructor
+    sends the termination request.
+    """
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    process, executor._CHECKPOINT_PROCESS = executor._CHECKPOINT_PROCESS, None
+    if process is not None:
+        process.__del__()
+
+
+class _SyncDcpPeer(Peer):
+    family = "dcp"
+
+    def save(self, state_dict, path):
+        start = perf_counter()
+        dcp.save(state_dict, checkpoint_id=path)
+        return {"save": perf_counter() - start}
+
+
+class _SyncTorchPeer(Peer):
+    family, durable = "torch", False
+
+    def save(self, state_dict, path):
+        start = perf_counter()
+        torch.save(state_dict, path)
+        return {"save": perf_counter() - start}
+
+
+PEERS = {
+    "dcp:impl": partial(_WriterPeer, "impl", True),
+    "dcp:impl-temporal": partial(_WriterPeer, "impl", False),
+    "dcp:nvrx": partial(_WriterPeer, "nvrx", True),
+    "dcp:nvrx-temporal": partial(_WriterPeer, "nvrx", False),
+    "dcp:async_save-thread": partial(_DcpAsyncSavePeer, "thread"),
+    "dcp:async_save-process": partial(_DcpAsyncSavePeer, "process"),
+    "dcp:async_save-pinned": partial(_DcpAsyncSavePeer, "thread", pinned=True),
+    "dcp:save": _SyncDcpPeer,
+    "torch:impl": partial(_TorchAsyncPeer, "impl", True),
+    "torch:impl-temporal": partial(_TorchAsyncPeer, "impl", False),
+    "torch:nvrx": partial(_TorchAsyncPeer, "nvrx", True),
+    "torch:nvrx-temporal": partial(_TorchAsyncPeer, "nvrx", False),
+    "torch:mcore": partial(_TorchAsyncPeer, "mcore", True),
+    "torch:mcore-temporal": partial(_TorchAsyncPeer, "mcore", False),
+    "torch:save": _SyncTorchPeer,
+}
+
+_MODULES = {  # spec modules a target-based peer needs, by family
+    "dcp": ("async_ckpt.core", "async_ckpt.filesystem_async", "async_ckpt.state_dict_saver"),
+    "torch": ("async_ckpt.core",),
+}
+
+
+def unavailable(name: str) -> str | None:
+    """Why peer `name` cannot run here, or None."""
+    if name not in PEERS:
+        return f"unknown peer {name!r}; known: {', '.join(PEERS)}"
+    if name == "dcp:async_save-pinned" and not torch.cuda.is_available():
+        return "pinned-memory staging of dcp.async_save needs CUDA"
+    family, method = name.split(":")
+    target_name = method.split("-")[0]
+    if target_name not in ("impl", "nvrx", "mcore"):
+        return None
+    try:
+        target = load_target(target_name)
+        for module in _MODULES[family]:
+            target.module(module)
+    except (ImportError, MissingCapability) as exc:
+        return f"{name} is not available: {exc}"
+    return None
+
+
+def make_peer(name: str) -> Peer:
+    """A new instance of peer `name` (check `unavailable(name)` first)."""
+    peer = PEERS[name]()
+    peer.name = name
+    return peer

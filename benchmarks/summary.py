@@ -1,0 +1,335 @@
+"""Markdown summary of benchmark runs: each figure against its ceiling and the best peer.
+
+    python -m benchmarks.summary RUN.json [RUN.json ...]                 # full summary on stdout
+    python -m benchmarks.summary RUN.json [RUN.json ...] --update README.md   # one compact table per run
+
+RUN.json is pytest-benchmark's --benchmark-json output of `pytest benchmarks --benchmark-enable`.
+Each benchmark's extra_info names its figure (stall, durable, write, ...), its peer and its bytes;
+ceilings are benchmarks of figure "ceiling". Times are the median of the rounds; a ceiling is its
+fastest round (the best the machine did). A ceiling measured for other bytes is scaled linearly to
+the figure's bytes. With --update the tables replace what is
+between the `<!-- benchmarks:start -->` and `<!-- benchmarks:end -->` markers of the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+__all__ = ["main", "render", "render_compact"]
+
+START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+# ------------------------------------------------------------------------------------- figures
+
+
+class Run:
+    """The benchmarks of one run, indexed by figure."""
+
+    def __init__(self, output_json: dict):
+        self.json = output_json
+        self.info = output_json.get("machine_info", {}).get("ckptspec", {})
+        self.rows: dict[str, list[dict]] = {}
+        for b in output_json.get("benchmarks", []):
+            extra = b.get("extra_info", {})
+            if "figure" in extra:
+                # A ceiling is what the machine allows at best: its fastest round. Figures: the median.
+                stat = "min" if extra["figure"] == "ceiling" else "median"
+                row = dict(extra, seconds=b["stats"][stat], rounds=b["stats"]["rounds"], name=b["name"])
+                self.rows.setdefault(extra["figure"], []).append(row)
+
+    def get(self, figure: str, peer: str | None = None, **match) -> list[dict]:
+        return [r for r in self.rows.get(figure, [])
+                if (peer is None or r["peer"] == peer) and all(r.get(k) == v for k, v in match.items())]
+
+    def one(self, figure: str, peer: str, **match) -> dict | None:
+        found = self.get(figure, peer, **match)
+        return found[0] if found else None
+
+    def ceiling_seconds(self, name: str, nbytes: int) -> float | None:
+        """Time the ceiling `name` takes for `nbytes` (nearest measured size, scaled linearly)."""
+        rows = self.get("ceiling", name)
+        if not rows:
+            return None
+        row = min(rows, key=lambda r: abs(r["bytes"] - nbytes))
+        return row["seconds"] * nbytes / row["bytes"]
+
+    @property
+    def label(self) -> str:
+        cores = self.info.get("cores", "?")
+        where = f"GPU ({self.info['gpu']}), {cores} cores" if self.info.get("gpu") else f"CPU, {cores} cores"
+        size = self.info.get("size_mib")
+        details = [f"state dict {size:g} MiB"] if size else []
+        if self.info.get("threads"):
+            details.append(f"{self.info['threads']} trainer thread(s)")
+        date = self.json.get("datetime", "")[:10]
+        return f"{', '.join([where, *details])} ({date}, torch {self.info.get('torch', '?')})"
+
+
+# ---------------------------------------------------------------------------------- formatting
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    return "-" if value is None or not reference else f"{value / reference:.2f}x"
+
+
+def _rate(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e9:.2f} GB/s" if seconds else "-"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    return f"{sign}{n / GiB:.2f} GiB" if n >= GiB else f"{sign}{n / MiB:.1f} MiB"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _floor(run: Run, nbytes: int, device: str) -> tuple[str, float | None]:
+    name = "d2h-pinned" if device == "cuda" else "memcpy"
+    return name, run.ceiling_seconds(name, nbytes)
+
+
+# ------------------------------------------------------------------------------------ sections
+
+
+def _ceilings(run: Run) -> list[str]:
+    rows = [[r["peer"], _bytes(r["bytes"]), _time(r["seconds"]), _rate(r["bytes"], r["seconds"])]
+            for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"]))]
+    return _table(["ceiling", "bytes", "time", "throughput"], rows)
+
+
+def _stall(run: Run, figure: str) -> list[str]:
+    rows_in = run.get(figure)
+    best = min((r["seconds"] for r in rows_in), default=None)
+    rows = []
+    for r in sorted(rows_in, key=lambda r: r["seconds"]):
+        floor_name, floor = _floor(run, r["bytes"], r.get("device", "cpu"))
+        phases = " / ".join(f"{k} {_time(v)}" for k, v in r.get("phases", {}).items())
+        row = [f"`{r['peer']}`", _time(r["seconds"]), f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
+               f"{_ratio(r['seconds'], floor)} {floor_name}", _ratio(r["seconds"], best), phases]
+        if figure == "stall":
+            row.append(r.get("snapshot", "-"))
+        else:
+            row.append(_time(r.get("phases", {}).get("durable")))
+        rows.append(row)
+    last = "snapshot" if figure == "stall" else "durable after"
+    return _table(["peer", "stall", "ms/GiB", "x floor", "x best", "phases", last], rows)
+
+
+def _durable(run: Run) -> list[str]:
+    rows_in = run.get("durable")
+    best = min((r["seconds"] for r in rows_in), default=None)
+    rows = []
+    for r in sorted(rows_in, key=lambda r: r["seconds"]):
+        sync = run.one("durable", f"{r['family']}:save")
+        ceiling = run.ceiling_seconds("write-fsync", r["bytes"])
+        rows.append([f"`{r['peer']}`", _time(r["seconds"]), _ratio(r["seconds"], ceiling),
+                     _ratio(r["seconds"], sync and sync["seconds"]), _ratio(r["seconds"], best),
+                     "yes" if r.get("durable") else "no (no fsync)"])
+    return _table(["peer", "to committed", "x write+fsync", "x sync save", "x best", "fsync'ed"], rows)
+
+
+def _write(run: Run) -> list[str]:
+    rows = []
+    for r in sorted(run.get("write"), key=lambda r: (r["dest"], r["seconds"])):
+        same = [o["seconds"] for o in run.get("write", dest=r["dest"])]
+        ceiling = run.ceiling_seconds(r["ceiling"], r["bytes"])
+        rows.append([f"`{r['peer']}`", r["dest"], _rate(r["bytes"], r["seconds"]),
+                     f"{_ratio(ceiling, r['seconds'])} {r['ceiling']}", _ratio(min(same), r["seconds"])])
+    return _table(["writer", "destination", "throughput", "of ceiling", "of best"], rows)
+
+
+def _d2h(run: Run) -> list[str]:
+    rows = []
+    for r in sorted(run.get("d2h"), key=lambda r: (r["peer"], r["bytes"])):
+        ceiling = run.ceiling_seconds("d2h-pinned", r["bytes"])
+        rows.append([f"`{r['peer']}`", _bytes(r["bytes"]), _rate(r["bytes"], r["seconds"]),
+                     _ratio(ceiling, r["seconds"])])
+    return _table(["path", "bytes", "throughput", "of pinned copy"], rows)
+
+
+def _memory(run: Run) -> list[str]:
+    rows = []
+    for r in sorted(run.get("memory"), key=lambda r: r["peer"]):
+        m = r["memory"]
+        rows.append([f"`{r['peer']}`", _bytes(m["staged_bytes"]), _bytes(m["peak_extra_bytes"]),
+                     _ratio(m["peak_extra_bytes"], m["staged_bytes"]), _bytes(m["retained_bytes"]),
+                     f"{_bytes(m['growth_bytes'])} ({m['saves']} saves)", _bytes(m["runtime_bytes"]),
+                     _bytes(m["shm_peak_bytes"]), _bytes(m["pinned_peak_bytes"]), _bytes(m["worker_gpu_bytes"])])
+    return _table(["peer", "staged", "peak extra", "x staged", "retained", "growth", "runtime",
+                   "shm peak", "pinned peak", "worker GPU"], rows)
+
+
+def _load(run: Run) -> list[str]:
+    rows_in = run.get("load")
+    best = min((r["seconds"] for r in rows_in), default=None)
+    rows = [[f"`{r['peer']}`", _time(r["seconds"]), _rate(r["bytes"], r["seconds"]), _ratio(r["seconds"], best)]
+            for r in sorted(rows_in, key=lambda r: r["seconds"])]
+    return _table(["written by", "load", "throughput", "x best"], rows)
+
+
+# --------------------------------------------------------------------------------------- goals
+
+
+def _goal(text: str, value: float | None, limit: float, measured: str) -> str:
+    if value is None:
+        return f"- [ ] {text}: not measured in this run"
+    mark = "x" if value <= limit else " "
+    return f"- [{mark}] {text}: {measured}"
+
+
+def _goals(run: Run) -> list[str]:
+    """The performance goals of impl, checked against this run's figures."""
+    lines = []
+    gpu = bool(run.info.get("gpu"))
+    for family in ("dcp", "torch"):
+        impl = run.one("stall", f"{family}:impl")
+        nvrx = run.one("stall", f"{family}:nvrx")
+        if impl is None:
+            lines.append(f"- [ ] `{family}:impl`: not measured in this run")
+            continue
+        floor_name, floor = _floor(run, impl["bytes"], impl.get("device", "cpu"))
+        limit = 1.2 if gpu else 1.5
+        ratio = impl["seconds"] / floor if floor else None
+        correct = impl.get("snapshot") == "correct"
+        lines.append(_goal(f"`{family}:impl` stall <= {limit}x the {floor_name} floor, snapshot correct",
+                           ratio if correct else float("inf"), limit,
+                           f"{_ratio(impl['seconds'], floor)}, snapshot {impl.get('snapshot')}"))
+        if nvrx is not None:
+            lines.append(_goal(f"`{family}:impl` stall no worse than `{family}:nvrx`",
+                               impl["seconds"] / nvrx["seconds"], 1.0,
+                               f"{_time(impl['seconds'])} vs {_time(nvrx['seconds'])} "
+                               f"(nvrx snapshot {nvrx.get('snapshot')})"))
+    impl, sync = run.one("durable", "dcp:impl"), run.one("durable", "dcp:save")
+    lines.append(_goal("`dcp:impl` time to durable <= 1.1x synchronous `dcp.save`",
+                       impl and sync and impl["seconds"] / sync["seconds"], 1.1,
+                       impl and sync and f"{_ratio(impl['seconds'], sync['seconds'])}"))
+    for executor in ("thread", "process"):
+        peer = f"dcp:async_save-{executor}"
+        for figure in ("stall", "durable"):
+            mine, theirs = run.one(figure, "dcp:impl"), run.one(figure, peer)
+            lines.append(_goal(f"`dcp:impl` ahead of `{peer}` on {figure}",
+                               mine and theirs and mine["seconds"] / theirs["seconds"], 1.0,
+                               mine and theirs and f"{_time(mine['seconds'])} vs {_time(theirs['seconds'])}"))
+    memory = run.one("memory", "dcp:impl")
+    if memory is None:
+        lines.append("- [ ] `dcp:impl` memory: not measured in this run")
+    else:
+        m = memory["memory"]
+        lines.append(_goal("`dcp:impl` peak extra host memory <= 1.1x staged bytes",
+                           m["peak_extra_bytes"] / m["staged_bytes"], 1.1,
+                           _ratio(m["peak_extra_bytes"], m["staged_bytes"])))
+        allowance = 16 * MiB + m["staged_bytes"] // 100
+        lines.append(_goal(f"`dcp:impl` no growth over {m['saves']} saves (within 16 MiB + 1% of staged)",
+                           m["growth_bytes"] / allowance, 1.0, _bytes(m["growth_bytes"])))
+    if gpu:
+        for peer in ("preload:impl", "stage:impl"):
+            rows = run.get("d2h", peer)
+            if rows:
+                largest = max(rows, key=lambda r: r["bytes"])
+                ceiling = run.ceiling_seconds("d2h-pinned", largest["bytes"])
+                lines.append(_goal(f"`{peer}` D2H >= 80% of the pinned copy ({_bytes(largest['bytes'])})",
+                                   largest["seconds"] / ceiling * 0.8 if ceiling else None, 1.0,
+                                   _ratio(ceiling, largest["seconds"])))
+    return lines
+
+
+# --------------------------------------------------------------------------------------- render
+
+
+SECTIONS = [
+    ("Trainer stall, steady state (call to return; floor: same bytes through memcpy, or pinned D2H on GPU)",
+     lambda run: _stall(run, "stall")),
+    ("Trainer stall, first save (fresh instance)", lambda run: _stall(run, "stall-first")),
+    ("Time to durable and committed (call to metadata visible and finalized)", _durable),
+    ("Write throughput (the write alone, data fsync'ed unless the destination says page cache)", _write),
+    ("D2H staging throughput", _d2h),
+    ("Host memory over consecutive saves (PSS of the peer's process tree)", _memory),
+    ("Load", _load),
+    ("Ceilings measured in the same run", _ceilings),
+]
+
+
+def render(output_json: dict, heading: str = "###") -> str:
+    """The full Markdown summary of one run: goals, then one table per figure."""
+    run = Run(output_json)
+    lines = [f"{heading} {run.label}", "", f"{heading}# Goals for impl", "", *_goals(run), ""]
+    for title, section in SECTIONS:
+        table = section(run)
+        if table:
+            lines += [f"{heading}# {title}", "", *table, ""]
+    return "\n".join(lines + [_FOOTNOTE]) + "\n"
+
+
+def render_compact(output_json: dict, heading: str = "####") -> str:
+    """One table per run for the README: each peer's main figures, the ceilings, the goals."""
+    run = Run(output_json)
+    best_stall = min((r["seconds"] for r in run.get("stall")), default=None)
+    rows = []
+    for r in sorted(run.get("stall"), key=lambda r: r["seconds"]):
+        peer = r["peer"]
+        floor_name, floor = _floor(run, r["bytes"], r.get("device", "cpu"))
+        first, durable = run.one("stall-first", peer), run.one("durable", peer)
+        sync = durable and run.one("durable", f"{durable['family']}:save")
+        memory, load = run.one("memory", peer), run.one("load", peer)
+        rows.append([f"`{peer}`", f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
+                     f"{_ratio(r['seconds'], floor)} {floor_name}", _ratio(r["seconds"], best_stall),
+                     r.get("snapshot", "-"), _time(first and first["seconds"]), _time(durable and durable["seconds"]),
+                     _ratio(durable and durable["seconds"], sync and sync["seconds"]),
+                     memory and _ratio(memory["memory"]["peak_extra_bytes"], memory["memory"]["staged_bytes"]) or "-",
+                     _time(load and load["seconds"])])
+    table = _table(["peer", "stall ms/GiB", "x floor", "x best", "snapshot", "first-save stall", "to committed",
+                    "x sync save", "peak extra mem / staged", "load"], rows)
+    ceilings = ", ".join(f"{r['peer']} {_rate(r['bytes'], r['seconds'])}"
+                         for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"])))
+    return "\n".join([f"{heading} {run.label}", "", *table, "", f"Ceilings: {ceilings or '-'}.", "",
+                      "Goals for impl:", "", *_goals(run), "", _FOOTNOTE]) + "\n"
+
+
+_FOOTNOTE = ("Times are medians over the rounds, ceilings their fastest round; x ratios divide a time by the "
+             "reference time (lower is better), `of ...` columns divide throughputs (1.00x is the reference).")
+
+
+def update(path: Path, text: str) -> None:
+    """Replace the text between the benchmark markers of `path`."""
+    content = path.read_text()
+    if START not in content or END not in content:
+        raise SystemExit(f"{path} has no {START} ... {END} markers")
+    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
+    path.write_text(pattern.sub(lambda _: f"{START}\n{text}{END}", content, count=1))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
+    parser.add_argument("--update", type=Path, metavar="README",
+                        help="write the compact tables between the markers of this file")
+    args = parser.parse_args(argv)
+    runs = [json.loads(path.read_text()) for path in args.runs]
+    if args.update:
+        update(args.update, "\n".join(render_compact(run) for run in runs))
+        return
+    print("\n".join(render(run, heading="####") for run in runs), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The summary's arithmetic and README update, on a hand-written run (not a benchmark)."""
+
+from __future__ import annotations
+
+from benchmarks import summary
+
+MiB = 1 << 20
+
+
+def _bench(figure, peer, median, nbytes=8 * MiB, fastest=None, **extra):
+    stats = {"median": median, "min": median if fastest is None else fastest, "rounds": 5}
+    return {"name": f"{figure}[{peer}]", "stats": stats,
+            "extra_info": {"figure": figure, "peer": peer, "bytes": nbytes, "device": "cpu", **extra}}
+
+
+RUN = {
+    "datetime": "2026-01-02T03:04:05",
+    "machine_info": {"ckptspec": {"cores": 2, "gpu": None, "torch": "2.13.0", "size_mib": 8, "threads": 1}},
+    "benchmarks": [
+        _bench("ceiling", "memcpy", 0.003, nbytes=16 * MiB, fastest=0.001),  # fastest round, scaled: 0.5 ms
+        _bench("ceiling", "write-fsync", 0.010),
+        _bench("stall", "dcp:impl", 0.0006, family="dcp", snapshot="correct", phases={"plan": 0.0001}),
+        _bench("stall", "dcp:nvrx", 0.0003, family="dcp", snapshot="INCORRECT"),
+        _bench("durable", "dcp:impl", 0.011, family="dcp", durable=True),
+        _bench("durable", "dcp:save", 0.010, family="dcp", durable=True),
+        _bench("write", "dcp:impl", 0.020, dest="durable", ceiling="write-fsync"),
+        _bench("memory", "dcp:impl", 1.0, memory={
+            "staged_bytes": 8 * MiB, "saves": 20, "runtime_bytes": 0, "peak_extra_bytes": 8 * MiB,
+            "retained_bytes": 8 * MiB, "growth_bytes": 0, "shm_peak_bytes": 8 * MiB, "pinned_peak_bytes": 0,
+            "worker_gpu_bytes": None}),
+    ],
+}
+
+
+def test_ratios_use_the_fastest_ceiling_round_scaled_to_the_same_bytes():
+    text = summary.render(RUN)
+    assert "| `dcp:impl` | 0.6 ms | 76.8 | 1.20x memcpy | 2.00x |" in text
+    assert "| `dcp:impl` | 11 ms | 1.10x | 1.10x |" in text  # to committed vs write+fsync, vs dcp.save
+    assert "| `dcp:impl` | durable | 0.42 GB/s | 0.50x write-fsync | 1.00x |" in text
+
+
+def test_goals_are_checked_against_the_figures():
+    goals = "\n".join(summary._goals(summary.Run(RUN)))
+    assert "- [x] `dcp:impl` stall <= 1.5x the memcpy floor, snapshot correct: 1.20x" in goals
+    assert "- [ ] `dcp:impl` stall no worse than `dcp:nvrx`" in goals
+    assert "- [x] `dcp:impl` time to durable <= 1.1x synchronous `dcp.save`" in goals
+    assert "- [x] `dcp:impl` peak extra host memory <= 1.1x staged bytes: 1.00x" in goals
+    assert "`dcp:impl` ahead of `dcp:async_save-thread` on stall: not measured in this run" in goals
+
+
+def test_update_replaces_only_the_marked_block(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{summary.START}\nold\n{summary.END}\nafter\n")
+    summary.update(readme, summary.render_compact(RUN))
+    text = readme.read_text()
+    assert text.startswith("before\n") and text.endswith(f"{summary.END}\nafter\n") and "old" not in text
+    assert "#### CPU, 2 cores, state dict 8 MiB, 1 trainer thread(s) (2026-01-02, torch 2.13.0)" in text

@@ -1,0 +1,236 @@
+"""What the fault tests share: bounds, rank runs under the audit, phase steps, self-kill, cleanup.
+
+A fault is placed in a *phase* of a save by a `Step`, run at the start of that phase in whatever
+process runs it (the trainer for plan and finalize, the worker for staging and write): it may record
+its pid in a marker file, SIGKILL its own process, wait for a gate file, and install a fault-layer
+plan (fault_injection.faultfs) for the rest of the phase. `Hooks` holds one Step per phase.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch.distributed.checkpoint import CheckpointException
+
+from spec_tests import workloads
+from spec_tests.dist import run_on_ranks
+from spec_tests.processes import alive
+
+from fault_injection import faultfs
+
+__all__ = [
+    "BOUND", "EXIT_BOUND", "HUNG", "PHASES", "Hooks", "Step", "abort_quietly", "exits_within", "in_phase",
+    "kill_pids", "kill_self_when", "on_ranks", "outcome_of", "wait_for_pids",
+]
+
+BOUND = 30.0
+"""Seconds within which a fault must surface as an error on every rank (as PC-5 and AQ-7)."""
+EXIT_BOUND = 10.0
+"""Seconds within which processes must be gone after abort or trainer death (as AQ-11 and PC-4)."""
+PHASES = ("plan", "staging", "write", "finalize", "exchange")
+"""Phases of a save, in order; the fault matrix has one column per phase."""
+
+current_tmpdir: str | None = None
+"""The running test's private TMPDIR, set by the audit fixture (fault_injection/conftest.py)."""
+KILLED_PREFIX = "killed-"
+"""TMPDIR subdirectories of processes killed on purpose; the audit leaves them alone."""
+
+
+# --------------------------------------------------------------------------------------- ranks
+
+
+def on_ranks(world_size: int, fn, *args, timeout: float = 120, expect_exit=None, backend="auto") -> list:
+    """run_on_ranks(fn, ...) on fresh ranks, each with its own TMPDIR inside the test's private one.
+
+    A rank that the test kills on purpose (expect_exit) gets `killed-rank<r>`, which the audit does
+    not inspect: a SIGKILLed process cannot remove its temporary files. Tests that kill a rank pass
+    backend="gloo" (see clause FI-GPU-2); the others run over NCCL where there is a GPU per rank.
+    """
+    __tracebackhide__ = True
+    killed = sorted(expect_exit or {})
+    return run_on_ranks(_in_test_env, world_size, (current_tmpdir, killed, fn, *args), timeout=timeout,
+                        expect_exit=expect_exit, backend=backend)
+
+
+def private_tmpdir(name: str) -> None:
+    """Point this process's TMPDIR (and its children's) at a subdirectory of the test's TMPDIR."""
+    path = os.path.join(os.environ.get("CKPTSPEC_FI_TMPDIR") or tempfile.gettempdir(), name)
+    os.makedirs(path, exist_ok=True)
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = None  # recomputed from TMPDIR on next use
+
+
+def _in_test_env(tmpdir, killed, fn, *args):
+    if tmpdir is not None:
+        os.environ["CKPTSPEC_FI_TMPDIR"] = tmpdir
+        rank = int(os.environ["RANK"])
+        private_tmpdir(f"{KILLED_PREFIX}rank{rank}" if rank in killed else f"rank{rank}")
+    try:
+        return fn(*args)
+    finally:
+        _collect_garbage()
+
+
+def _collect_garbage() -> None:
+    """Let objects the body dropped release what they hold (weakref finalizers of writers, queues).
+
+    The runner stops a rank right after its reply, before interpreter exit would do this. A finalizer
+    that blocks (a queue whose __del__ waits for a dead worker) is left behind in its thread.
+    """
+    from spec_tests.asserts import bounded
+
+    try:
+        bounded(EXIT_BOUND, "gc.collect()", gc.collect)
+    except AssertionError:
+        pass
+
+
+# -------------------------------------------------------------------------------------- phases
+
+
+@dataclass(frozen=True)
+class Step:
+    """What happens at the start of one phase (see the module docstring); picklable."""
+
+    marker: str | None = None
+    die: bool = False
+    gate: str | None = None
+    fs: faultfs.Plan | None = None
+
+    def enter(self) -> None:
+        if self.marker is not None:
+            _write_atomically(self.marker, str(os.getpid()))
+        if self.die:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.gate is not None:
+            workloads.gated(self.gate)
+
+    def run(self, fn, *args, **kwargs):
+        """enter(), then fn(*args, **kwargs) under the step's fault-layer plan."""
+        self.enter()
+        with faultfs.installed(self.fs):
+            return fn(*args, **kwargs)
+
+
+NOTHING = Step()
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """One Step per phase of a save (the default does nothing)."""
+
+    plan: Step = NOTHING
+    staging: Step = NOTHING
+    write: Step = NOTHING
+    finalize: Step = NOTHING
+    exchange: Step = NOTHING
+
+    @classmethod
+    def at(cls, phase: str, step: Step) -> "Hooks":
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; one of {', '.join(PHASES)}")
+        return cls(**{phase: step})
+
+
+def in_phase(step: Step, fn, *args, **kwargs):
+    """Module-level (picklable) form of step.run, for functools.partial in AsyncRequests."""
+    return step.run(fn, *args, **kwargs)
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    Path(tmp).write_text(text)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------ process control
+
+
+def kill_self_when(path: str, seconds: float = workloads.GATE_TIMEOUT) -> None:
+    """SIGKILL this process as soon as `path` exists (watched by a daemon thread)."""
+
+    def watch():
+        deadline = time.monotonic() + seconds
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kill-self-when", daemon=True).start()
+
+
+def exits_within(pids, seconds: float) -> list[int]:
+    """Wait up to `seconds` for every pid to exit; return those still running."""
+    deadline = time.monotonic() + seconds
+    running = [p for p in pids if alive(p)]
+    while running and time.monotonic() < deadline:
+        time.sleep(0.02)
+        running = [p for p in running if alive(p)]
+    return running
+
+
+def wait_for_pids(path: str, count: int = 1, seconds: float = 60) -> list[int]:
+    """Pids recorded in marker file `path` (one per line) once there are `count` of them."""
+    deadline = time.monotonic() + seconds
+    while True:
+        lines = Path(path).read_text().split() if os.path.exists(path) else []
+        if len(lines) >= count:
+            return [int(x) for x in lines]
+        assert time.monotonic() < deadline, f"{path} did not list {count} pid(s) within {seconds:g}s"
+        time.sleep(0.01)
+
+
+def kill_pids(pids) -> None:
+    """SIGKILL the given pids (processes this test started or caused); missing ones are ignored."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ------------------------------------------------------------------------------------ outcomes
+
+
+HUNG = "hung"
+"""outcome_of's answer for a call still running at its bound."""
+
+
+def outcome_of(fn, *args, bound: float = BOUND, what: str = "", **kwargs) -> str:
+    """Run fn within `bound` seconds: "returned", the name of the exception it raised, or HUNG.
+
+    After HUNG the call goes on in a helper thread, possibly inside a collective: the caller must not
+    start another collective on this rank (the runner discards the rank afterwards).
+    """
+    from spec_tests.asserts import bounded
+
+    try:
+        bounded(bound, what or getattr(fn, "__name__", "call"), fn, *args, **kwargs)
+        return "returned"
+    except AssertionError as exc:
+        return HUNG if "did not return within" in str(exc) else "AssertionError"
+    except CheckpointException:  # a BaseException; implementations may raise a subclass
+        return "CheckpointException"
+    except BaseException as exc:
+        return type(exc).__name__
+
+
+def abort_quietly(queue) -> None:
+    """Stop a queue after a provoked fault, bounded; its own failure is not the test's subject.
+
+    Targets without close(abort=True) are left to the runner, which stops the rank's process group.
+    """
+    from spec_tests.asserts import bounded
+
+    try:
+        bounded(EXIT_BOUND, "close(abort=True)", queue.close, abort=True)
+    except BaseException:
+        pass

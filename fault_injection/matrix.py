@@ -1,0 +1,203 @@
+"""The fault matrix: fault x phase x target, as Markdown, from conformance JSON files of the fault suite.
+
+    python -m fault_injection.matrix A.json B.json ...              print the matrix
+    python -m fault_injection.matrix A.json ... --update README.md  replace the block between the lines
+                                                                    <!-- faults:start --> and <!-- faults:end -->
+    python -m fault_injection.matrix --run impl nvrx mcore [--out DIR] [--update README.md]
+        first run `pytest fault_injection -n auto -q -p no:randomly --impl T --conformance-json
+        DIR/faults-T.json` per target (DIR defaults to conformance/), timing each run, then report on
+        those files, with the wall times. Pytest exit codes 0 and 1 are data; any other is an error.
+
+Input is what `--conformance-json` writes (see spec_tests.plugin and spec_tests.report). A test's fault
+is the family of the FI-* clauses it cites (FI-RANK-1 -> FI-RANK; FI-ORPHAN-1, cited by every fault
+test, does not count); its phase is the first `-`-separated word of its parameter id that names a
+phase (`test_killed_worker[write-child]` -> write). A cell aggregates the outcomes of the tests of
+that fault, phase and target with spec_tests.report.cell ("pass (2)", "xfail (1)", ...), or says
+"n/a" where no test exists: the fault cannot happen in that phase. The row "leftovers (audit)" says
+whether the orphan audit (FI-ORPHAN-1) failed a test of that phase: "fail" if it did, "pass" if tests
+of the phase ran without such a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spec_tests.report import ReportError, cell, load_run
+
+__all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render", "replace_block"]
+
+START_MARKER = "<!-- faults:start -->"
+END_MARKER = "<!-- faults:end -->"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("plan", "staging", "write", "finalize", "exchange")
+FAULTS = (
+    ("FI-RANK", "killed rank"),
+    ("FI-WORKER", "killed worker or writer process"),
+    ("FI-TRAINER", "trainer killed under its worker"),
+    ("FI-HANG", "hung write"),
+    ("FI-STORAGE", "ENOSPC / EACCES / EIO"),
+    ("FI-CRASH", "crash after any persistence point"),
+    ("FI-NODE", "lost node, rank lost in the exchange"),
+    ("FI-S3", "S3 endpoint 5xx or gone"),
+    ("FI-GPU", "GPU: CUDA IPC, NCCL"),
+)
+AUDIT = "FI-ORPHAN"
+NOT_APPLICABLE = "n/a"
+LEGEND = ("Cells aggregate the fault tests of that fault, phase and target: **pass**, **fail** (a test failed), "
+          "**xfail** (a known divergence listed in the target's expectations, with its clause), **skip** (the "
+          "target lacks the capability, or the hardware is missing), **n/a** (the fault cannot happen in that "
+          "phase); (n) = all n tests, (k/n) = k of n. The last row is the orphan audit run around every test.")
+
+
+@dataclass(frozen=True)
+class TargetRun:
+    """One target's recorded fault-suite run: its label, its records, and the wall time if measured."""
+
+    label: str
+    records: tuple  # (nodeid, outcome, when, clauses, message) per recorded phase of a test
+    outcomes: dict  # nodeid -> worst outcome (spec_tests.report.load_run)
+    clauses: dict   # nodeid -> cited clause ids
+    wall_s: float | None = None
+
+
+def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
+    """Read one conformance JSON file (validated by spec_tests.report.load_run)."""
+    run = load_run(path)
+    data = json.loads(Path(path).read_text())
+    records = tuple((t["nodeid"], t["outcome"], t.get("when", "call"), tuple(t["clauses"]), t.get("message", ""))
+                    for t in data["tests"])
+    return TargetRun(run.label, records, {n: o for n, (o, _) in run.tests.items()},
+                     {n: c for n, (_, c) in run.tests.items()}, wall_s)
+
+
+def phase_of(nodeid: str) -> str | None:
+    """The phase named by the test's parameter id, or None."""
+    match = re.search(r"\[(.*)\]$", nodeid)
+    if not match:
+        return None
+    return next((word for word in match.group(1).split("-") if word in PHASES), None)
+
+
+def families(clauses) -> set[str]:
+    """FI clause families cited (FI-RANK-1 -> FI-RANK), without the audit's."""
+    found = set()
+    for cid in clauses:
+        parts = cid.split("-")
+        if len(parts) >= 3 and parts[0] == "FI" and f"FI-{parts[1]}" != AUDIT:
+            found.add(f"FI-{parts[1]}")
+    return found
+
+
+def _fault_cell(run: TargetRun, family: str, phase: str) -> str:
+    outcomes = [o for n, o in run.outcomes.items() if phase_of(n) == phase and family in families(run.clauses[n])]
+    return cell(outcomes) if outcomes else NOT_APPLICABLE
+
+
+def _audit_cell(run: TargetRun, phase: str) -> str:
+    in_phase = {n for n in run.outcomes if phase_of(n) == phase and families(run.clauses[n])}
+    if not in_phase:
+        return NOT_APPLICABLE
+    flagged = {n for n, outcome, when, _, message in run.records
+               if n in in_phase and when == "teardown" and outcome == "error" and "FI-ORPHAN-1" in message}
+    if flagged:
+        return f"fail ({len(flagged)}/{len(in_phase)})"
+    ran = [n for n in in_phase if run.outcomes[n] != "skipped"]
+    return f"pass ({len(ran)})" if ran else "skip"
+
+
+def render(runs: Sequence[TargetRun], cores: int | None = None) -> str:
+    """The matrix, its legend, and the wall times of the runs that were timed (ends with a newline)."""
+    header = ["fault", "target", *PHASES]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for family, name in FAULTS:
+        for i, run in enumerate(runs):
+            first = f"{name} ({family}-*)" if i == 0 else ""
+            lines.append("| " + " | ".join([first, run.label, *(_fault_cell(run, family, p) for p in PHASES)]) + " |")
+    for i, run in enumerate(runs):
+        first = f"leftovers: orphan audit ({AUDIT}-1)" if i == 0 else ""
+        lines.append("| " + " | ".join([first, run.label, *(_audit_cell(run, p) for p in PHASES)]) + " |")
+    lines += ["", LEGEND]
+    timed = [run for run in runs if run.wall_s is not None]
+    if timed:
+        where = f" on {cores} cores" if cores else ""
+        times = ", ".join(f"{run.label} {run.wall_s:.0f} s" for run in timed)
+        lines += ["", f"Wall time of `pytest fault_injection -n auto`{where}: {times}."]
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str, name: str = "input") -> str:
+    """`text` with the lines between the faults start and end markers replaced by `block`."""
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.strip() == START_MARKER]
+    ends = [i for i, line in enumerate(lines) if line.strip() == END_MARKER]
+    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
+        raise ReportError(f"{name}: needs exactly one line {START_MARKER} followed later by one line "
+                          f"{END_MARKER} (found {len(starts)} start, {len(ends)} end)")
+    return "".join(lines[:starts[0] + 1]) + block.rstrip("\n") + "\n" + "".join(lines[ends[0]:])
+
+
+def pytest_command(target: str, json_path: Path) -> list[str]:
+    return [sys.executable, "-m", "pytest", "fault_injection", "-n", "auto", "-q", "-p", "no:randomly",
+            "--impl", target, "--conformance-json", str(json_path)]
+
+
+def run_target(target: str, out_dir: Path) -> tuple[Path, float]:
+    """Run the fault suite against `target` (output to stderr); return its JSON file and wall time."""
+    json_path = (out_dir / f"faults-{target}.json").resolve()
+    json_path.unlink(missing_ok=True)
+    command = pytest_command(target, json_path)
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    start = time.monotonic()
+    code = subprocess.run(command, cwd=REPO_ROOT, stdout=sys.stderr, check=False).returncode
+    wall = time.monotonic() - start
+    if code not in (0, 1):
+        raise ReportError(f"target {target!r}: pytest exited with code {code} (the run did not complete)")
+    return json_path, wall
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fault_injection.matrix",
+                                     description="Render the fault x phase x target matrix of the fault suite.")
+    parser.add_argument("files", nargs="*", type=Path, metavar="JSON", help="files written by --conformance-json")
+    parser.add_argument("--run", nargs="+", default=[], metavar="TARGET",
+                        help="first run the fault suite against each TARGET (timed), then report on its JSON")
+    parser.add_argument("--out", type=Path, default=Path("conformance"), metavar="DIR",
+                        help="where --run writes faults-TARGET.json (default: conformance/)")
+    parser.add_argument("--update", type=Path, metavar="FILE",
+                        help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE")
+    args = parser.parse_args(argv)
+    if not args.files and not args.run:
+        parser.error("give JSON files, --run TARGET ..., or both")
+    try:
+        runs = [load(path) for path in args.files]
+        if args.run:
+            args.out.mkdir(parents=True, exist_ok=True)
+            for target in args.run:
+                path, wall = run_target(target, args.out)
+                runs.append(load(path, wall))
+        block = render(runs, os.cpu_count() if args.run else None)
+        if args.update is None:
+            sys.stdout.write(block)
+        else:
+            try:
+                text = args.update.read_text()
+            except OSError as exc:
+                raise ReportError(f"{args.update}: cannot read: {exc.strerror or exc}") from None
+            args.update.write_text(replace_block(text, block, str(args.update)))
+    except ReportError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

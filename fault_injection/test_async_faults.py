@@ -1,0 +1,286 @@
+"""Process faults in the async core: a killed rank, a killed worker or writer process, a killed
+trainer, and a hung write, each in the phases of a save where it can happen.
+
+Every test saves through `saves.for_target` (DCP through the target's storage writer where it has
+one, else the suite's own shard-and-marker save on the bare core), first a previous checkpoint,
+then the save that the fault hits.
+"""
+
+import os
+import signal
+import threading
+import time
+import traceback
+
+import pytest
+
+from spec_tests import workloads
+from spec_tests.asserts import bounded
+from spec_tests.dist import world
+from spec_tests.targets import current_target
+
+from fault_injection import faultfs, saves
+from fault_injection.faults import (BOUND, EXIT_BOUND, HUNG, Hooks, Step, abort_quietly, exits_within, kill_pids,
+                                    kill_self_when, on_ranks, outcome_of, wait_for_pids)
+
+WORLD = 2
+VICTIM = 1  # the rank (or the rank whose worker) the fault hits; rank 0 is DCP's coordinator
+
+
+def _core():
+    return current_target().module("async_ckpt.core")
+
+
+def _save():
+    return saves.for_target(current_target())
+
+
+def _queue():
+    return _core().AsyncCallsQueue(persistent=True)
+
+
+def _paths(tmp):
+    return os.path.join(tmp, "old"), os.path.join(tmp, "new")
+
+
+def _writes_hang(tmp, rank, gate=None):
+    """A fault-layer plan: the first data write of the new checkpoint (any process) never returns."""
+    return faultfs.Plan(root=_paths(tmp)[1], log=os.path.join(tmp, f"fs{rank}.log"),
+                        faults=(faultfs.Fault("hang", op="write", gate=gate),))
+
+
+def _hung_pids(log, seconds=60):
+    """Pids of the processes stuck in a hung write, once there is one."""
+    deadline = time.monotonic() + seconds
+    while not faultfs.fired(log, "hang"):
+        assert time.monotonic() < deadline, f"no write hung within {seconds:g}s (log {log})"
+        time.sleep(0.01)
+    return sorted({p.pid for p in faultfs.fired(log, "hang")})
+
+
+def _skip_plan_without_writer(save, phase):
+    if phase == "plan" and save.name == "core":
+        pytest.skip("the target has no storage writer, so its saves have no planning phase")
+
+
+# --------------------------------------------------------------------------------- killed rank
+
+
+def _save_without_queue(save, path, version, rank, world_size):
+    """A save run in the trainer itself, as AsyncRequest.execute_sync would (no worker to start)."""
+    request = save.request(path, version, rank, world_size)
+    args = list(request.async_fn_args)
+    if request.preload_fn is not None:
+        args[1] = request.preload_fn()
+    request.async_fn(*args, **(request.async_fn_kwargs or {}))
+    for fn in request.finalize_fns:
+        fn()
+
+
+def _killed_rank(tmp, phase):
+    rank, world_size = world()
+    save, queue = _save(), _queue()
+    old, new = _paths(tmp)
+    _save_without_queue(save, old, 0, rank, world_size)
+    hooks = Hooks()
+    if rank == VICTIM:
+        if phase in ("plan", "finalize"):  # phases that run in the trainer: it dies there
+            hooks = Hooks.at(phase, Step(die=True))
+        else:  # staging and write run in the worker: the trainer dies once its worker is there
+            marker = os.path.join(tmp, "worker-in-phase")
+            hooks = Hooks.at(phase, Step(marker=marker, gate=os.path.join(tmp, "never")))
+            kill_self_when(marker)
+    outcome = outcome_of(save.save, queue, new, 1, rank, world_size, hooks,
+                         what=f"a save during which rank {VICTIM} is killed ({phase})")
+    abort_quietly(queue)
+    return outcome
+
+
+@pytest.mark.spec("FI-RANK-1", "FI-RANK-2", "FI-RANK-3")
+@pytest.mark.needs("persistent_caller")
+@pytest.mark.parametrize("phase", ["plan", "staging", "write", "finalize"])
+def test_killed_rank(target, tmp_path, phase):
+    save = saves.for_target(target)
+    _skip_plan_without_writer(save, phase)
+    outcomes = on_ranks(WORLD, _killed_rank, str(tmp_path), phase, timeout=180, backend="gloo",
+                        expect_exit={VICTIM: -signal.SIGKILL})
+    assert outcomes[0] not in ("returned", HUNG), (
+        f"rank 0's save, during which rank {VICTIM} was killed ({phase}): {outcomes[0]}; "
+        f"it should raise within {BOUND:g}s")
+    old, new = _paths(str(tmp_path))
+    save.assert_loads(old, 0, WORLD)
+    if save.committed(new):
+        save.assert_loads(new, 1, WORLD)
+
+
+# ------------------------------------------------------------------------------- killed worker
+
+
+def _killed_worker(tmp, phase):
+    rank, world_size = world()
+    save, queue = _save(), _queue()
+    hooks = Hooks()
+    if rank == VICTIM and phase == "writer":  # a writer process the worker started dies mid-write
+        fault = faultfs.Fault("die", op="write", in_child=True)
+        plan = faultfs.Plan(root=_paths(tmp)[1], log=_victim_log(tmp), faults=(fault,))
+        hooks = Hooks.at("write", Step(fs=plan))
+    elif rank == VICTIM:
+        hooks = Hooks.at(phase, Step(die=True))
+    outcome = outcome_of(save.save, queue, _paths(tmp)[1], 1, rank, world_size, hooks,
+                         what=f"a save whose worker on rank {VICTIM} is killed ({phase})")
+    abort_quietly(queue)
+    if outcome == HUNG or phase != "write":
+        return outcome, "not tried"
+    again = _queue()
+    recovered = outcome_of(save.save, again, os.path.join(tmp, "again"), 2, rank, world_size,
+                           what="a save with a new queue after the worker failure")
+    abort_quietly(again)  # how the queue ends is not this test's subject; abort is the quick way
+    return outcome, recovered
+
+
+def _victim_log(tmp):
+    return os.path.join(tmp, f"fs{VICTIM}.log")
+
+
+@pytest.mark.spec("FI-WORKER-1")
+@pytest.mark.needs("persistent_caller")
+@pytest.mark.parametrize("phase", ["staging", pytest.param("writer", id="write-child")])
+def test_killed_worker(target, tmp_path, phase):
+    _check_killed_worker(target, str(tmp_path), phase)
+
+
+@pytest.mark.spec("FI-WORKER-1", "FI-WORKER-2")
+@pytest.mark.needs("persistent_caller")
+@pytest.mark.parametrize("phase", ["write"])
+def test_killed_worker_then_a_new_queue_saves(target, tmp_path, phase):
+    _check_killed_worker(target, str(tmp_path), phase)
+
+
+def _check_killed_worker(target, tmp, phase):
+    save = saves.for_target(target)
+    outcomes = on_ranks(WORLD, _killed_worker, tmp, phase, timeout=180)
+    if phase == "writer" and not faultfs.fired(_victim_log(tmp), "die"):
+        pytest.skip("the target wrote the data without a writer process of its own to kill")
+    assert [o[0] for o in outcomes] == ["CheckpointException"] * WORLD, (
+        f"outcome of the failed save per rank: {[o[0] for o in outcomes]}")
+    assert not save.committed(_paths(tmp)[1]), f"the save whose worker died was committed ({save.MARKER} exists)"
+    if phase == "write":
+        assert [o[1] for o in outcomes] == ["returned"] * WORLD, (
+            f"saving again with a new queue: {[o[1] for o in outcomes]}")
+        save.assert_loads(os.path.join(tmp, "again"), 2, WORLD)
+
+
+# ------------------------------------------------------------------------------ killed trainer
+
+
+def _trainer_killed(tmp, phase):
+    """Plan here, fork a trainer that schedules the save, kill it once its worker is in `phase`."""
+    save = _save()
+    marker = os.path.join(tmp, "worker")
+    if phase == "staging":
+        hooks = Hooks.at("staging", Step(marker=marker, gate=os.path.join(tmp, "never")))
+    else:
+        hooks = Hooks.at("write", Step(marker=marker, fs=_writes_hang(tmp, 0)))
+    request = save.request(_paths(tmp)[1], 1, 0, 1, hooks)
+    trainer = os.fork()
+    if trainer == 0:  # the trainer: schedules, then waits to be killed (no collective after fork)
+        try:
+            queue = _queue()
+            queue.schedule_async_request(request)
+            time.sleep(workloads.GATE_TIMEOUT)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(1)
+    try:
+        worker = wait_for_pids(marker)[0]
+        writers = _hung_pids(os.path.join(tmp, "fs0.log")) if phase == "write" else []
+    finally:
+        os.kill(trainer, signal.SIGKILL)
+        os.waitpid(trainer, 0)
+    writers = [w for w in writers if w != worker]
+    survivors = exits_within([worker, *writers], EXIT_BOUND)
+    kill_pids(survivors)  # started by the trainer we started: ours to clean up
+    return worker, writers, survivors
+
+
+@pytest.mark.spec("FI-TRAINER-1")
+@pytest.mark.needs("persistent_caller")
+@pytest.mark.parametrize("phase", ["staging", "write"])
+def test_killed_trainer_takes_its_worker_and_writers_along(tmp_path, phase):
+    (worker, writers, survivors), = on_ranks(1, _trainer_killed, str(tmp_path), phase, timeout=90,
+                                             backend="gloo")
+    assert not survivors, (
+        f"{len(survivors)} process(es) still run {EXIT_BOUND:g}s after their trainer was killed ({phase}): "
+        f"{survivors} (worker {worker}, writer processes {writers})")
+
+
+# --------------------------------------------------------------------------------- hung writer
+
+
+def _hung_then_aborted(tmp):
+    rank, world_size = world()
+    save, queue = _save(), _queue()
+    hooks = Hooks.at("write", Step(marker=os.path.join(tmp, "worker"), fs=_writes_hang(tmp, rank))) \
+        if rank == VICTIM else Hooks()
+    queue.schedule_async_request(save.request(_paths(tmp)[1], 1, rank, world_size, hooks))
+    hung = []
+    if rank == VICTIM:
+        hung = sorted({*wait_for_pids(os.path.join(tmp, "worker")), *_hung_pids(os.path.join(tmp, f"fs{rank}.log"))})
+    early = bounded(BOUND, "maybe_finalize_async_calls(blocking=False)", queue.maybe_finalize_async_calls, False)
+    aborted = outcome_of(queue.close, abort=True, bound=EXIT_BOUND, what="close(abort=True) with a hung write")
+    survivors = exits_within(hung, EXIT_BOUND)
+    kill_pids(survivors)
+    return early, aborted, survivors
+
+
+@pytest.mark.spec("FI-HANG-1", "FI-HANG-2")
+@pytest.mark.needs("persistent_caller")
+@pytest.mark.parametrize("phase", ["write"])
+def test_abort_ends_a_hung_write(tmp_path, phase):
+    outcomes = on_ranks(WORLD, _hung_then_aborted, str(tmp_path), timeout=90)
+    for rank, (early, aborted, survivors) in enumerate(outcomes):
+        assert early == [], f"rank {rank}: a non-blocking finalize with a hung write returned {early}"
+        assert aborted == "returned", f"rank {rank}: close(abort=True) with a hung write: {aborted}"
+        assert not survivors, f"rank {rank}: processes of the hung save still run after the abort: {survivors}"
+
+
+def _hung_then_released(tmp):
+    rank, world_size = world()
+    save, queue = _save(), _queue()
+    gate = os.path.join(tmp, "storage-answers-again")
+    hooks = Hooks.at("write", Step(fs=_writes_hang(tmp, rank, gate))) if rank == VICTIM else Hooks()
+    queue.schedule_async_request(save.request(_paths(tmp)[1], 1, rank, world_size, hooks))
+    if rank == VICTIM:
+        _hung_pids(os.path.join(tmp, f"fs{rank}.log"))
+    early = bounded(BOUND, "maybe_finalize_async_calls(blocking=False)", queue.maybe_finalize_async_calls, False)
+    box = {}
+
+    def finalize():
+        try:
+            box["done"] = queue.maybe_finalize_async_calls(True)
+        except BaseException as exc:
+            box["done"] = f"{type(exc).__name__}: {exc}"
+
+    waiter = threading.Thread(target=finalize, name="blocking-finalize", daemon=True)
+    waiter.start()
+    waiter.join(0.5)  # a blocking finalize must still be waiting while the write hangs
+    waiting = waiter.is_alive()
+    if rank == VICTIM:
+        workloads.open_gate(gate)
+    waiter.join(BOUND)
+    result = box.get("done", f"still waiting {BOUND:g}s after the write was released")
+    abort_quietly(queue)
+    return early, waiting, result
+
+
+@pytest.mark.spec("FI-HANG-2")
+@pytest.mark.needs("persistent_caller")
+@pytest.mark.parametrize("phase", ["write"])
+def test_blocking_finalize_waits_out_a_hung_write(target, tmp_path, phase):
+    outcomes = on_ranks(WORLD, _hung_then_released, str(tmp_path), timeout=90)
+    for rank, (early, waiting, result) in enumerate(outcomes):
+        assert early == [], f"rank {rank}: a non-blocking finalize with a hung write returned {early}"
+        assert waiting, f"rank {rank}: the blocking finalize returned while the write still hung"
+        assert result == [0], f"rank {rank}: after the write was released, the blocking finalize gave {result}"
+    saves.for_target(target).assert_loads(_paths(str(tmp_path))[1], 1, WORLD)

@@ -1,0 +1,85 @@
+"""GPU runs: CUDA IPC staging in the persistent worker, and the cross-rank faults over NCCL.
+
+Both skip without the hardware (the `gpu` marker, and the runner's NCCL check for two GPUs).
+UNTESTED on GPU: written on a CPU-only machine.
+"""
+
+import functools
+import gc
+import os
+
+import pytest
+import torch
+
+from spec_tests.asserts import bounded
+from spec_tests.targets import current_target
+
+from fault_injection.faults import BOUND, on_ranks
+from fault_injection.test_storage_faults import ERRNOS, WORLD, _storage_errors
+
+
+def stage_to_host(marker: str, state: dict) -> dict:
+    """preload_fn: record where it ran and what it received, return host copies."""
+    with open(marker, "w") as f:
+        f.write(f"{os.getpid()} {' '.join(sorted({t.device.type for t in state.values()}))}")
+    return {k: v.to("cpu") for k, v in state.items()}
+
+
+def save_staged(path: str, staged: dict) -> None:
+    torch.save(staged, path)
+
+
+def _cuda_ipc(tmp):
+    core = current_target().module("async_ckpt.core")
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    state = {"w": torch.arange(1 << 16, dtype=torch.float32, device="cuda")}
+    expected = state["w"].cpu()
+    marker, out = os.path.join(tmp, "preloaded"), os.path.join(tmp, "saved.pt")
+    queue = core.AsyncCallsQueue(persistent=True)
+    queue.schedule_async_request(core.AsyncRequest(
+        save_staged, (out, None), [], preload_fn=functools.partial(stage_to_host, marker, state)))
+    state["w"].add_(1)  # the next training step, right after scheduling returned
+    bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
+    bounded(BOUND, "close()", queue.close)
+    pid, devices = open(marker).read().split(" ", 1)
+    saved_equal = torch.equal(torch.load(out)["w"], expected)
+    del state, queue
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.ipc_collect()
+    return int(pid) != os.getpid(), devices, saved_equal, torch.cuda.memory_allocated() - baseline
+
+
+@pytest.mark.gpu
+@pytest.mark.spec("FI-GPU-1")
+@pytest.mark.needs("persistent_caller")
+@pytest.mark.parametrize("phase", ["staging"])
+def test_cuda_tensors_reach_the_worker_by_ipc_and_are_staged_there(tmp_path, phase):
+    (in_worker, devices, saved_equal, leaked), = on_ranks(1, _cuda_ipc, str(tmp_path), timeout=120)
+    assert in_worker, "preload_fn ran in the trainer, not in the persistent worker"
+    assert devices == "cuda", f"preload_fn received tensors on {devices}, not CUDA tensors (IPC)"
+    assert saved_equal, "an in-place update after scheduling returned reached the checkpoint"
+    assert leaked == 0, f"{leaked} bytes of GPU memory remain allocated after close()"
+
+
+def _devices_then_storage_errors(tmp, phase):
+    import torch.distributed as dist
+
+    device = torch.cuda.current_device()
+    seen = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, device)
+    return seen, _storage_errors(tmp, phase)
+
+
+@pytest.mark.gpu
+@pytest.mark.spec("FI-GPU-2")
+@pytest.mark.needs("storage_writer", "persistent_caller")
+@pytest.mark.parametrize("phase", ["write"])
+def test_storage_errors_over_nccl_with_a_gpu_per_rank(tmp_path, phase):
+    results = on_ranks(WORLD, _devices_then_storage_errors, str(tmp_path), phase, timeout=150, backend="nccl")
+    devices = results[0][0]
+    assert len(set(devices)) == WORLD, f"ranks share a GPU: devices per rank {devices}"
+    for errno_name in ERRNOS:
+        outcomes = [r[1][errno_name][0] for r in results]
+        assert outcomes == ["CheckpointException"] * WORLD, f"{errno_name} over NCCL: outcome per rank {outcomes}"

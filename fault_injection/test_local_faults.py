@@ -1,0 +1,141 @@
+"""Local checkpointing under node loss and under a rank killed during the replica exchange.
+
+Four ranks on two "nodes" of two ranks each (node n holds ranks 2n and 2n+1); every rank keeps its
+local checkpoint under its own root (spec_tests.local.common), so losing a node deletes the roots of
+its two ranks, and every rank restarts as a fresh process, as after a job restart.
+"""
+
+import functools
+import itertools
+import os
+import signal
+
+import pytest
+
+from spec_tests.dist import world
+
+from fault_injection.faults import BOUND, HUNG, on_ranks, outcome_of
+
+WORLD = 4
+RANKS_PER_NODE = 2
+LAYOUTS = (None, (1, 2), (2, 2))  # no replication; cliques inside a node; cliques across nodes
+ITERATION = 5
+
+
+def _node_ranks(node: int) -> list[int]:
+    return list(range(node * RANKS_PER_NODE, (node + 1) * RANKS_PER_NODE))
+
+
+def _recoverable(layout, lost_node: int) -> bool:
+    """The clique property: every rank's part still has a holder outside the lost node."""
+    from spec_tests.local.common import cliques
+
+    groups = [[r] for r in range(WORLD)] if layout is None else cliques(WORLD, *layout)
+    lost = set(_node_ranks(lost_node))
+    return all(any(m not in lost for m in group) for group in groups)
+
+
+def _case_dir(tmp, layout, node) -> str:
+    name = "none" if layout is None else f"jump{layout[0]}-factor{layout[1]}"
+    return os.path.join(tmp, f"{name}-lost{node}")
+
+
+def _cases():
+    return list(itertools.product(LAYOUTS, range(WORLD // RANKS_PER_NODE)))
+
+
+def _save_every_case(tmp):
+    from spec_tests.local.common import save_values
+
+    for layout, node in _cases():
+        save_values(_case_dir(tmp, layout, node), layout, ITERATION)
+
+
+def _found_and_loaded(base, layout, iteration):
+    """A restarted rank: (what find_latest returned, None or why load() did not give `iteration`).
+
+    Compared here: tensors do not travel back from a rank that exits right after replying."""
+    from spec_tests.asserts import assert_state_dict_equal
+    from spec_tests.local.common import fresh_find_then_load, rank_value
+
+    rank, _ = world()
+    found, loaded = fresh_find_then_load(base, layout)
+    if found != iteration:
+        return found, None
+    if loaded[0] != "loaded":
+        return found, f"load() raised {loaded[1]}"
+    try:
+        assert_state_dict_equal(loaded[1], rank_value(rank, iteration), call="load()")
+    except AssertionError as exc:
+        return found, str(exc)
+    return found, None
+
+
+def _restart_every_case(tmp):
+    return {(layout, node): _found_and_loaded(_case_dir(tmp, layout, node), layout, ITERATION)
+            for layout, node in _cases()}
+
+
+@pytest.mark.spec("FI-NODE-1")
+@pytest.mark.needs("local_checkpointing")
+@pytest.mark.parametrize("phase", ["exchange"])
+def test_lost_node_recovers_exactly_when_a_copy_survives(tmp_path, phase):
+    from spec_tests.local.common import lose_nodes
+
+    tmp = str(tmp_path)
+    on_ranks(WORLD, _save_every_case, tmp, timeout=120, backend="gloo")
+    for layout, node in _cases():
+        lose_nodes(_case_dir(tmp, layout, node), _node_ranks(node))
+    results = on_ranks(WORLD, _restart_every_case, tmp, timeout=120, backend="gloo")
+    problems = []
+    for layout, node in _cases():
+        want = ITERATION if _recoverable(layout, node) else -1
+        for rank, per_case in enumerate(results):
+            found, load_problem = per_case[layout, node]
+            case = f"replication {layout}, node {node} lost, rank {rank}"
+            if found != want:
+                problems.append(f"{case}: find_latest() returned {found}, but should be {want}")
+            elif load_problem:
+                problems.append(f"{case}: {load_problem}")
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------ rank killed in the exchange
+
+EXCHANGE_LAYOUT = (1, 2)  # world 2: one clique {0, 1}
+VICTIM = 1
+
+
+def _die_then(replicate, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+    return replicate(*args, **kwargs)
+
+
+def _save_then_die_in_exchange(tmp):
+    from spec_tests.local.common import manager, rank_value, save, tasd
+
+    rank, _ = world()
+    save(manager(tmp, EXCHANGE_LAYOUT), tasd(rank_value(rank, 1)), 1)
+    mgr = manager(tmp, EXCHANGE_LAYOUT)
+    if rank == VICTIM:
+        mgr.repl_strategy.replicate = functools.partial(_die_then, mgr.repl_strategy.replicate)
+    return outcome_of(mgr.save, tasd(rank_value(rank, 2)), 2, is_async=False, bound=BOUND,
+                      what=f"a local save whose rank {VICTIM} dies in the replica exchange")
+
+
+def _restart(tmp):
+    return _found_and_loaded(tmp, EXCHANGE_LAYOUT, 1)
+
+
+@pytest.mark.spec("FI-NODE-2")
+@pytest.mark.needs("local_checkpointing")
+@pytest.mark.parametrize("phase", ["exchange"])
+def test_rank_killed_in_the_replica_exchange(tmp_path, phase):
+    tmp = str(tmp_path)
+    outcomes = on_ranks(2, _save_then_die_in_exchange, tmp, timeout=90, backend="gloo",
+                        expect_exit={VICTIM: -signal.SIGKILL})
+    assert outcomes[0] not in ("returned", HUNG), (
+        f"rank 0's save, whose rank {VICTIM} died in the exchange: {outcomes[0]}, should raise within {BOUND:g}s")
+    for rank, (found, load_problem) in enumerate(on_ranks(2, _restart, tmp, timeout=90, backend="gloo")):
+        assert found == 1, f"rank {rank}: after the restart find_latest() returned {found}, but should be 1"
+        assert load_problem is None, f"rank {rank}: {load_problem}"

@@ -1,0 +1,64 @@
+"""An S3 endpoint that goes away mid-save, or answers 5xx for the metadata, during a save through
+Multi-Storage Client, on two ranks.
+
+The endpoint is the storage suite's (spec_tests.storage.s3): moto's S3 server on loopback with a
+fault proxy in front of it. The previous checkpoint is saved through the profile `s3` (straight to
+the server), the faulty one through `s3-faulty` (through the proxy), into the same bucket. The
+storage suite covers each kind of failed request on one rank (clause MSC-3).
+"""
+
+import os
+import uuid
+
+import pytest
+
+from spec_tests.dist import world
+from spec_tests.targets import current_target
+
+from fault_injection import saves
+from fault_injection.faults import abort_quietly, on_ranks, outcome_of
+
+WORLD = 2
+FAULTS = {  # test id (phase first) -> (what the proxy does, in words); 5xx on data objects alone: MSC-3
+    "write-gone": (lambda proxy: proxy.die_after_puts(1), "gone after the first object"),
+    "finalize-5xx": (lambda proxy: proxy.fail_puts(503, ".metadata"), "503 for .metadata"),
+}
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    from spec_tests.storage.s3 import start_endpoint
+
+    endpoint, stop = start_endpoint(str(tmp_path_factory.mktemp("msc") / "msc_config.yaml"))
+    yield endpoint
+    stop()
+
+
+def _save_old_then_faulty(config, prefix):
+    rank, world_size = world()
+    os.environ["MSC_CONFIG"] = config  # before the worker starts: it keeps this environment
+    save = saves.DcpSave(current_target(), use_msc=True)
+    queue = current_target().module("async_ckpt.core").AsyncCallsQueue(persistent=True)
+    save.save(queue, f"msc://s3/{prefix}/old", 0, rank, world_size)
+    outcome = outcome_of(save.save, queue, f"msc://s3-faulty/{prefix}/new", 1, rank, world_size,
+                         what="a save to an S3 endpoint that fails")
+    abort_quietly(queue)
+    return outcome
+
+
+@pytest.mark.spec("FI-S3-1")
+@pytest.mark.needs("storage_writer", "msc", "persistent_caller")
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_object_store_fault_fails_the_save_on_every_rank(s3, tmp_path, fault, monkeypatch):
+    inject, words = FAULTS[fault]
+    prefix = uuid.uuid4().hex
+    inject(s3.proxy)
+    try:
+        outcomes = on_ranks(WORLD, _save_old_then_faulty, s3.config_path, prefix, timeout=120)
+    finally:
+        s3.proxy.heal()
+    assert outcomes == ["CheckpointException"] * WORLD, f"S3 endpoint {words}: outcome per rank {outcomes}"
+    committed = [k for k in s3.keys(f"{prefix}/new/") if k.endswith(".metadata")]
+    assert not committed, f"S3 endpoint {words}: the failed save wrote {committed}"
+    monkeypatch.setenv("MSC_CONFIG", s3.config_path)
+    saves.DcpSave(current_target(), use_msc=True).assert_loads(f"msc://s3/{prefix}/old", 0, WORLD)

@@ -1,0 +1,98 @@
+"""Storage errors (ENOSPC, EACCES, EIO) in the plan, write and finalize phases of a DCP save.
+
+The errors come from the injected file-system layer (fault_injection.faultfs), installed for one
+phase in the process(es) that run it:
+
+- plan: the checkpoint directory cannot be created, on every rank (a read-only parent, a full or
+  failing disk: the directory is shared, so every rank sees the same error);
+- write: rank 1's data files fail: ENOSPC once 64 bytes are written (a size-limited file system),
+  EACCES when a data file is opened for writing, EIO on the second write;
+- finalize: the coordinator's metadata fails: ENOSPC on writing it (16-byte file system), EACCES on
+  opening it, EIO on writing it.
+"""
+
+import os
+
+import pytest
+
+from spec_tests.dist import world
+from spec_tests.targets import current_target
+
+from fault_injection import faultfs, saves
+from fault_injection.faults import HUNG, Hooks, Step, abort_quietly, on_ranks, outcome_of
+
+WORLD = 2
+ERRNOS = ("ENOSPC", "EACCES", "EIO")
+_FAULTS = {  # (phase, errno) -> (ranks hit, fault)
+    ("plan", "ENOSPC"): ("all", dict(op="mkdir")),
+    ("plan", "EACCES"): ("all", dict(op="mkdir")),
+    ("plan", "EIO"): ("all", dict(op="mkdir")),
+    ("write", "ENOSPC"): (1, dict(limit=64, name="*.distcp")),
+    ("write", "EACCES"): (1, dict(op="open", name="*.distcp")),
+    ("write", "EIO"): (1, dict(op="write", nth=2, name="*.distcp")),
+    ("finalize", "ENOSPC"): (0, dict(limit=16, name=".metadata*")),
+    ("finalize", "EACCES"): (0, dict(op="open", name=".metadata*")),
+    ("finalize", "EIO"): (0, dict(op="write", name=".metadata*")),
+}
+
+
+def _hooks(tmp, phase, errno_name, rank, new):
+    ranks, where = _FAULTS[phase, errno_name]
+    if ranks != "all" and ranks != rank:
+        return Hooks(), None
+    log = os.path.join(tmp, f"fs-{errno_name}-{rank}.log")
+    fault = faultfs.Fault("raise", errno=faultfs.errno_of(errno_name), **where)
+    return Hooks.at(phase, Step(fs=faultfs.Plan(root=new, log=log, faults=(fault,)))), log
+
+
+def _storage_errors(tmp, phase):
+    """Per errno: the faulty save's outcome, whether the fault fired, and the next save's outcome."""
+    rank, world_size = world()
+    save = saves.DcpSave(current_target())
+    queue = current_target().module("async_ckpt.core").AsyncCallsQueue(persistent=True)
+    save.save(queue, os.path.join(tmp, "old"), 0, rank, world_size)
+    results = {}
+    for version, errno_name in enumerate(ERRNOS, start=1):
+        new = os.path.join(tmp, f"new-{errno_name}")
+        hooks, log = _hooks(tmp, phase, errno_name, rank, new)
+        outcome = outcome_of(save.save, queue, new, version, rank, world_size, hooks,
+                             what=f"a save hitting {errno_name} in {phase}")
+        fired = log is not None and bool(faultfs.fired(log, "raise"))
+        if outcome == HUNG:
+            results[errno_name] = (outcome, fired, "not tried")
+            break
+        after = outcome_of(save.save, queue, os.path.join(tmp, f"after-{errno_name}"), 10 + version, rank,
+                           world_size, what=f"the save after {errno_name}")
+        results[errno_name] = (outcome, fired, after)
+        if after == HUNG:
+            break
+    else:
+        abort_quietly(queue)  # how the queue ends is not this test's subject; abort is the quick way
+    return results
+
+
+@pytest.mark.spec("FI-STORAGE-1", "FI-STORAGE-2")
+@pytest.mark.needs("storage_writer", "persistent_caller")
+@pytest.mark.parametrize("phase", ["plan", "write", "finalize"])
+def test_storage_error_fails_the_save_on_every_rank(target, tmp_path, phase):
+    results = on_ranks(WORLD, _storage_errors, str(tmp_path), phase, timeout=150)
+    save, tmp = saves.DcpSave(target), str(tmp_path)
+    problems = []
+    for version, errno_name in enumerate(ERRNOS, start=1):
+        if not all(errno_name in r for r in results):
+            problems.append(f"{errno_name}: not tried (a rank hung before)")
+            continue
+        outcomes = [r[errno_name][0] for r in results]
+        if not any(r[errno_name][1] for r in results):
+            problems.append(f"{errno_name}: the fault layer saw no matching operation in {phase} (not injected)")
+        elif outcomes != ["CheckpointException"] * WORLD:
+            problems.append(f"{errno_name} in {phase}: outcome per rank {outcomes}, should be CheckpointException")
+        if save.committed(os.path.join(tmp, f"new-{errno_name}")):
+            problems.append(f"{errno_name} in {phase}: the failed save wrote {save.MARKER}")
+        after = [r[errno_name][2] for r in results]
+        if after != ["returned"] * WORLD:
+            problems.append(f"{errno_name} in {phase}: the next save on the same queue: {after}")
+        else:
+            save.assert_loads(os.path.join(tmp, f"after-{errno_name}"), 10 + version, WORLD)
+    save.assert_loads(os.path.join(tmp, "old"), 0, WORLD)
+    assert not problems, "\n".join(problems)
