@@ -10,6 +10,7 @@ next to it the Markdown summary (`benchmarks.summary`).
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shutil
@@ -119,9 +120,13 @@ def bench(request, tmp_path_factory):
         torch.set_num_threads(config.getoption("bench_threads"))
     base = config.getoption("bench_dir")
     root = Path(tempfile.mkdtemp(prefix="ckptspec-bench-", dir=base)) if base else tmp_path_factory.mktemp("bench")
+    if enabled:
+        gc.freeze()  # keeps the collections between rounds short (Bench.run)
     yield Bench(size=int(size_mib * MiB), rounds=rounds,
                 saves=config.getoption("bench_saves") if enabled else min(2, config.getoption("bench_saves")),
                 device=_device(config), enabled=enabled, root=root)
+    if enabled:
+        gc.unfreeze()
     if base:
         shutil.rmtree(root)
 

@@ -51,14 +51,16 @@ class Bench:
     def run(self, benchmark, target, *, setup=None, teardown=None, warmup: int = 0, rounds: int | None = None):
         """benchmark.pedantic with teardown also run in smoke mode (pedantic skips it there).
 
-        Each round's setup ends with a full garbage collection: in a process as large as a pytest
-        session, a collection that happens to start inside the timed call costs ~100 ms, whichever
-        peer's allocation triggered it.
+        When timing, each round's setup ends with a garbage collection: in a process as large as a
+        pytest session, a collection that happens to start inside the timed call costs ~100 ms,
+        whichever peer's allocation triggered it (the `bench` fixture freezes the objects that exist
+        before the benchmarks, so these collections are quick).
         """
         def prepare():
             if setup is not None:
                 setup()
-            gc.collect()
+            if self.enabled:
+                gc.collect()
 
         result = benchmark.pedantic(target, setup=prepare, teardown=teardown, rounds=rounds or self.rounds,
                                     warmup_rounds=warmup if self.enabled else 0)

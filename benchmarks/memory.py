@@ -15,6 +15,7 @@ Protocol: build the state dict; `base` = tree memory; one warm-up save of a 64 K
     peak_extra_bytes   max sample - idle         (staging, writing, anything retained)
     retained_bytes     after the last save - idle
     growth_bytes       after the last save - after the first save
+    rss_peak_bytes     largest sum of VmRSS over the tree (counts shared pages once per process)
     shm_peak_bytes     largest total of shared-memory objects (/dev/shm, memfd, SysV) mapped in the tree
     pinned_peak_bytes  largest VmPin + VmLck over the tree (page-locked host memory)
     worker_gpu_bytes   GPU memory of the processes other than the trainer (NVML; GPU only, UNTESTED)
@@ -46,7 +47,9 @@ class TreeSample:
         self.pids = pids
         self.pss = sum(_pss(pid) for pid in pids)
         self.shm = _shm_bytes(pids)
-        self.pinned = sum(_locked(pid) for pid in pids)
+        status = [_status_kib(pid) for pid in pids]
+        self.rss = sum(s.get("VmRSS", 0) for s in status) * 1024
+        self.pinned = sum(s.get("VmPin", 0) + s.get("VmLck", 0) for s in status) * 1024
 
 
 def _read(path: str) -> str:
@@ -66,12 +69,14 @@ def _pss(pid: int) -> int:
     return total
 
 
-def _locked(pid: int) -> int:
-    total = 0
+def _status_kib(pid: int) -> dict[str, int]:
+    """The kB fields of /proc/PID/status (VmRSS, VmPin, VmLck, ...)."""
+    fields = {}
     for line in _read(f"/proc/{pid}/status").splitlines():
-        if line.startswith(("VmPin:", "VmLck:")):
-            total += int(line.split()[1]) * 1024
-    return total
+        name, _, value = line.partition(":")
+        if value.strip().endswith(" kB"):
+            fields[name] = int(value.split()[0])
+    return fields
 
 
 def _shm_bytes(pids) -> int:
@@ -108,7 +113,7 @@ class _Sampler(threading.Thread):
     def __init__(self, interval: float = 0.01):
         super().__init__(name="memory-sampler", daemon=True)
         self.interval, self.stopped, self.lock = interval, threading.Event(), threading.Lock()
-        self.peak_pss = self.peak_shm = self.peak_pinned = 0
+        self.peak_pss = self.peak_rss = self.peak_shm = self.peak_pinned = 0
         self.peak_gpu: int | None = None
 
     def run(self):
@@ -123,6 +128,7 @@ class _Sampler(threading.Thread):
 
     def _update(self, sample: TreeSample) -> None:
         self.peak_pss = max(self.peak_pss, sample.pss)
+        self.peak_rss = max(self.peak_rss, sample.rss)
         self.peak_shm = max(self.peak_shm, sample.shm)
         self.peak_pinned = max(self.peak_pinned, sample.pinned)
         gpu = _worker_gpu_bytes(sample.pids)
@@ -157,7 +163,8 @@ def profile(peer_name: str, nbytes: int, saves: int, root: str, device: str = "c
     return {"staged_bytes": workload.staged_bytes(state_dict), "saves": saves,
             "runtime_bytes": idle - base, "peak_extra_bytes": sampler.peak_pss - idle,
             "retained_bytes": settled[-1] - idle, "growth_bytes": settled[-1] - settled[0],
-            "shm_peak_bytes": sampler.peak_shm, "pinned_peak_bytes": sampler.peak_pinned,
+            "rss_peak_bytes": sampler.peak_rss, "shm_peak_bytes": sampler.peak_shm,
+            "pinned_peak_bytes": sampler.peak_pinned,
             "worker_gpu_bytes": sampler.peak_gpu}
 
 

@@ -14,7 +14,8 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
 - `torch:impl`, `torch:nvrx` (+ `-temporal`): TorchAsyncCheckpoint. `torch:mcore` (+ `-temporal`):
   Megatron-Core's AsyncCallsQueue running `torch.save` (Megatron has no TorchAsyncCheckpoint).
 - `dcp:async_save-thread` / `-process` / `-pinned`: `torch.distributed.checkpoint.async_save` with
-  the thread or process executor; `-pinned` stages into a reused pinned buffer (needs CUDA).
+  the thread or process executor; `-pinned` stages into a reused pinned buffer (needs CUDA;
+  UNTESTED, no GPU where this was written).
 - `dcp:save`, `torch:save`: the synchronous baselines.
 
 Targets are loaded with `load_target`, so NVRx and Megatron-Core get the adapters' CPU neutralisation.

@@ -55,3 +55,11 @@ def test_update_replaces_only_the_marked_block(tmp_path):
     text = readme.read_text()
     assert text.startswith("before\n") and text.endswith(f"{summary.END}\nafter\n") and "old" not in text
     assert "#### CPU, 2 cores, state dict 8 MiB, 1 trainer thread(s) (2026-01-02, torch 2.13.0)" in text
+
+
+def test_noise_suggests_a_threshold_above_the_worst_spread():
+    runs = [{"benchmarks": [{"name": "a", "stats": {"min": m}}, {"name": "b", "stats": {"min": 1.0}}]}
+            for m in (0.010, 0.030, 0.020)]
+    text, threshold = summary.noise(runs)
+    assert "| `a` | 10 ms / 30 ms / 20 ms | 3.00x |" in text
+    assert threshold == 250  # 3.00 x 1.15 = 3.45, i.e. 245% slower, rounded up to 250%

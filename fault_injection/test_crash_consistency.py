@@ -24,6 +24,7 @@ import os
 import pickle
 import shutil
 import signal
+import threading
 import time
 import traceback
 
@@ -87,6 +88,15 @@ def _in_child(tmp: str, name: str, fn, *args, crashes=False):
     return result
 
 
+def _join_threads(seconds: float) -> None:
+    """Let the non-daemon threads a save started finish (an asynchronous cleanup, say), as they would
+    in a trainer that keeps running; interpreter exit would wait for them too."""
+    deadline = time.monotonic() + seconds
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path):
         shutil.rmtree(path)
@@ -112,6 +122,7 @@ def _run_phases(make_request, log: str | None) -> dict:
     mark("finalize")
     for fn in request.finalize_fns:
         fn()
+    _join_threads(CHILD_TIMEOUT / 2)  # what the finalize functions left running belongs to finalize
     return marks
 
 
