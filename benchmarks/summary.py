@@ -2,23 +2,25 @@
 
     python -m benchmarks.summary RUN.json [RUN.json ...]                 # full summary on stdout
     python -m benchmarks.summary RUN.json [RUN.json ...] --update README.md   # one compact table per run
+    python -m benchmarks.summary --noise RUN.json RUN.json ...           # spread of repeated runs
 
 RUN.json is pytest-benchmark's --benchmark-json output of `pytest benchmarks --benchmark-enable`.
 Each benchmark's extra_info names its figure (stall, durable, write, ...), its peer and its bytes;
 ceilings are benchmarks of figure "ceiling". Times are the median of the rounds; a ceiling is its
 fastest round (the best the machine did). A ceiling measured for other bytes is scaled linearly to
-the figure's bytes. With --update the tables replace what is
-between the `<!-- benchmarks:start -->` and `<!-- benchmarks:end -->` markers of the file.
+the figure's bytes. With --update the compact tables replace what is between the
+`<!-- benchmarks:start -->` and `<!-- benchmarks:end -->` markers of the file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
-__all__ = ["main", "render", "render_compact"]
+from spec_tests.report import ReportError, update_file
+
+__all__ = ["main", "noise", "render", "render_compact"]
 
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 GiB = 1 << 30
@@ -174,9 +176,10 @@ def _memory(run: Run) -> list[str]:
         rows.append([f"`{r['peer']}`", _bytes(m["staged_bytes"]), _bytes(m["peak_extra_bytes"]),
                      _ratio(m["peak_extra_bytes"], m["staged_bytes"]), _bytes(m["retained_bytes"]),
                      f"{_bytes(m['growth_bytes'])} ({m['saves']} saves)", _bytes(m["runtime_bytes"]),
-                     _bytes(m["shm_peak_bytes"]), _bytes(m["pinned_peak_bytes"]), _bytes(m["worker_gpu_bytes"])])
+                     _bytes(m.get("rss_peak_bytes")), _bytes(m["shm_peak_bytes"]), _bytes(m["pinned_peak_bytes"]),
+                     _bytes(m["worker_gpu_bytes"])])
     return _table(["peer", "staged", "peak extra", "x staged", "retained", "growth", "runtime",
-                   "shm peak", "pinned peak", "worker GPU"], rows)
+                   "RSS peak (sum)", "shm peak", "pinned peak", "worker GPU"], rows)
 
 
 def _load(run: Run) -> list[str]:
@@ -309,13 +312,29 @@ _FOOTNOTE = ("Times are medians over the rounds, ceilings their fastest round; x
              "reference time (lower is better), `of ...` columns divide throughputs (1.00x is the reference).")
 
 
+def noise(runs: list[dict], margin: float = 1.15) -> tuple[str, int]:
+    """Run-to-run spread of each benchmark's fastest round over repeated runs, and the
+    `--benchmark-compare-fail min:N%` threshold it suggests (worst spread x margin, rounded up to 50%)."""
+    fastest: dict[str, list[float]] = {}
+    for run in runs:
+        for b in run.get("benchmarks", []):
+            fastest.setdefault(b["name"], []).append(b["stats"]["min"])
+    rows, worst = [], 1.0
+    for name, values in sorted(fastest.items()):
+        spread = max(values) / min(values)
+        worst = max(worst, spread)
+        rows.append([f"`{name}`", " / ".join(_time(v) for v in values), f"{spread:.2f}x"])
+    threshold = 50 * -(-round((worst * margin - 1) * 100) // 50)
+    table = _table(["benchmark", "fastest round per run", "max / min"], rows)
+    return "\n".join(table + ["", f"Worst spread {worst:.2f}x; suggested threshold: min:{threshold}%"]) + "\n", threshold
+
+
 def update(path: Path, text: str) -> None:
     """Replace the text between the benchmark markers of `path`."""
-    content = path.read_text()
-    if START not in content or END not in content:
-        raise SystemExit(f"{path} has no {START} ... {END} markers")
-    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
-    path.write_text(pattern.sub(lambda _: f"{START}\n{text}{END}", content, count=1))
+    try:
+        update_file(path, text, START, END)
+    except ReportError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def main(argv=None) -> None:
@@ -323,8 +342,13 @@ def main(argv=None) -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
     parser.add_argument("--update", type=Path, metavar="README",
                         help="write the compact tables between the markers of this file")
+    parser.add_argument("--noise", action="store_true",
+                        help="the runs repeat one pass: print each benchmark's run-to-run spread and a threshold")
     args = parser.parse_args(argv)
     runs = [json.loads(path.read_text()) for path in args.runs]
+    if args.noise:
+        print(noise(runs)[0], end="")
+        return
     if args.update:
         update(args.update, "\n".join(render_compact(run) for run in runs))
         return

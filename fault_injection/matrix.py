@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests.report import ReportError, cell, load_run
+from spec_tests.report import ReportError, cell, load_run, update_file
 
-__all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render", "replace_block"]
+__all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
 START_MARKER = "<!-- faults:start -->"
 END_MARKER = "<!-- faults:end -->"
@@ -134,17 +134,6 @@ def render(runs: Sequence[TargetRun], cores: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_block(text: str, block: str, name: str = "input") -> str:
-    """`text` with the lines between the faults start and end markers replaced by `block`."""
-    lines = text.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.strip() == START_MARKER]
-    ends = [i for i, line in enumerate(lines) if line.strip() == END_MARKER]
-    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        raise ReportError(f"{name}: needs exactly one line {START_MARKER} followed later by one line "
-                          f"{END_MARKER} (found {len(starts)} start, {len(ends)} end)")
-    return "".join(lines[:starts[0] + 1]) + block.rstrip("\n") + "\n" + "".join(lines[ends[0]:])
-
-
 def pytest_command(target: str, json_path: Path) -> list[str]:
     return [sys.executable, "-m", "pytest", "fault_injection", "-n", "auto", "-q", "-p", "no:randomly",
             "--impl", target, "--conformance-json", str(json_path)]
@@ -188,11 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.update is None:
             sys.stdout.write(block)
         else:
-            try:
-                text = args.update.read_text()
-            except OSError as exc:
-                raise ReportError(f"{args.update}: cannot read: {exc.strerror or exc}") from None
-            args.update.write_text(replace_block(text, block, str(args.update)))
+            update_file(args.update, block, START_MARKER, END_MARKER)
     except ReportError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1

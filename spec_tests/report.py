@@ -47,7 +47,7 @@ from spec_tests import clauses as clause_registry
 
 __all__ = [
     "END_MARKER", "OUTCOMES", "START_MARKER", "ReportError", "Run", "cell", "load_run", "main",
-    "pytest_command", "render", "replace_block", "run_target", "verdict",
+    "pytest_command", "render", "replace_block", "run_target", "update_file", "verdict",
 ]
 
 START_MARKER = "<!-- conformance:start -->"
@@ -205,26 +205,28 @@ def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, str]] | None
 # ---------------------------------------------------------------------------------- --update
 
 
-def replace_block(text: str, block: str, name: str = "input") -> str:
-    """`text` with the lines between the start and end markers replaced by `block`."""
+def replace_block(text: str, block: str, name: str = "input",
+                  start: str = START_MARKER, end: str = END_MARKER) -> str:
+    """`text` with the lines between the `start` and `end` marker lines replaced by `block`."""
     lines = text.splitlines(keepends=True)
     stripped = [line.strip() for line in lines]
-    starts = [i for i, s in enumerate(stripped) if s == START_MARKER]
-    ends = [i for i, s in enumerate(stripped) if s == END_MARKER]
+    starts = [i for i, s in enumerate(stripped) if s == start]
+    ends = [i for i, s in enumerate(stripped) if s == end]
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        raise ReportError(f"{name}: needs exactly one line {START_MARKER} followed later by one "
-                          f"line {END_MARKER} (found {len(starts)} start, {len(ends)} end)")
+        raise ReportError(f"{name}: needs exactly one line {start} followed later by one "
+                          f"line {end} (found {len(starts)} start, {len(ends)} end)")
     if not block.endswith("\n"):
         block += "\n"
     return "".join(lines[:starts[0] + 1]) + block + "".join(lines[ends[0]:])
 
 
-def _update_file(path: Path, block: str) -> None:
+def update_file(path: Path, block: str, start: str = START_MARKER, end: str = END_MARKER) -> None:
+    """Replace the block between the marker lines of the file at `path` (see replace_block)."""
     try:
         text = path.read_text()
     except OSError as exc:
         raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    path.write_text(replace_block(text, block, str(path)))
+    path.write_text(replace_block(text, block, str(path), start, end))
 
 
 # ---------------------------------------------------------------------------------- --run
@@ -279,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.update is None:
             sys.stdout.write(table)
         else:
-            _update_file(args.update, table)
+            update_file(args.update, table)
     except ReportError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1

@@ -27,7 +27,7 @@ from importlib import metadata
 from types import ModuleType
 
 __all__ = [
-    "CAPABILITY_DOCS", "ENV_VAR", "MissingCapability", "Target", "current_target", "load_target",
+    "CAPABILITY_DOCS", "ENV_VAR", "MissingCapability", "SPEC_MODULES", "Target", "current_target", "load_target",
 ]
 
 ENV_VAR = "CKPTSPEC_IMPL"
@@ -37,6 +37,19 @@ BUILTIN = {
     "nvrx": "spec_tests.targets.nvrx",
     "mcore": "spec_tests.targets.mcore",
 }
+# Every spec module path, i.e. a module path below `nvidia_resiliency_ext.checkpointing`.
+SPEC_MODULES = (
+    "async_ckpt.core",
+    "async_ckpt.torch_ckpt",
+    "async_ckpt.filesystem_async",
+    "async_ckpt.state_dict_saver",
+    "async_ckpt.cached_metadata_filesystem_reader",
+    "local.base_state_dict",
+    "local.basic_state_dict",
+    "local.ckpt_managers.base_manager",
+    "local.ckpt_managers.local_manager",
+    "local.replication.strategies",
+)
 CAPABILITY_DOCS = {
     "persistent_caller": "PersistentAsyncCaller and AsyncCallsQueue(persistent=True)",
     "temporal_caller": "TemporalAsyncCaller and AsyncCallsQueue(persistent=False)",

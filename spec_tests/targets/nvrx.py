@@ -19,26 +19,12 @@ from pathlib import Path
 
 import torch
 
-from spec_tests.targets import _cpu_cuda
+from spec_tests.targets import SPEC_MODULES, _cpu_cuda
 
 NAME = "nvrx"
 DISTRIBUTION = "nvidia-resiliency-ext"
 _ROOT = "nvidia_resiliency_ext.checkpointing."
-MODULES = {
-    path: _ROOT + path
-    for path in (
-        "async_ckpt.core",
-        "async_ckpt.torch_ckpt",
-        "async_ckpt.filesystem_async",
-        "async_ckpt.state_dict_saver",
-        "async_ckpt.cached_metadata_filesystem_reader",
-        "local.base_state_dict",
-        "local.basic_state_dict",
-        "local.ckpt_managers.base_manager",
-        "local.ckpt_managers.local_manager",
-        "local.replication.strategies",
-    )
-}
+MODULES = {path: _ROOT + path for path in SPEC_MODULES}
 # Every NVRx module that calls torch.cuda (found with grep), public or internal.
 _CUDA_MODULES = [MODULES[p] for p in ("async_ckpt.core", "async_ckpt.torch_ckpt", "async_ckpt.filesystem_async",
                                       "local.ckpt_managers.base_manager", "local.replication.strategies")] + [
