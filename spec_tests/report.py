@@ -8,12 +8,16 @@ spec_tests.plugin): {"target", "version", "clauses": {id: {...}}, "tests": [{"no
     python -m spec_tests.report A.json --update FILE     replace the block between the lines
                                                          <!-- conformance:start --> and
                                                          <!-- conformance:end --> in FILE
+    python -m spec_tests.report A.json --areas async_ckpt storage
+                                                         only the rows of those clause areas
+                                                         (spec_tests.clauses.AREAS; default all)
     python -m spec_tests.report --run impl nvrx mcore [--out DIR] [--update FILE]
         first run the suite once per target (`python -m pytest spec_tests -n auto -q -p no:randomly
         --impl T --conformance-json DIR/T.json`, DIR defaulting to conformance/), then report on
         those files. Pytest exit codes 0 and 1 are data; any other code is an error.
 
-The README is refreshed with `python -m spec_tests.report --run impl nvrx mcore --update README.md`.
+The README is refreshed with `python -m spec_tests.report --run impl nvrx mcore --areas async_ckpt storage
+local --update README.md` (the FI-* clauses of the faults area have the fault matrix instead).
 
 Table contract: one row per clause id, registry order first (spec_tests.clauses.load(), so a
 clause no test cites is still a row), then ids only the input files know; columns clause,
@@ -169,13 +173,18 @@ def _md(text: str) -> str:
 
 
 def _rows(runs: Sequence[Run], registry: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
-    """Clause id -> statement: the registry's clauses, then those only the runs know."""
+    """Clause id -> statement: the registry's clauses, then those only the runs know.
+
+    Clauses of the project's registry left out of `registry` (areas not asked for) get no row.
+    """
     rows = {cid: entry["statement"] for cid, entry in registry.items()}
+    left_out = set(clause_registry.load()) - set(registry)
     for run in runs:
         for cid, entry in run.clauses.items():
-            rows.setdefault(cid, str(entry.get("statement", "")))
+            if cid not in left_out:
+                rows.setdefault(cid, str(entry.get("statement", "")))
         for _, cited in run.tests.values():
-            for cid in sorted(cited):
+            for cid in sorted(set(cited) - left_out):
                 rows.setdefault(cid, "")
     return rows
 
@@ -264,6 +273,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="first run the suite against each TARGET, then report on its JSON")
     parser.add_argument("--out", type=Path, default=Path("conformance"), metavar="DIR",
                         help="where --run writes TARGET.json (default: conformance/)")
+    parser.add_argument("--areas", nargs="+", choices=clause_registry.AREAS, default=list(clause_registry.AREAS),
+                        metavar="AREA", help="the clause areas whose rows to show (default: all): "
+                        + ", ".join(clause_registry.AREAS))
     parser.add_argument("--update", type=Path, metavar="FILE",
                         help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE "
                              "instead of printing")
@@ -277,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give JSON files, --run TARGET ..., or both")
     try:
         paths = [*args.files, *(run_target(target, args.out) for target in args.run)]
-        table = render([load_run(path) for path in paths])
+        table = render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas)))
         if args.update is None:
             sys.stdout.write(table)
         else:

@@ -7,7 +7,10 @@ Flow (signature-compatible with NVRx ``async_ckpt.filesystem_async``):
 2. ``get_save_function_and_args()`` returns ``(save_fn, preload_fn, save_args)`` for
    ``AsyncRequest(save_fn, save_args, finalize_fns, preload_fn=preload_fn)``. ``save_fn(*save_args)`` writes
    the buckets in parallel threads, in whatever process runs it, and leaves the write results (or the error)
-   in a small local file that ``retrieve_write_results()`` reads back in the trainer.
+   in a small local file that ``retrieve_write_results()`` reads back and removes in the trainer. On POSIX it is
+   a hidden file of the checkpoint directory (``.write-results-{rank}-{save_id}``), so a trainer killed
+   mid-save leaves nothing outside the torn checkpoint; through Multi-Storage Client, a file of the local
+   temporary directory.
 3. ``save_state_dict_async_finalize`` gathers every rank's results and the coordinator calls ``finish``.
 
 Commit protocol:
@@ -32,7 +35,7 @@ snapshot of its arguments when the request is scheduled (a copy into shared memo
 ``preload_fn`` is ``None`` unless CUDA tensors must be staged to host memory (pinned buffers; the GPU path is
 untested, this was written on a CPU-only machine). A tensor viewing a larger storage is copied when it is
 written, since ``torch.save`` would write the whole storage; tensor bytes otherwise go from the staged tensor
-straight into the file.
+straight into the file. ``torch.save`` computes no CRC32 for these records (the loaders never check it).
 
 Simplifications: one file per bucket (no ``single_file_per_rank=False``); tensors are serialized with
 ``torch.save``, which is what the stock ``FileSystemReader`` reads; no stream transforms; ``write_data`` (the
@@ -58,6 +61,7 @@ from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _Storag
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.utils.serialization import config as serialization_config
 
 from ..utils import dist_rank
 
@@ -177,8 +181,7 @@ class FileSystemWriterAsync(StorageWriter):
         except Exception as exc:
             self._prepare_error, self.write_buckets = exc, []
         if self.write_buckets:
-            fd, self._results_path = tempfile.mkstemp(prefix="ckpt-write-results-")
-            os.close(fd)
+            self._results_path = self._new_results_path()
             self._cleanup = weakref.finalize(self, _remove_quietly, self._results_path)
 
     def get_save_function_and_args(self) -> Tuple[Optional[Callable], Optional[Callable], Any]:
@@ -224,6 +227,8 @@ class FileSystemWriterAsync(StorageWriter):
         try:
             with open(self._results_path, "rb") as f:
                 outcome = pickle.load(f) if os.fstat(f.fileno()).st_size else None
+        except FileNotFoundError:
+            outcome = None
         finally:
             self._discard_results()
         if outcome is None:
@@ -259,6 +264,13 @@ class FileSystemWriterAsync(StorageWriter):
         others = [i for i in items if not i.index.fqn.startswith(hint)]
         half = self.thread_count // 2
         return [("", others, self.thread_count - half), (hint, hinted, half)]
+
+    def _new_results_path(self) -> str:
+        if not self.use_msc:
+            return os.path.join(self.checkpoint_dir, f".write-results-{dist_rank()}-{self.save_id}")
+        fd, path = tempfile.mkstemp(prefix="ckpt-write-results-")
+        os.close(fd)
+        return path
 
     def _discard_results(self) -> None:
         if self._cleanup is not None:
@@ -301,7 +313,9 @@ def _try_write_bucket(storage: "_PosixStorage", rank: int, bucket: WriteBucket) 
 def _write_bucket(storage: "_PosixStorage", bucket: WriteBucket) -> List[WriteResult]:
     bytes_data, tensor_data = bucket.data
     results = []
-    with storage.open_write(bucket.path) as stream:
+    # torch.save's CRC32 of each record is CPU-bound (~1.6 GB/s, more than a page-cache write) and buys
+    # nothing: torch.load, and so DCP's reader, never checks it. The setting is per thread.
+    with serialization_config.patch("save.compute_crc32", False), storage.open_write(bucket.path) as stream:
         for item, data in bytes_data:
             results.append(_write_item(stream, item, bucket.relative_path, data))
         for item, tensor in tensor_data:

@@ -254,7 +254,7 @@ def fake_pytest(monkeypatch):
 def test_run_runs_each_target_then_reports(tmp_path, fake_pytest, capsys, monkeypatch):
     calls, codes = fake_pytest
     codes["nvrx"] = 1  # a failing suite is data, not an error
-    monkeypatch.setattr(report.clause_registry, "load", lambda: REGISTRY)
+    monkeypatch.setattr(report.clause_registry, "load", lambda areas=None: REGISTRY)
     out = tmp_path / "conf"
     out.mkdir()
     assert main(["--run", "impl", "nvrx", "--out", str(out)]) == 0
@@ -287,3 +287,18 @@ def test_run_with_an_unexpected_exit_code_names_the_target(tmp_path, fake_pytest
     assert main(["--run", "mcore", "--out", str(out)]) == 1
     err = capsys.readouterr().err
     assert "'mcore'" in err and "code 4" in err
+
+
+def test_areas_not_asked_for_get_no_rows(tmp_path):
+    chosen = clause_registry.load(("async_ckpt",))
+    everything = clause_registry.load()
+    fault_id = next(cid for cid in everything if cid.startswith("FI-"))
+    run = load_run(_write(tmp_path, "a.json", [_test("t::a", "passed", fault_id)], clauses=everything))
+    body = _rows(render([run], chosen))[2:]
+    assert [r[0] for r in body] == list(chosen)
+    assert fault_id not in chosen and fault_id not in {r[0] for r in body}
+
+
+def test_an_unknown_area_is_refused():
+    with pytest.raises(ValueError, match="unknown clause areas"):
+        clause_registry.load(("nope",))
