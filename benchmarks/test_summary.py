@@ -62,4 +62,4 @@ def test_noise_suggests_a_threshold_above_the_worst_spread():
             for m in (0.010, 0.030, 0.020)]
     text, threshold = summary.noise(runs)
     assert "| `a` | 10 ms / 30 ms / 20 ms | 3.00x |" in text
-    assert threshold == 250  # 3.00 x 1.15 = 3.45, i.e. 245% slower, rounded up to 250%
+    assert threshold == 350  # 3.00 x 1.5 = 4.5, i.e. 350% slower
