@@ -11,10 +11,10 @@
   (multiprocessing semaphores, unlinked by the resource tracker of the process that created them;
   the harness stops rank processes with their whole process group, tracker included).
 - temporary files: anything left in the test's private TMPDIR (each rank runs with its own
-  subdirectory as TMPDIR, see fault_injection.faults.on_ranks). Not counted: `pymp-*`
-  (multiprocessing's per-process directory, removed when that process exits normally, which a rank
-  stopped by the runner does not) and the subdirectories `killed-*` of processes the test SIGKILLs on
-  purpose (a killed process cannot remove its temporary files; cleaning them is the restart's job).
+  subdirectory as TMPDIR, see fault_injection.faults.on_ranks), also by processes the test SIGKILLs
+  on purpose: a killed trainer cannot remove a temporary file, so a target must keep none outside its
+  checkpoint. Not counted: `pymp-*` (multiprocessing's per-process directory, removed when that
+  process exits normally, which a rank stopped by the runner or killed does not).
 
 Leftovers get a bounded grace period to disappear (processes exit asynchronously after close()),
 then the test fails with a list, and leftover processes are killed by pid so later tests start clean.
@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from fault_injection.faults import KILLED_PREFIX
 
 __all__ = ["Audit", "GRACE"]
 
@@ -138,7 +137,7 @@ class Audit:
         found = []
         for entry in sorted(os.listdir(self.tmpdir)):
             path = os.path.join(self.tmpdir, entry)
-            if entry.startswith(("pymp-", KILLED_PREFIX)):
+            if entry.startswith("pymp-"):
                 continue
             if os.path.isdir(path):
                 found += [os.path.join(entry, n) for n in sorted(os.listdir(path)) if not n.startswith("pymp-")]

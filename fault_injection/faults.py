@@ -39,8 +39,6 @@ PHASES = ("plan", "staging", "write", "finalize", "exchange")
 
 current_tmpdir: str | None = None
 """The running test's private TMPDIR, set by the audit fixture (fault_injection/conftest.py)."""
-KILLED_PREFIX = "killed-"
-"""TMPDIR subdirectories of processes killed on purpose; the audit leaves them alone."""
 
 
 # --------------------------------------------------------------------------------------- ranks
@@ -49,13 +47,12 @@ KILLED_PREFIX = "killed-"
 def on_ranks(world_size: int, fn, *args, timeout: float = 120, expect_exit=None, backend="auto") -> list:
     """run_on_ranks(fn, ...) on fresh ranks, each with its own TMPDIR inside the test's private one.
 
-    A rank that the test kills on purpose (expect_exit) gets `killed-rank<r>`, which the audit does
-    not inspect: a SIGKILLed process cannot remove its temporary files. Tests that kill a rank pass
-    backend="gloo" (see clause FI-GPU-2); the others run over NCCL where there is a GPU per rank.
+    The audit inspects every rank's TMPDIR, also of ranks killed on purpose (expect_exit): a target
+    may keep no temporary file outside its checkpoint that a killed trainer could not remove. Tests that
+    kill a rank pass backend="gloo" (see clause FI-GPU-2); the others run over NCCL where there is a GPU per rank.
     """
     __tracebackhide__ = True
-    killed = sorted(expect_exit or {})
-    return run_on_ranks(_in_test_env, world_size, (current_tmpdir, killed, fn, *args), timeout=timeout,
+    return run_on_ranks(_in_test_env, world_size, (current_tmpdir, fn, *args), timeout=timeout,
                         expect_exit=expect_exit, backend=backend)
 
 
@@ -67,11 +64,10 @@ def private_tmpdir(name: str) -> None:
     tempfile.tempdir = None  # recomputed from TMPDIR on next use
 
 
-def _in_test_env(tmpdir, killed, fn, *args):
+def _in_test_env(tmpdir, fn, *args):
     if tmpdir is not None:
         os.environ["CKPTSPEC_FI_TMPDIR"] = tmpdir
-        rank = int(os.environ["RANK"])
-        private_tmpdir(f"{KILLED_PREFIX}rank{rank}" if rank in killed else f"rank{rank}")
+        private_tmpdir(f"rank{os.environ['RANK']}")
     try:
         return fn(*args)
     finally:

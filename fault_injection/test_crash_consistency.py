@@ -36,7 +36,7 @@ from spec_tests.asserts import assert_state_dict_equal
 from spec_tests.targets import current_target
 
 from fault_injection import faultfs, saves
-from fault_injection.faults import KILLED_PREFIX, on_ranks, private_tmpdir
+from fault_injection.faults import on_ranks, private_tmpdir
 
 CHILD_TIMEOUT = 60.0
 SAVE_PHASES = ("plan", "staging", "write", "finalize")
@@ -48,7 +48,7 @@ SAVE_PHASES = ("plan", "staging", "write", "finalize")
 def _in_child(tmp: str, name: str, fn, *args, crashes=False):
     """Run fn(*args) in a forked process with its own session and a world-1 process group.
 
-    `crashes`: the process is to be killed on purpose (its TMPDIR is one the audit leaves alone).
+    `crashes`: the process is to be killed on purpose; it gets a TMPDIR of its own, which the audit inspects.
     Returns ("ok", result), ("raised", traceback text) or ("killed", signal number).
     """
     out = os.path.join(tmp, f"{name}.result")
@@ -58,7 +58,7 @@ def _in_child(tmp: str, name: str, fn, *args, crashes=False):
         try:
             os.setsid()
             if crashes:
-                private_tmpdir(KILLED_PREFIX + name)
+                private_tmpdir(name)
             store = dist.FileStore(os.path.join(tmp, f"{name}.store"), 1)
             dist.init_process_group("gloo", store=store, rank=0, world_size=1)
             result = ("ok", fn(*args))
