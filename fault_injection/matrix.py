@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests.report import ReportError, cell, load_run, update_file
+from spec_tests.report import ReportError, cell, load_run, write_block
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
@@ -173,11 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for target in args.run:
                 path, wall = run_target(target, args.out)
                 runs.append(load(path, wall))
-        block = render(runs, os.cpu_count() if args.run else None)
-        if args.update is None:
-            sys.stdout.write(block)
-        else:
-            update_file(args.update, block, START_MARKER, END_MARKER)
+        write_block(render(runs, os.cpu_count() if args.run else None), args.update, START_MARKER, END_MARKER)
     except ReportError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1

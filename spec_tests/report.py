@@ -51,7 +51,7 @@ from spec_tests import clauses as clause_registry
 
 __all__ = [
     "END_MARKER", "OUTCOMES", "START_MARKER", "ReportError", "Run", "cell", "load_run", "main",
-    "pytest_command", "render", "replace_block", "run_target", "update_file", "verdict",
+    "pytest_command", "render", "replace_block", "run_target", "update_file", "verdict", "write_block",
 ]
 
 START_MARKER = "<!-- conformance:start -->"
@@ -238,6 +238,14 @@ def update_file(path: Path, block: str, start: str = START_MARKER, end: str = EN
     path.write_text(replace_block(text, block, str(path), start, end))
 
 
+def write_block(block: str, update: Path | None, start: str = START_MARKER, end: str = END_MARKER) -> None:
+    """Print `block`, or with `update`, put it between the marker lines of that file (see replace_block)."""
+    if update is None:
+        sys.stdout.write(block)
+    else:
+        update_file(update, block, start, end)
+
+
 # ---------------------------------------------------------------------------------- --run
 
 
@@ -289,11 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give JSON files, --run TARGET ..., or both")
     try:
         paths = [*args.files, *(run_target(target, args.out) for target in args.run)]
-        table = render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas)))
-        if args.update is None:
-            sys.stdout.write(table)
-        else:
-            update_file(args.update, table)
+        write_block(render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas))),
+                    args.update)
     except ReportError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1
