@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import peers as peer_registry
-from spec_tests.asserts import bounded
+from spec_tests.harness import bounded
 
 __all__ = ["REGRESSION", "SMOKE_PEERS", "Bench", "Paths", "PeerCache", "median", "params", "phase_medians",
            "record", "smoke_skip_reason"]

@@ -30,7 +30,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
 
-from spec_tests.targets import MissingCapability, load_target
+from spec_tests.harness import MissingCapability, load_target
 
 __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
 

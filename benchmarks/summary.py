@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from spec_tests.report import ReportError, update_file
+from spec_tests.harness import ReportError, update_file
 
 __all__ = ["main", "noise", "render", "render_compact"]
 

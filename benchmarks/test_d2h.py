@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.harness import record
 from benchmarks.workload import make_state_dict, tensors
-from spec_tests.targets import load_target
+from spec_tests.harness import load_target
 
 pytestmark = pytest.mark.gpu
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from torch.distributed.checkpoint import CheckpointException
 
-from spec_tests import workloads
-from spec_tests.dist import run_on_ranks
-from spec_tests.processes import alive
+from spec_tests.harness import workloads
+from spec_tests.harness import run_on_ranks
+from spec_tests.harness import alive
 
 from fault_injection import faultfs
 
@@ -80,7 +80,7 @@ def _collect_garbage() -> None:
     The runner stops a rank right after its reply, before interpreter exit would do this. A finalizer
     that blocks (a queue whose __del__ waits for a dead worker) is left behind in its thread.
     """
-    from spec_tests.asserts import bounded
+    from spec_tests.harness import bounded
 
     try:
         bounded(EXIT_BOUND, "gc.collect()", gc.collect)
@@ -206,7 +206,7 @@ def outcome_of(fn, *args, bound: float = BOUND, what: str = "", **kwargs) -> str
     After HUNG the call goes on in a helper thread, possibly inside a collective: the caller must not
     start another collective on this rank (the runner discards the rank afterwards).
     """
-    from spec_tests.asserts import bounded
+    from spec_tests.harness import bounded
 
     try:
         bounded(bound, what or getattr(fn, "__name__", "call"), fn, *args, **kwargs)
@@ -224,7 +224,7 @@ def abort_quietly(queue) -> None:
 
     Targets without close(abort=True) are left to the runner, which stops the rank's process group.
     """
-    from spec_tests.asserts import bounded
+    from spec_tests.harness import bounded
 
     try:
         bounded(EXIT_BOUND, "close(abort=True)", queue.close, abort=True)

@@ -8,11 +8,11 @@
         DIR/faults-T.json` per target (DIR defaults to conformance/), timing each run, then report on
         those files, with the wall times. Pytest exit codes 0 and 1 are data; any other is an error.
 
-Input is what `--conformance-json` writes (see spec_tests.plugin and spec_tests.report). A test's fault
+Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spec_tests.harness.report). A test's fault
 is the family of the FI-* clauses it cites (FI-RANK-1 -> FI-RANK; FI-ORPHAN-1, cited by every fault
 test, does not count); its phase is the first `-`-separated word of its parameter id that names a
 phase (`test_killed_worker[write-child]` -> write). A cell aggregates the outcomes of the tests of
-that fault, phase and target with spec_tests.report.cell ("pass (2)", "xfail (1)", ...), or says
+that fault, phase and target with spec_tests.harness.report.cell ("pass (2)", "xfail (1)", ...), or says
 "n/a" where no test exists: the fault cannot happen in that phase. The row "leftovers (audit)" says
 whether the orphan audit (FI-ORPHAN-1) failed a test of that phase: "fail" if it did, "pass" if tests
 of the phase ran without such a failure.
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests.report import ReportError, cell, load_run, write_block
+from spec_tests.harness import ReportError, cell, load_run, write_block
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
@@ -64,13 +64,13 @@ class TargetRun:
 
     label: str
     records: tuple  # (nodeid, outcome, when, clauses, message) per recorded phase of a test
-    outcomes: dict  # nodeid -> worst outcome (spec_tests.report.load_run)
+    outcomes: dict  # nodeid -> worst outcome (spec_tests.harness.report.load_run)
     clauses: dict   # nodeid -> cited clause ids
     wall_s: float | None = None
 
 
 def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
-    """Read one conformance JSON file (validated by spec_tests.report.load_run)."""
+    """Read one conformance JSON file (validated by spec_tests.harness.report.load_run)."""
     run = load_run(path)
     data = json.loads(Path(path).read_text())
     records = tuple((t["nodeid"], t["outcome"], t.get("when", "call"), tuple(t["clauses"]), t.get("message", ""))

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from spec_tests.asserts import assert_state_dict_equal
+from spec_tests.harness import assert_state_dict_equal
 
 from fault_injection.faults import Hooks, in_phase
 

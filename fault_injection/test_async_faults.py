@@ -14,10 +14,10 @@ import traceback
 
 import pytest
 
-from spec_tests import workloads
-from spec_tests.asserts import bounded
-from spec_tests.dist import world
-from spec_tests.targets import current_target
+from spec_tests.harness import workloads
+from spec_tests.harness import bounded
+from spec_tests.harness import world
+from spec_tests.harness import current_target
 
 from fault_injection import faultfs, saves
 from fault_injection.faults import (BOUND, EXIT_BOUND, HUNG, Hooks, Step, abort_quietly, exits_within, kill_pids,

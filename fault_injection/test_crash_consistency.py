@@ -32,8 +32,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from spec_tests.asserts import assert_state_dict_equal
-from spec_tests.targets import current_target
+from spec_tests.harness import assert_state_dict_equal
+from spec_tests.harness import current_target
 
 from fault_injection import faultfs, saves
 from fault_injection.faults import on_ranks, private_tmpdir

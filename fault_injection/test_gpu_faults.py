@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from spec_tests.asserts import bounded
-from spec_tests.targets import current_target
+from spec_tests.harness import bounded
+from spec_tests.harness import current_target
 
 from fault_injection.faults import BOUND, on_ranks
 from fault_injection.test_storage_faults import ERRNOS, WORLD, _storage_errors

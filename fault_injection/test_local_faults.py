@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from spec_tests.dist import world
+from spec_tests.harness import world
 
 from fault_injection.faults import BOUND, HUNG, on_ranks, outcome_of
 
@@ -55,7 +55,7 @@ def _found_and_loaded(base, layout, iteration):
     """A restarted rank: (what find_latest returned, None or why load() did not give `iteration`).
 
     Compared here: tensors do not travel back from a rank that exits right after replying."""
-    from spec_tests.asserts import assert_state_dict_equal
+    from spec_tests.harness import assert_state_dict_equal
     from spec_tests.local.common import fresh_find_then_load, rank_value
 
     rank, _ = world()

@@ -1,7 +1,7 @@
 """An S3 endpoint that goes away mid-save, or answers 5xx for the metadata, during a save through
 Multi-Storage Client, on two ranks.
 
-The endpoint is the storage suite's (spec_tests.storage.s3): moto's S3 server on loopback with a
+The endpoint is the storage suite's (spec_tests.harness.s3): moto's S3 server on loopback with a
 fault proxy in front of it. The previous checkpoint is saved through the profile `s3` (straight to
 the server), the faulty one through `s3-faulty` (through the proxy), into the same bucket. The
 storage suite covers each kind of failed request on one rank (clause MSC-3).
@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from spec_tests.dist import world
-from spec_tests.targets import current_target
+from spec_tests.harness import world
+from spec_tests.harness import current_target
 
 from fault_injection import saves
 from fault_injection.faults import abort_quietly, on_ranks, outcome_of
@@ -27,7 +27,7 @@ FAULTS = {  # test id (phase first) -> (what the proxy does, in words); 5xx on d
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    from spec_tests.storage.s3 import start_endpoint
+    from spec_tests.harness.s3 import start_endpoint
 
     endpoint, stop = start_endpoint(str(tmp_path_factory.mktemp("msc") / "msc_config.yaml"))
     yield endpoint

@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from spec_tests.dist import world
-from spec_tests.targets import current_target
+from spec_tests.harness import world
+from spec_tests.harness import current_target
 
 from fault_injection import faultfs, saves
 from fault_injection.faults import HUNG, Hooks, Step, abort_quietly, on_ranks, outcome_of

@@ -4,7 +4,7 @@ import inspect
 
 import pytest
 
-from spec_tests.targets import MissingCapability
+from spec_tests.harness.targets import MissingCapability
 
 # module -> class -> method -> documented parameters (name, default); inspect.Parameter.empty = required
 EMPTY = inspect.Parameter.empty

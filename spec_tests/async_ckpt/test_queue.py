@@ -11,11 +11,11 @@ import torch.distributed as dist
 from hypothesis import given
 from torch.distributed.checkpoint import CheckpointException
 
-from spec_tests import strategies, workloads
-from spec_tests.asserts import assert_state_dict_equal, bounded
-from spec_tests.dist import ranks, world
-from spec_tests.processes import exists, wait_for_file
-from spec_tests.targets import current_target
+from spec_tests.harness import strategies, workloads
+from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.ranks import ranks, world
+from spec_tests.harness.processes import exists, wait_for_file
+from spec_tests.harness.targets import current_target
 
 CALLERS = [pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
            pytest.param(False, id="temporal", marks=pytest.mark.needs("temporal_caller"))]

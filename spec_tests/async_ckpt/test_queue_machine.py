@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 from torch.distributed.checkpoint import CheckpointException
 
-from spec_tests import workloads
-from spec_tests.asserts import bounded
-from spec_tests.dist import rank_state, world
-from spec_tests.targets import current_target
+from spec_tests.harness import workloads
+from spec_tests.harness.asserts import bounded
+from spec_tests.harness.ranks import rank_state, world
+from spec_tests.harness.targets import current_target
 
 # ------------------------------------------------------------------- what runs on every rank
 

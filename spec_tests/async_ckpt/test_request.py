@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests import workloads
-from spec_tests.asserts import bounded
-from spec_tests.targets import current_target
+from spec_tests.harness import workloads
+from spec_tests.harness.asserts import bounded
+from spec_tests.harness.targets import current_target
 
 FIELDS = ("async_fn", "async_fn_args", "finalize_fns", "async_fn_kwargs", "preload_fn", "is_frozen",
           "call_idx")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import given
 
-from spec_tests import strategies, workloads
-from spec_tests.asserts import assert_state_dict_equal, bounded
-from spec_tests.targets import current_target
+from spec_tests.harness import strategies, workloads
+from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.targets import current_target
 
 pytestmark = pytest.mark.needs("torch_async_checkpoint")
 PERSISTENCE = [pytest.param(True, id="persistent"), pytest.param(False, id="temporal")]

@@ -11,11 +11,11 @@ import time
 import pytest
 from torch.distributed.checkpoint import CheckpointException
 
-from spec_tests import workloads
-from spec_tests.asserts import bounded
-from spec_tests.dist import ranks
-from spec_tests.processes import alive, wait_for_file
-from spec_tests.targets import ENV_VAR, current_target
+from spec_tests.harness import workloads
+from spec_tests.harness.asserts import bounded
+from spec_tests.harness.ranks import ranks
+from spec_tests.harness.processes import alive, wait_for_file
+from spec_tests.harness.targets import ENV_VAR, current_target
 
 
 def _core():
@@ -65,8 +65,8 @@ def test_temporal_calls_run_in_their_own_children(tmp_path):
 
 _TRAINER = textwrap.dedent("""
     import os, signal, sys, time, torch.distributed as dist
-    from spec_tests import workloads
-    from spec_tests.targets import current_target
+    from spec_tests.harness import workloads
+    from spec_tests.harness.targets import current_target
     tmp = sys.argv[1]
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
     core = current_target().module("async_ckpt.core")

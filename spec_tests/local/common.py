@@ -16,10 +16,10 @@ import shutil
 
 import torch
 
-from spec_tests.asserts import bounded
-from spec_tests.dist import rank_state, world
+from spec_tests.harness.asserts import bounded
+from spec_tests.harness.ranks import rank_state, world
 from spec_tests.local.cpu_state_dict import CpuTensorAwareStateDict
-from spec_tests.targets import current_target
+from spec_tests.harness.targets import current_target
 
 __all__ = ["BOUND", "PART_SLACK", "PAYLOAD", "async_queue", "cliques", "find_then_load",
            "fresh_find_then_load", "lose_nodes", "manager", "module", "node_root", "rank_value", "save", "save_values",

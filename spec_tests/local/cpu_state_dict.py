@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from spec_tests.targets import current_target
+from spec_tests.harness.targets import current_target
 
 __all__ = ["CpuTensorAwareStateDict", "Slot"]
 

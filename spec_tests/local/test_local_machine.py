@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from spec_tests import strategies
-from spec_tests.asserts import assert_state_dict_equal
+from spec_tests.harness import strategies
+from spec_tests.harness.asserts import assert_state_dict_equal
 from spec_tests.local.common import (PART_SLACK, PAYLOAD, cliques, fresh_find_then_load, lose_nodes, rank_value,
                                      storage_bytes, try_save_values)
 

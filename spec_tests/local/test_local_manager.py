@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.distributed.checkpoint import CheckpointException
 
-from spec_tests import strategies, workloads
-from spec_tests.asserts import assert_state_dict_equal, bounded
-from spec_tests.dist import world
+from spec_tests.harness import strategies, workloads
+from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.ranks import world
 from spec_tests.local.common import (BOUND, PART_SLACK, PAYLOAD, async_queue, cliques, find_then_load,
                                      fresh_find_then_load, lose_nodes, manager, module, node_root, rank_value, save,
                                      save_values, storage_bytes, tasd)

@@ -5,9 +5,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests import strategies
-from spec_tests.asserts import assert_state_dict_equal, bounded
-from spec_tests.dist import world
+from spec_tests.harness import strategies
+from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.ranks import world
 from spec_tests.local.common import BOUND, cliques, module, strategy, tasd
 
 pytestmark = pytest.mark.needs("local_checkpointing")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spec_tests.storage.s3 import start_endpoint
+from spec_tests.harness.s3 import start_endpoint
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from spec_tests import workloads
-from spec_tests.asserts import assert_state_dict_equal, bounded
-from spec_tests.dist import rank_state
-from spec_tests.targets import current_target
+from spec_tests.harness import workloads
+from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.ranks import rank_state
+from spec_tests.harness.targets import current_target
 
 __all__ = ["DecentralizedPlanner", "FINALIZE_BOUND", "async_save", "data_files", "finalize", "load", "mismatch",
            "module", "plan", "queue", "read_metadata", "request", "save_with", "template", "tree"]

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests import strategies
+from spec_tests.harness import strategies
 from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")

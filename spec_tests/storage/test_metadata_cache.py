@@ -9,9 +9,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import _StoragePrefix
 from torch.distributed.checkpoint.utils import _DistWrapper
 
-from spec_tests import strategies
-from spec_tests.asserts import assert_state_dict_equal
-from spec_tests.dist import ranks, world
+from spec_tests.harness import strategies
+from spec_tests.harness.asserts import assert_state_dict_equal
+from spec_tests.harness.ranks import ranks, world
 from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer", "temporal_caller")

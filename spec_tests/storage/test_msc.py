@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
-from spec_tests.asserts import bounded
+from spec_tests.harness.asserts import bounded
 from spec_tests.storage import saving
-from spec_tests.storage.s3 import BUCKET
+from spec_tests.harness.s3 import BUCKET
 
 pytestmark = pytest.mark.needs("storage_writer", "msc", "temporal_caller")
 SAVE_BOUND = 45.0

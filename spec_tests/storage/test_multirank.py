@@ -7,8 +7,8 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from spec_tests.asserts import assert_state_dict_equal, bounded
-from spec_tests.dist import world
+from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.ranks import world
 from spec_tests.storage import saving
 
 # The temporal caller: a persistent worker per rank would cost more start-up than the tests themselves, and

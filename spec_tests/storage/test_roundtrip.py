@@ -10,8 +10,8 @@ import torch.distributed.checkpoint as dcp
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests import strategies, workloads
-from spec_tests.asserts import assert_state_dict_equal
+from spec_tests.harness import strategies, workloads
+from spec_tests.harness.asserts import assert_state_dict_equal
 from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")

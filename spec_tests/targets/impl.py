@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from spec_tests.targets import SPEC_MODULES
+from spec_tests.harness.targets import SPEC_MODULES
 
 NAME = "impl"
 DISTRIBUTION = None

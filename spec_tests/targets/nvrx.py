@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from spec_tests.targets import SPEC_MODULES, _cpu_cuda
+from spec_tests.targets import _cpu_cuda
+from spec_tests.harness.targets import SPEC_MODULES
 
 NAME = "nvrx"
 DISTRIBUTION = "nvidia-resiliency-ext"

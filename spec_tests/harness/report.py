@@ -1,25 +1,25 @@
 """Conformance table: which clause of the registry (`spec_tests/clauses/`) each target passes, as Markdown.
 
 Input is the JSON that `pytest spec_tests --impl NAME --conformance-json PATH` writes (see
-spec_tests.plugin): {"target", "version", "clauses": {id: {...}}, "tests": [{"nodeid", "outcome",
+spec_tests.harness.plugin): {"target", "version", "clauses": {id: {...}}, "tests": [{"nodeid", "outcome",
 "clauses", ...}]}. Usage:
 
-    python -m spec_tests.report A.json B.json ...        print the table to stdout
-    python -m spec_tests.report A.json --update FILE     replace the block between the lines
+    python -m spec_tests.harness.report A.json B.json ...        print the table to stdout
+    python -m spec_tests.harness.report A.json --update FILE     replace the block between the lines
                                                          <!-- conformance:start --> and
                                                          <!-- conformance:end --> in FILE
-    python -m spec_tests.report A.json --areas async_ckpt storage
+    python -m spec_tests.harness.report A.json --areas async_ckpt storage
                                                          only the rows of those clause areas
-                                                         (spec_tests.clauses.AREAS; default all)
-    python -m spec_tests.report --run impl nvrx mcore [--out DIR] [--update FILE]
+                                                         (spec_tests.harness.clauses.AREAS; default all)
+    python -m spec_tests.harness.report --run impl nvrx mcore [--out DIR] [--update FILE]
         first run the suite once per target (`python -m pytest spec_tests -n auto -q -p no:randomly
         --impl T --conformance-json DIR/T.json`, DIR defaulting to conformance/), then report on
         those files. Pytest exit codes 0 and 1 are data; any other code is an error.
 
-The README is refreshed with `python -m spec_tests.report --run impl nvrx mcore --areas async_ckpt storage
+The README is refreshed with `python -m spec_tests.harness.report --run impl nvrx mcore --areas async_ckpt storage
 local --update README.md` (the FI-* clauses of the faults area have the fault matrix instead).
 
-Table contract: one row per clause id, registry order first (spec_tests.clauses.load(), so a
+Table contract: one row per clause id, registry order first (spec_tests.harness.clauses.load(), so a
 clause no test cites is still a row), then ids only the input files know; columns clause,
 statement (shortened to about 70 characters), then one column per input file headed
 "target version". A test is counted once per nodeid, with its worst recorded phase (a passing call
@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests import clauses as clause_registry
+from spec_tests.harness import clauses as clause_registry
 
 __all__ = [
     "END_MARKER", "OUTCOMES", "START_MARKER", "ReportError", "Run", "cell", "load_run", "main",
@@ -56,7 +56,7 @@ __all__ = [
 
 START_MARKER = "<!-- conformance:start -->"
 END_MARKER = "<!-- conformance:end -->"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 STATEMENT_WIDTH = 70
 
 # Recorded outcome -> verdict; verdicts in precedence order (the first present wins).
@@ -273,7 +273,7 @@ def run_target(target: str, out_dir: Path) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m spec_tests.report",
+        prog="python -m spec_tests.harness.report",
         description="Render the clause-by-target conformance table from --conformance-json files.")
     parser.add_argument("files", nargs="*", type=Path, metavar="JSON",
                         help="files written by pytest --conformance-json")

@@ -14,7 +14,8 @@ from pathlib import Path
 __all__ = ["AREAS", "FILES", "load"]
 
 AREAS = ("async_ckpt", "storage", "local", "faults")
-FILES = tuple(Path(__file__).with_name(f"{area}.toml") for area in AREAS)
+DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
+FILES = tuple(DIRECTORY / f"{area}.toml" for area in AREAS)
 _FIELDS = {"id", "statement", "source", "decision"}
 
 

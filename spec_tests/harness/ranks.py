@@ -101,7 +101,7 @@ def _rank_main(rank: int, spec: _WorldSpec, conn, job) -> None:
 def _join_world(rank: int, spec: _WorldSpec) -> None:
     os.setpgid(0, 0)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank))
-    from spec_tests.targets import ENV_VAR, load_target
+    from spec_tests.harness.targets import ENV_VAR, load_target
 
     os.environ[ENV_VAR] = spec.target_name
     dump = open(os.path.join(spec.dump_dir, f"rank{rank}.stack"), "w")
@@ -142,11 +142,11 @@ def _serve(conn, job) -> None:
 
 def _context():
     ctx = mp.get_context("forkserver")
-    from spec_tests.targets import current_target
+    from spec_tests.harness.targets import current_target
 
     target = current_target()
     ctx.set_forkserver_preload(
-        ["torch", "torch.distributed", "pytest", "spec_tests.dist", target.adapter.__name__,
+        ["torch", "torch.distributed", "pytest", "spec_tests.harness.ranks", target.adapter.__name__,
          *target.adapter.MODULES.values()])
     return ctx
 
@@ -213,7 +213,7 @@ class _Ranks:
 
     @classmethod
     def start(cls, world_size, backend, timeout, jobs):
-        from spec_tests.targets import current_target
+        from spec_tests.harness.targets import current_target
 
         lease = _GpuLease(world_size, timeout) if backend == "nccl" else None
         workdir = tempfile.mkdtemp(prefix="ckptspec-ranks-")

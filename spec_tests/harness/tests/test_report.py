@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests import clauses as clause_registry
-from spec_tests import report
-from spec_tests.report import (END_MARKER, OUTCOMES, START_MARKER, ReportError, cell, load_run,
+from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness import report
+from spec_tests.harness.report import (END_MARKER, OUTCOMES, START_MARKER, ReportError, cell, load_run,
                                main, render, replace_block, verdict)
 
 outcome_lists = st.lists(st.sampled_from(sorted(OUTCOMES)), max_size=12)

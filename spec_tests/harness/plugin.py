@@ -1,12 +1,12 @@
-"""The pytest plugin every suite of this project loads (from the root conftest, or `-p spec_tests.plugin`).
+"""The pytest plugin every suite of this project loads (from the root conftest, or `-p spec_tests.harness.plugin`).
 
 - `--impl NAME` (or $CKPTSPEC_IMPL) selects the target; the name is written back to the environment.
-- `@pytest.mark.spec("AQ-3", ...)` cites clauses of `spec_tests/clauses/*.toml`. In spec_tests/ (but meta/) and
+- `@pytest.mark.spec("AQ-3", ...)` cites clauses of `spec_tests/clauses/*.toml`. In spec_tests/ (but harness/) and
   fault_injection/ every test must cite at least one; an unknown id is a usage error.
 - `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability;
   `@pytest.mark.gpu` skips without CUDA.
 - The target's expectations file turns listed tests into strict xfails, with clause and reason.
-- `--conformance-json PATH` records every test's outcome with its clauses (see spec_tests.report).
+- `--conformance-json PATH` records every test's outcome with its clauses (see spec_tests.harness.report).
 - Hypothesis profiles `ci`, `dev`, `nightly`, chosen by $HYPOTHESIS_PROFILE (default `ci` when $CI
   is set, else `dev`).
 """
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from spec_tests import clauses as clause_registry
-from spec_tests.dist import RankPool
-from spec_tests.targets import CAPABILITY_DOCS, ENV_VAR, load_target
+from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness.ranks import RankPool
+from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, load_target
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
 settings.register_profile("ci", derandomize=True, database=None, max_examples=10,
@@ -36,7 +36,7 @@ settings.register_profile("nightly", max_examples=300, stateful_step_count=40, d
                           suppress_health_check=_SUPPRESS)
 
 _CITING_DIRS = ("spec_tests", "fault_injection")
-_EXEMPT_DIRS = ("spec_tests/meta",)
+_EXEMPT_DIRS = ("spec_tests/harness",)
 
 
 def pytest_addoption(parser):
