@@ -78,7 +78,8 @@ class Paths:
     """Fresh checkpoint paths under the bench root, removed by exact path."""
 
     def __init__(self, root: Path):
-        self.root, self.made, self.count = root, [], 0
+        self.root, self.count = root, 0
+        self.made: list[str] = []
 
     def new(self) -> str:
         self.count += 1

@@ -23,12 +23,15 @@ Targets are loaded with `load_target`, so NVRx and Megatron-Core get the adapter
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 from time import perf_counter
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultSavePlanner
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from spec_tests.harness import MissingCapability, load_target
 
@@ -92,6 +95,7 @@ class _TorchAsyncPeer(Peer):
     family, durable = "torch", False
 
     def __init__(self, target_name: str, persistent: bool):
+        self._schedule: Callable[[dict, str], object]
         target = load_target(target_name)
         if target.has("torch_async_checkpoint"):
             ckpt = target.module("async_ckpt.torch_ckpt").TorchAsyncCheckpoint(persistent_queue=persistent)
@@ -146,13 +150,14 @@ class _DcpAsyncSavePeer(Peer):
             # Kept across saves: the pinned buffer is allocated by the first save and reused.
             self._stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
                                                         use_async_staging=False, use_non_blocking_copy=True))
-        self._future = None
+        self._future: Future | None = None
 
     def save(self, state_dict, path):
         start = perf_counter()
         response = dcp.async_save(state_dict, checkpoint_id=path, async_checkpointer_type=self._executor,
                                   async_stager=self._stager)
-        self._future = getattr(response, "upload_completion", response)
+        # A staged save answers an AsyncSaveResponse; the others answer the upload future itself.
+        self._future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
         return {"schedule": perf_counter() - start}
 
     def wait(self):
@@ -199,7 +204,7 @@ class _SyncTorchPeer(Peer):
         return {"save": perf_counter() - start}
 
 
-PEERS = {
+PEERS: dict[str, Callable[[], Peer]] = {
     "dcp:impl": partial(_WriterPeer, "impl", True),
     "dcp:impl-temporal": partial(_WriterPeer, "impl", False),
     "dcp:nvrx": partial(_WriterPeer, "nvrx", True),
@@ -244,6 +249,6 @@ def unavailable(name: str) -> str | None:
 
 def make_peer(name: str) -> Peer:
     """A new instance of peer `name` (check `unavailable(name)` first)."""
-    peer = PEERS[name]()
+    peer: Peer = PEERS[name]()
     peer.name = name
     return peer

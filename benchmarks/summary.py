@@ -76,6 +76,14 @@ class Run:
 # ---------------------------------------------------------------------------------- formatting
 
 
+def _seconds(row: dict | None) -> float | None:
+    return row["seconds"] if row else None
+
+
+def _quotient(row: dict | None, reference: dict | None) -> float | None:
+    return row["seconds"] / reference["seconds"] if row and reference else None
+
+
 def _time(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -145,7 +153,7 @@ def _durable(run: Run) -> list[str]:
         sync = run.one("durable", f"{r['family']}:save")
         ceiling = run.ceiling_seconds("write-fsync", r["bytes"])
         rows.append([f"`{r['peer']}`", _time(r["seconds"]), _ratio(r["seconds"], ceiling),
-                     _ratio(r["seconds"], sync and sync["seconds"]), _ratio(r["seconds"], best),
+                     _ratio(r["seconds"], _seconds(sync)), _ratio(r["seconds"], best),
                      "yes" if r.get("durable") else "no (no fsync)"])
     return _table(["peer", "to committed", "x write+fsync", "x sync save", "x best", "fsync'ed"], rows)
 
@@ -224,15 +232,13 @@ def _goals(run: Run) -> list[str]:
                                f"(nvrx snapshot {nvrx.get('snapshot')})"))
     impl, sync = run.one("durable", "dcp:impl"), run.one("durable", "dcp:save")
     lines.append(_goal("`dcp:impl` time to durable <= 1.1x synchronous `dcp.save`",
-                       impl and sync and impl["seconds"] / sync["seconds"], 1.1,
-                       impl and sync and f"{_ratio(impl['seconds'], sync['seconds'])}"))
+                       _quotient(impl, sync), 1.1, _ratio(_seconds(impl), _seconds(sync))))
     for executor in ("thread", "process"):
         peer = f"dcp:async_save-{executor}"
         for figure in ("stall", "durable"):
             mine, theirs = run.one(figure, "dcp:impl"), run.one(figure, peer)
             lines.append(_goal(f"`dcp:impl` ahead of `{peer}` on {figure}",
-                               mine and theirs and mine["seconds"] / theirs["seconds"], 1.0,
-                               mine and theirs and f"{_time(mine['seconds'])} vs {_time(theirs['seconds'])}"))
+                               _quotient(mine, theirs), 1.0, f"{_time(_seconds(mine))} vs {_time(_seconds(theirs))}"))
     memory = run.one("memory", "dcp:impl")
     if memory is None:
         lines.append("- [ ] `dcp:impl` memory: not measured in this run")
@@ -296,10 +302,10 @@ def render_compact(output_json: dict, heading: str = "####") -> str:
         memory, load = run.one("memory", peer), run.one("load", peer)
         rows.append([f"`{peer}`", f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
                      f"{_ratio(r['seconds'], floor)} {floor_name}", _ratio(r["seconds"], best_stall),
-                     r.get("snapshot", "-"), _time(first and first["seconds"]), _time(durable and durable["seconds"]),
-                     _ratio(durable and durable["seconds"], sync and sync["seconds"]),
+                     r.get("snapshot", "-"), _time(_seconds(first)), _time(_seconds(durable)),
+                     _ratio(_seconds(durable), _seconds(sync)),
                      memory and _ratio(memory["memory"]["peak_extra_bytes"], memory["memory"]["staged_bytes"]) or "-",
-                     _time(load and load["seconds"])])
+                     _time(_seconds(load))])
     table = _table(["peer", "stall ms/GiB", "x floor", "x best", "snapshot", "first-save stall", "to committed",
                     "x sync save", "peak extra mem / staged", "load"], rows)
     ceilings = ", ".join(f"{r['peer']} {_rate(r['bytes'], r['seconds'])}"

@@ -129,7 +129,7 @@ def _prepare(writer: str, dest: str, state_dict, path: str):
         if msc:
             import multistorageclient
 
-            storage_writer = multistorageclient.torch.MultiStorageFileSystemWriter(path)
+            storage_writer: dcp.StorageWriter = multistorageclient.torch.MultiStorageFileSystemWriter(path)
         else:
             storage_writer = dcp.FileSystemWriter(path, sync_files=dest == "durable")
         return lambda: dcp.save(state_dict, storage_writer=storage_writer), lambda: None
@@ -156,7 +156,7 @@ def test_msc_raw(benchmark, bench, destination):
     """Ceiling of an MSC destination: the same bytes as one object through `msc.open`."""
     import multistorageclient as msc
 
-    data, box = random_bytes(bench.size), {}
+    data, box = random_bytes(bench.size), dict[str, str]()
 
     def write():
         with msc.open(box["path"], "wb") as f:

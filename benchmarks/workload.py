@@ -65,4 +65,4 @@ def saved_before_update(family: str, path: str, state_dict: dict) -> bool:
 
 def random_bytes(n: int) -> memoryview:
     """n random bytes, for the raw write ceilings."""
-    return memoryview(torch.randint(0, 256, (n,), dtype=torch.uint8).numpy()).cast("B")
+    return torch.randint(0, 256, (n,), dtype=torch.uint8).numpy().data.cast("B")
