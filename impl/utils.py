@@ -1,4 +1,4 @@
-"""Small helpers shared by the async checkpoint modules.
+"""Small helpers shared by the async and local checkpoint modules.
 
 * ``tree_map`` rebuilds nested dicts, lists and tuples with ``fn`` applied to every
   other value. Dict and tuple types are kept (an ``OrderedDict`` state dict stays one,
@@ -7,16 +7,24 @@
   so it can cross a process boundary or go through ``all_gather_object``.
 * ``dist_ready`` / ``dist_rank``: the "world" is ``torch.distributed`` when it is initialized,
   otherwise this process alone (rank 0).
+* ``collective_device``, ``all_reduce`` and ``all_gather``: the collectives every module uses,
+  on the device the group's backend needs (the current GPU for NCCL, the CPU otherwise).
+* ``errors_by_rank``: which ranks of a gathered list reported an error.
 """
+
+from __future__ import annotations
 
 import copy
 import pickle
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["tree_map", "picklable_error", "dist_ready", "dist_rank"]
+__all__ = ["all_gather", "all_reduce", "collective_device", "dist_rank", "dist_ready", "errors_by_rank",
+           "picklable_error", "tree_map"]
 
 
 def dist_ready() -> bool:
@@ -27,6 +35,35 @@ def dist_ready() -> bool:
 def dist_rank() -> int:
     """This process's rank, 0 outside torch.distributed."""
     return dist.get_rank() if dist_ready() else 0
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Device for the tensors of a collective over ``group``: the current GPU under NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce(values: list[int], op: dist.ReduceOp.RedOpType, dtype: torch.dtype = torch.int32,
+               group: dist.ProcessGroup | None = None) -> list[int]:
+    """Collective: ``values`` reduced elementwise with ``op`` over ``group``, in one all-reduce."""
+    tensor = torch.tensor(values, dtype=dtype, device=collective_device(group))
+    dist.all_reduce(tensor, op=op, group=group)
+    return tensor.tolist()
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Collective: every rank's ``obj``, in rank order; ``[obj]`` outside torch.distributed."""
+    if not dist_ready():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def errors_by_rank(errors: Sequence[Any]) -> dict[int, Any]:
+    """``{rank: error}`` for each entry of ``errors`` (one per rank) that is not None."""
+    return {rank: err for rank, err in enumerate(errors) if err is not None}
 
 
 def tree_map(fn: Callable[[Any], Any], obj: Any) -> Any:

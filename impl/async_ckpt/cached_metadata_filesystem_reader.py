@@ -4,8 +4,10 @@ Decision: the cache belongs to the reader instance, so a new reader always sees 
 metadata (a cache shared by path could serve stale metadata after the directory is rewritten).
 """
 
+from __future__ import annotations
+
 import os
-from typing import Any, Optional, Union
+from typing import Any
 
 from torch.distributed.checkpoint import FileSystemReader, Metadata
 
@@ -15,9 +17,9 @@ __all__ = ["CachedMetadataFileSystemReader"]
 class CachedMetadataFileSystemReader(FileSystemReader):
     """``FileSystemReader`` whose ``read_metadata`` reads ``.metadata`` on the first call only."""
 
-    def __init__(self, path: Union[str, os.PathLike]) -> None:
+    def __init__(self, path: str | os.PathLike) -> None:
         super().__init__(path=path)
-        self._cached_metadata: Optional[Metadata] = None
+        self._cached_metadata: Metadata | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self._cached_metadata is None:

@@ -27,6 +27,8 @@ Commit protocol:
   provider writes a temporary file, fsynced here, that it renames on close.
 * So a failed save leaves no ``.metadata`` in its directory and touches no other directory.
 
+Every file operation goes through one ``storage.Storage`` (POSIX or MSC), picked from ``use_msc`` at construction.
+
 Layout: data files are named ``{group}__{rank}_{k}.distcp``: ``group`` is ``""``, or ``separation_hint``
 for the items whose key starts with it, and ``k`` counts a rank's files from 0.
 
@@ -42,19 +44,21 @@ Simplifications: one file per bucket (no ``single_file_per_rank=False``); tensor
 synchronous ``dcp.save`` path) is not supported.
 """
 
+from __future__ import annotations
+
 import functools
 import heapq
 import io
 import logging
 import os
 import pickle
-import tempfile
 import uuid
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from math import prod
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, NamedTuple
 
 import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo, _StoragePrefix
@@ -64,6 +68,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.utils.serialization import config as serialization_config
 
 from ..utils import dist_rank
+from .storage import Storage, storage_for
 
 __all__ = ["FileSystemWriterAsync", "WriteBucket"]
 
@@ -71,7 +76,6 @@ logger = logging.getLogger(__name__)
 
 METADATA_NAME = ".metadata"
 DATA_SUFFIX = ".distcp"
-MSC_SCHEME = "msc://"
 
 
 class WriteBucket(NamedTuple):
@@ -79,7 +83,7 @@ class WriteBucket(NamedTuple):
 
     path: str
     relative_path: str
-    data: Tuple[List[Tuple[WriteItem, io.BytesIO]], List[Tuple[WriteItem, torch.Tensor]]]
+    data: tuple[list[tuple[WriteItem, io.BytesIO]], list[tuple[WriteItem, torch.Tensor]]]
 
 
 class FileSystemWriterAsync(StorageWriter):
@@ -93,28 +97,31 @@ class FileSystemWriterAsync(StorageWriter):
 
     def __init__(
         self,
-        path: Union[str, os.PathLike],
+        path: str | os.PathLike,
         *,
         thread_count: int = 1,
-        separation_hint: Optional[str] = None,
+        separation_hint: str | None = None,
         use_msc: bool = False,
     ):
         super().__init__()
-        self.checkpoint_dir = _checked_path(path, thread_count, separation_hint, use_msc)
+        path = os.fspath(path)
+        _check_arguments(thread_count, separation_hint)
         self.thread_count = thread_count
         self.separation_hint = separation_hint
         self.use_msc = use_msc
+        self._storage: Storage = storage_for(use_msc)  # the only place use_msc is looked at
+        self.checkpoint_dir = self._storage.init_path(path)
         self.save_id = str(uuid.uuid4())
-        self.write_buckets: Optional[List[WriteBucket]] = None
-        self._results_path: Optional[str] = None
-        self._cleanup: Optional[weakref.finalize] = None
-        self._prepare_error: Optional[Exception] = None
+        self.write_buckets: list[WriteBucket] | None = None
+        self._results_path: str | None = None
+        self._cleanup: weakref.finalize | None = None
+        self._prepare_error: Exception | None = None
 
     # ---------------------------------------------------------------------- StorageWriter protocol
 
-    def reset(self, checkpoint_id: Union[str, os.PathLike, None] = None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
-            self.checkpoint_dir = _checked_path(checkpoint_id, self.thread_count, self.separation_hint, self.use_msc)
+            self.checkpoint_dir = self._storage.init_path(os.fspath(checkpoint_id))
         self.save_id = str(uuid.uuid4())
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -122,18 +129,18 @@ class FileSystemWriterAsync(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Refuse a path that is a file or holds a checkpoint; create the directory."""
-        storage = _storage(self.use_msc)
+        storage = self._storage
         if storage.is_file(self.checkpoint_dir):
             raise NotADirectoryError(f"checkpoint path {self.checkpoint_dir!r} is a file, not a directory")
-        if storage.is_file(storage.join(self.checkpoint_dir, METADATA_NAME)):
+        if storage.is_file(storage.concat_path(self.checkpoint_dir, METADATA_NAME)):
             raise FileExistsError(
                 f"{self.checkpoint_dir!r} already holds a checkpoint ({METADATA_NAME}); "
                 "FileSystemWriterAsync never overwrites one: save into a new directory"
             )
-        storage.makedirs(self.checkpoint_dir)
+        storage.mkdir(self.checkpoint_dir)
         return plan
 
-    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Give plan i the file prefix ``__{i}_``."""
         return [_with_prefix(plan, i) for i, plan in enumerate(plans)]
 
@@ -147,15 +154,15 @@ class FileSystemWriterAsync(StorageWriter):
             "and save_state_dict_async_finalize, not through torch.distributed.checkpoint.save"
         )
 
-    def finish(self, metadata: Metadata, results: List[List[WriteResult]]) -> None:
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator only, after every rank wrote: commit ``.metadata`` atomically."""
         metadata.storage_data = {wr.index: wr.storage_data for rank_results in results for wr in rank_results}
         metadata.storage_meta = self.storage_meta()
         metadata.version = CURRENT_DCP_VERSION
-        storage = _storage(self.use_msc)
-        storage.write_atomically(storage.join(self.checkpoint_dir, METADATA_NAME), pickle.dumps(metadata))
+        path = self._storage.concat_path(self.checkpoint_dir, METADATA_NAME)
+        self._storage.write_atomically(path, pickle.dumps(metadata))
 
-    def storage_meta(self) -> Optional[StorageMeta]:
+    def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
 
     @property
@@ -163,7 +170,7 @@ class FileSystemWriterAsync(StorageWriter):
         return self.checkpoint_dir
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: Union[str, os.PathLike]) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     # ---------------------------------------------------------------------------- async protocol
@@ -181,10 +188,10 @@ class FileSystemWriterAsync(StorageWriter):
         except Exception as exc:
             self._prepare_error, self.write_buckets = exc, []
         if self.write_buckets:
-            self._results_path = self._new_results_path()
+            self._results_path = self._storage.results_path(self.checkpoint_dir, dist_rank(), self.save_id)
             self._cleanup = weakref.finalize(self, _remove_quietly, self._results_path)
 
-    def get_save_function_and_args(self) -> Tuple[Optional[Callable], Optional[Callable], Any]:
+    def get_save_function_and_args(self) -> tuple[Callable | None, Callable | None, Any]:
         """``(save_fn, preload_fn, save_args)``, or ``(None, None, ())`` when this rank writes nothing.
 
         ``save_args`` is ``[rank, write_buckets, results_path]``; ``preload_fn()``, when not None, returns the
@@ -195,11 +202,11 @@ class FileSystemWriterAsync(StorageWriter):
         preload_fn = None
         if any(t.is_cuda for bucket in self.write_buckets for _, t in bucket.data[1]):
             preload_fn = functools.partial(self.preload_tensors, self.write_buckets, True)
-        save_fn = functools.partial(_write_all, self.use_msc)
+        save_fn = functools.partial(_write_all, self._storage)
         return save_fn, preload_fn, [dist_rank(), self.write_buckets, self._results_path]
 
     @staticmethod
-    def preload_tensors(write_buckets: List[WriteBucket], non_blocking: bool = True) -> List[WriteBucket]:
+    def preload_tensors(write_buckets: list[WriteBucket], non_blocking: bool = True) -> list[WriteBucket]:
         """The buckets with every tensor copied to host memory now (CUDA ones into pinned buffers).
 
         CPU tensors are copied too, so that every tensor is snapshotted at the same point.
@@ -216,7 +223,7 @@ class FileSystemWriterAsync(StorageWriter):
             torch.cuda.synchronize()
         return staged
 
-    def retrieve_write_results(self) -> List[WriteResult]:
+    def retrieve_write_results(self) -> list[WriteResult]:
         """This rank's write results, once ``save_fn`` has run; raises if preparing or writing failed."""
         if self._prepare_error is not None:
             raise RuntimeError(f"preparing the write data failed: {self._prepare_error!r}") from self._prepare_error
@@ -241,10 +248,9 @@ class FileSystemWriterAsync(StorageWriter):
 
     # ----------------------------------------------------------------------------------- helpers
 
-    def _buckets(self, plan: SavePlan, planner: SavePlanner) -> List[WriteBucket]:
+    def _buckets(self, plan: SavePlan, planner: SavePlanner) -> list[WriteBucket]:
         prefix = plan.storage_data.prefix
-        storage = _storage(self.use_msc)
-        buckets: List[WriteBucket] = []
+        buckets: list[WriteBucket] = []
         for group, items, bins in self._groups(plan.items):
             for bucket_items in _split_by_size_and_type(bins, items):
                 name = f"{group}{prefix}{len(buckets)}{DATA_SUFFIX}"
@@ -252,10 +258,11 @@ class FileSystemWriterAsync(StorageWriter):
                 tensor_data = [
                     (i, planner.resolve_data(i).detach()) for i in bucket_items if i.type != WriteItemType.BYTE_IO
                 ]
-                buckets.append(WriteBucket(storage.join(self.checkpoint_dir, name), name, (bytes_data, tensor_data)))
+                path = self._storage.concat_path(self.checkpoint_dir, name)
+                buckets.append(WriteBucket(path, name, (bytes_data, tensor_data)))
         return buckets
 
-    def _groups(self, items: List[WriteItem]) -> List[Tuple[str, List[WriteItem], int]]:
+    def _groups(self, items: list[WriteItem]) -> list[tuple[str, list[WriteItem], int]]:
         """(file name group, its items, its number of files), splitting the thread budget by the hint."""
         hint = self.separation_hint
         if hint is None:
@@ -264,13 +271,6 @@ class FileSystemWriterAsync(StorageWriter):
         others = [i for i in items if not i.index.fqn.startswith(hint)]
         half = self.thread_count // 2
         return [("", others, self.thread_count - half), (hint, hinted, half)]
-
-    def _new_results_path(self) -> str:
-        if not self.use_msc:
-            return os.path.join(self.checkpoint_dir, f".write-results-{dist_rank()}-{self.save_id}")
-        fd, path = tempfile.mkstemp(prefix="ckpt-write-results-")
-        os.close(fd)
-        return path
 
     def _discard_results(self) -> None:
         if self._cleanup is not None:
@@ -281,12 +281,11 @@ class FileSystemWriterAsync(StorageWriter):
 # ------------------------------------------------------------------------------------- the write
 
 
-def _write_all(use_msc: bool, rank: int, buckets: List[WriteBucket], results_path: str) -> None:
+def _write_all(storage: Storage, rank: int, buckets: list[WriteBucket], results_path: str) -> None:
     """Write each bucket to its file in its own thread, then record the results or the first error.
 
     Never raises for a failed write: the error is recorded for ``retrieve_write_results``.
     """
-    storage = _storage(use_msc)
     with ThreadPoolExecutor(max_workers=len(buckets), thread_name_prefix="ckpt-write") as pool:
         outcomes = list(pool.map(functools.partial(_try_write_bucket, storage, rank), buckets))
     errors = [o for o in outcomes if isinstance(o, BaseException)]
@@ -302,7 +301,7 @@ def _write_all(use_msc: bool, rank: int, buckets: List[WriteBucket], results_pat
     os.replace(tmp, results_path)
 
 
-def _try_write_bucket(storage: "_PosixStorage", rank: int, bucket: WriteBucket) -> Union[List[WriteResult], Exception]:
+def _try_write_bucket(storage: Storage, rank: int, bucket: WriteBucket) -> list[WriteResult] | Exception:
     try:
         return _write_bucket(storage, bucket)
     except Exception as exc:
@@ -310,21 +309,20 @@ def _try_write_bucket(storage: "_PosixStorage", rank: int, bucket: WriteBucket) 
         return RuntimeError(f"rank {rank}: writing {bucket.path} failed: {exc!r}")
 
 
-def _write_bucket(storage: "_PosixStorage", bucket: WriteBucket) -> List[WriteResult]:
+def _write_bucket(storage: Storage, bucket: WriteBucket) -> list[WriteResult]:
     bytes_data, tensor_data = bucket.data
     results = []
     # torch.save's CRC32 of each record is CPU-bound (~1.6 GB/s, more than a page-cache write) and buys
     # nothing: torch.load, and so DCP's reader, never checks it. The setting is per thread.
-    with serialization_config.patch("save.compute_crc32", False), storage.open_write(bucket.path) as stream:
+    with serialization_config.patch("save.compute_crc32", False), storage.create_stream(bucket.path) as stream:
         for item, data in bytes_data:
             results.append(_write_item(stream, item, bucket.relative_path, data))
         for item, tensor in tensor_data:
             results.append(_write_item(stream, item, bucket.relative_path, _compact(tensor)))
-        storage.sync(stream)
     return results
 
 
-def _write_item(stream, item: WriteItem, relative_path: str, data: Union[io.BytesIO, torch.Tensor]) -> WriteResult:
+def _write_item(stream, item: WriteItem, relative_path: str, data: io.BytesIO | torch.Tensor) -> WriteResult:
     offset = stream.tell()
     if isinstance(data, torch.Tensor):
         torch.save(data, stream)
@@ -341,9 +339,9 @@ def _compact(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _split_by_size_and_type(bins: int, items: List[WriteItem]) -> List[List[WriteItem]]:
+def _split_by_size_and_type(bins: int, items: list[WriteItem]) -> list[list[WriteItem]]:
     """Non-empty buckets: byte items round-robin, tensors largest first into the lightest bucket."""
-    buckets: List[List[WriteItem]] = [[] for _ in range(bins)]
+    buckets: list[list[WriteItem]] = [[] for _ in range(bins)]
     byte_items = [i for i in items if i.type == WriteItemType.BYTE_IO]
     tensor_items = sorted((i for i in items if i.type != WriteItemType.BYTE_IO), key=_item_size, reverse=True)
     for n, item in enumerate(byte_items):
@@ -360,103 +358,10 @@ def _item_size(item: WriteItem) -> int:
     return prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
 
 
-# ----------------------------------------------------------------------------------- storage
-
-
-class _PosixStorage:
-    """Local files: fsync for durability, tmp + fsync + rename + directory fsync for the commit."""
-
-    @staticmethod
-    def join(directory: str, name: str) -> str:
-        return os.path.join(directory, name)
-
-    @staticmethod
-    def is_file(path: str) -> bool:
-        return os.path.isfile(path)
-
-    @staticmethod
-    def makedirs(path: str) -> None:
-        os.makedirs(path, exist_ok=True)
-
-    @staticmethod
-    def open_write(path: str):
-        return open(path, "wb")
-
-    @staticmethod
-    def sync(stream) -> None:
-        stream.flush()
-        os.fsync(stream.fileno())
-
-    @staticmethod
-    def sync_dir(path: str) -> None:
-        fd = os.open(path or ".", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def write_atomically(self, path: str, data: bytes) -> None:
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            self.sync(f)
-        os.rename(tmp, path)
-        self.sync_dir(os.path.dirname(path))
-
-
-class _MscStorage(_PosixStorage):
-    """Multi-Storage Client: files are objects; MSC creates parent directories itself where there are any."""
-
-    @staticmethod
-    def join(directory: str, name: str) -> str:
-        return directory.rstrip("/") + "/" + name
-
-    @staticmethod
-    def is_file(path: str) -> bool:
-        import multistorageclient as msc
-
-        return msc.is_file(path)
-
-    @staticmethod
-    def makedirs(path: str) -> None:
-        pass
-
-    @staticmethod
-    def open_write(path: str):
-        import multistorageclient as msc
-
-        return msc.open(path, "wb")
-
-    @staticmethod
-    def sync(stream) -> None:
-        stream.flush()
-        stream.fsync()  # POSIX provider: fsync of its temporary file; object stores upload on close
-
-    @staticmethod
-    def sync_dir(path: str) -> None:
-        pass  # no directory handle through MSC
-
-    def write_atomically(self, path: str, data: bytes) -> None:
-        with self.open_write(path) as f:  # one PUT, or a renamed temporary file for the POSIX provider
-            f.write(data)
-            self.sync(f)
-
-
-def _storage(use_msc: bool) -> _PosixStorage:
-    return _MscStorage() if use_msc else _PosixStorage()
-
-
 # --------------------------------------------------------------------------------- validation
 
 
-def _checked_path(path, thread_count: int, separation_hint: Optional[str], use_msc: bool) -> str:
-    """The checkpoint location to use (a local path made absolute: the writer may run in another process)."""
-    path = os.fspath(path)
-    _check_arguments(path, thread_count, separation_hint, use_msc)
-    return path if use_msc else os.path.abspath(path)
-
-
-def _check_arguments(path: str, thread_count: int, separation_hint: Optional[str], use_msc: bool) -> None:
+def _check_arguments(thread_count: int, separation_hint: str | None) -> None:
     if not isinstance(thread_count, int) or isinstance(thread_count, bool) or thread_count < 1:
         raise ValueError(f"thread_count must be an int >= 1, got {thread_count!r}")
     if separation_hint is not None:
@@ -464,19 +369,6 @@ def _check_arguments(path: str, thread_count: int, separation_hint: Optional[str
             raise ValueError(f"separation_hint must be a non-empty string without '/', got {separation_hint!r}")
         if thread_count < 2:
             raise ValueError(f"separation_hint needs thread_count >= 2 (one file per group), got {thread_count}")
-    if use_msc:
-        _check_msc_profile(path)
-    elif path.startswith(MSC_SCHEME):
-        raise ValueError(f"{path!r} is a Multi-Storage Client URL: pass use_msc=True to write it")
-
-
-def _check_msc_profile(path: str) -> None:
-    import multistorageclient as msc
-
-    try:
-        msc.resolve_storage_client(path)
-    except ValueError as exc:
-        raise ValueError(f"cannot write {path!r} through Multi-Storage Client: {exc}") from exc
 
 
 def _with_prefix(plan: SavePlan, rank: int) -> SavePlan:

@@ -25,18 +25,19 @@ unchanged, so a changed structure never reuses a stale plan; ``enable_cache=True
 backend (its flag tensor lives where the backend wants it).
 """
 
+from __future__ import annotations
+
 import logging
 from dataclasses import fields
-from typing import TYPE_CHECKING, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.utils import _DistWrapper
 
-from ..utils import dist_ready
+from ..utils import all_reduce, dist_ready
 
 if TYPE_CHECKING:
     from .filesystem_async import FileSystemWriterAsync
@@ -52,7 +53,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SaveStateDictRet = Tuple["FileSystemWriterAsync", Optional[Metadata], _DistWrapper]
+SaveStateDictRet = tuple["FileSystemWriterAsync", Metadata | None, _DistWrapper]
 
 
 class CheckpointMetadataCache:
@@ -63,12 +64,12 @@ class CheckpointMetadataCache:
     """
 
     def __init__(self):
-        self.cached_central_plan: Optional[SavePlan] = None
-        self.cached_local_plan: Optional[SavePlan] = None
-        self.cached_global_metadata: Optional[Metadata] = None
+        self.cached_central_plan: SavePlan | None = None
+        self.cached_local_plan: SavePlan | None = None
+        self.cached_global_metadata: Metadata | None = None
         self.validated_cache_reuse = False
         self.validated_loaded_metadata_reuse = False
-        self.loaded_all_plans: Optional[List[SavePlan]] = None
+        self.loaded_all_plans: list[SavePlan] | None = None
 
     def set_cached_global_metadata(self, cached_global_metadata: Metadata) -> None:
         """Hold a previous checkpoint's metadata and the local plans it records (if any).
@@ -99,16 +100,16 @@ class CheckpointMetadataCache:
             metadata = self.cached_global_metadata
         return writer, metadata, dist_wrapper
 
-    def get_cache_metadata(self) -> Tuple[Optional[SavePlan], Optional[SavePlan], bool, Optional[List[SavePlan]]]:
+    def get_cache_metadata(self) -> tuple[SavePlan | None, SavePlan | None, bool, list[SavePlan] | None]:
         """(cached central plan, cached local plan, validated_cache_reuse, loaded_all_plans)."""
         return self.cached_central_plan, self.cached_local_plan, self.validated_cache_reuse, self.loaded_all_plans
 
-    def get_metadata_caching_status(self) -> Tuple[bool, bool]:
+    def get_metadata_caching_status(self) -> tuple[bool, bool]:
         """(validated_cache_reuse, validated_loaded_metadata_reuse) of the latest save."""
         return self.validated_cache_reuse, self.validated_loaded_metadata_reuse
 
 
-_checkpoint_metadata_cache: Optional[CheckpointMetadataCache] = None
+_checkpoint_metadata_cache: CheckpointMetadataCache | None = None
 
 
 def _module_cache() -> CheckpointMetadataCache:
@@ -123,7 +124,7 @@ def init_checkpoint_metadata_cache(cached_global_metadata: Metadata) -> None:
     _module_cache().set_cached_global_metadata(cached_global_metadata)
 
 
-def get_metadata_caching_status() -> Optional[Tuple[bool, bool]]:
+def get_metadata_caching_status() -> tuple[bool, bool] | None:
     """The module cache's (validated_cache_reuse, validated_loaded_metadata_reuse), or None without one."""
     if _checkpoint_metadata_cache is None:
         return None
@@ -132,12 +133,12 @@ def get_metadata_caching_status() -> Optional[Tuple[bool, bool]]:
 
 def save_state_dict_async_plan(
     state_dict: STATE_DICT_TYPE,
-    storage_writer: "FileSystemWriterAsync",
-    process_group: Optional[dist.ProcessGroup] = None,
+    storage_writer: FileSystemWriterAsync,
+    process_group: dist.ProcessGroup | None = None,
     coordinator_rank: int = 0,
-    planner: Optional[Union[SavePlanner, DefaultSavePlanner]] = None,
+    planner: SavePlanner | DefaultSavePlanner | None = None,
     enable_cache: bool = False,
-    metadata_cache: Optional[CheckpointMetadataCache] = None,
+    metadata_cache: CheckpointMetadataCache | None = None,
 ) -> SaveStateDictRet:
     """Plan the save on every rank (collective) and prepare ``storage_writer``'s write.
 
@@ -160,7 +161,7 @@ def save_state_dict_async_plan(
     return ret
 
 
-def _local_step(planner, writer, state_dict, is_coordinator) -> Tuple[Optional[SavePlan], Optional[BaseException]]:
+def _local_step(planner, writer, state_dict, is_coordinator) -> tuple[SavePlan | None, BaseException | None]:
     try:
         planner.set_up_planner(state_dict, is_coordinator=is_coordinator)
         writer.set_up_storage_writer(is_coordinator)
@@ -171,7 +172,7 @@ def _local_step(planner, writer, state_dict, is_coordinator) -> Tuple[Optional[S
 
 def _global_step(
     planner, writer, local_plan, local_error, cache, dist_wrapper
-) -> Tuple[SavePlan, Optional[Metadata], bool]:
+) -> tuple[SavePlan, Metadata | None, bool]:
     """(this rank's global plan, the metadata on the coordinator or None, whether loaded metadata is reused)."""
     if cache is not None and cache.cached_central_plan is not None:
         unchanged = local_error is None and local_plan == cache.cached_local_plan
@@ -195,7 +196,7 @@ def _global_step(
 
     built = {}
 
-    def make_global_plans(all_plans: List[SavePlan]) -> List[SavePlan]:
+    def make_global_plans(all_plans: list[SavePlan]) -> list[SavePlan]:
         all_plans, built["metadata"] = planner.create_global_plan(all_plans)
         return writer.prepare_global_plan(all_plans)
 
@@ -203,11 +204,11 @@ def _global_step(
     return central_plan, built.get("metadata"), False
 
 
-def _gather_metadata(planner, own_plan, dist_wrapper: _DistWrapper) -> Optional[Metadata]:
+def _gather_metadata(planner, own_plan, dist_wrapper: _DistWrapper) -> Metadata | None:
     """Gather the local plans; the coordinator builds the metadata, recording the plans in it."""
     built = {}
 
-    def build(all_plans: List[SavePlan]) -> None:
+    def build(all_plans: list[SavePlan]) -> None:
         _, metadata = planner.create_global_plan(all_plans)
         metadata.all_local_plans = all_plans
         built["metadata"] = metadata
@@ -217,7 +218,7 @@ def _gather_metadata(planner, own_plan, dist_wrapper: _DistWrapper) -> Optional[
 
 
 def verify_global_md_reuse(
-    loaded_all_plans: Optional[List[SavePlan]], local_plan: SavePlan, rank: int, dist_wrapper: _DistWrapper
+    loaded_all_plans: list[SavePlan] | None, local_plan: SavePlan, rank: int, dist_wrapper: _DistWrapper
 ) -> bool:
     """True on every rank iff every rank's local plan equals its loaded plan in all fields but storage_data.
 
@@ -236,15 +237,11 @@ def _all_ranks_agree(flag: bool, dist_wrapper: _DistWrapper) -> bool:
     """True iff ``flag`` is True on every rank of the wrapper's group (one MIN all-reduce of one int)."""
     if not dist_wrapper.use_dist:
         return flag
-    nccl = dist.get_backend(dist_wrapper.group) == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    value = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN, group=dist_wrapper.group)
-    return bool(value.item())
+    return bool(all_reduce([int(flag)], dist.ReduceOp.MIN, group=dist_wrapper.group)[0])
 
 
 def save_state_dict_async_finalize(
-    storage_writer: "FileSystemWriterAsync", global_metadata: Optional[Metadata], dist_wrapper: _DistWrapper
+    storage_writer: FileSystemWriterAsync, global_metadata: Metadata | None, dist_wrapper: _DistWrapper
 ) -> None:
     """Gather every rank's write results; if all succeeded, the coordinator commits the metadata.
 

@@ -2,7 +2,7 @@
 
 ``TorchAsyncCheckpoint.async_save(state_dict, f, ...)`` takes ``torch.save``'s arguments and
 returns the queue index of the scheduled save. The snapshot is taken by the caller's staging
-(see ``core``) before ``async_save`` returns, so the trainer may modify tensors right away.
+(see ``staging``) before ``async_save`` returns, so the trainer may modify tensors right away.
 ``f`` should be a path: the save runs in another process, so a file object would be written
 there, not here.
 
@@ -10,8 +10,9 @@ Decisions: ``async_fn`` is ``torch.save`` and is set per instance (instances nev
 ``finalize_async_save`` checks locally by default (``no_dist=True``), as in NVRx.
 """
 
+from __future__ import annotations
+
 import logging
-from typing import List
 
 import torch
 
@@ -37,7 +38,7 @@ class TorchAsyncCheckpoint:
 
     def finalize_async_save(
         self, blocking: bool = False, no_dist: bool = True, terminate: bool = False
-    ) -> List[int]:
+    ) -> list[int]:
         """Finalize finished saves (all of them if ``blocking``); close the queue if ``terminate``."""
         if blocking and self._async_calls_queue.get_num_unfinalized_calls() > 0:
             if dist_rank() == 0:

@@ -13,8 +13,11 @@ Laws every implementation keeps (the managers rely on them):
 * A hollow TASD is picklable and small: it is what crosses between ranks and processes.
 """
 
+from __future__ import annotations
+
 from abc import ABC, abstractmethod
-from typing import Any, Iterable, List, ValuesView
+from collections.abc import Iterable, ValuesView
+from typing import Any
 
 import torch
 
@@ -25,7 +28,7 @@ class TensorAwareStateDict(ABC):
     """A state dict whose tensors can be taken out and put back (see the module docstring)."""
 
     @abstractmethod
-    def pop_tensors(self) -> List[torch.Tensor]:
+    def pop_tensors(self) -> list[torch.Tensor]:
         """Take every tensor out, leaving placeholders; return the tensors in traversal order."""
 
     @property

@@ -10,7 +10,10 @@ raises ``RuntimeError`` and changes nothing; ``restore_tensor_device`` moves ten
 CUDA device, since a part may be loaded by another process than the one that saved it.
 """
 
-from typing import Any, Callable, Iterator, List, Tuple
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -19,7 +22,7 @@ from .base_state_dict import TensorAwareStateDict
 __all__ = ["BasicTensorAwareStateDict", "TensorPlaceholder"]
 
 
-def _walk(obj: Any, path: str = "state_dict") -> Iterator[Tuple[str, Any]]:
+def _walk(obj: Any, path: str = "state_dict") -> Iterator[tuple[str, Any]]:
     """(path, leaf) for every non-container value reachable through dicts and lists."""
     items = obj.items() if isinstance(obj, dict) else enumerate(obj)
     for key, value in items:
@@ -78,18 +81,18 @@ class BasicTensorAwareStateDict(TensorAwareStateDict):
             raise RuntimeError(f"{what} is not allowed: the state dict is {state}")
 
     @property
-    def tensors(self) -> List[torch.Tensor]:
+    def tensors(self) -> list[torch.Tensor]:
         self._require(False, "tensors")
         return [v for _, v in _walk(self.state_dict) if isinstance(v, torch.Tensor)]
 
-    def pop_tensors(self) -> List[torch.Tensor]:
+    def pop_tensors(self) -> list[torch.Tensor]:
         self._require(False, "pop_tensors")
         popped = self.tensors
         _map_leaves(lambda v: TensorPlaceholder(v) if isinstance(v, torch.Tensor) else v, self.state_dict)
         self._is_hollow = True
         return popped
 
-    def _placeholders(self) -> List[TensorPlaceholder]:
+    def _placeholders(self) -> list[TensorPlaceholder]:
         return [v for _, v in _walk(self.state_dict) if isinstance(v, TensorPlaceholder)]
 
     def insert_tensors(self, tensor_data) -> None:

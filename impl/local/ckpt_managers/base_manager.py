@@ -31,12 +31,15 @@ Decisions (the seed leaves these open):
 * A dirty part, e.g. left by a crash, is never counted, and a later save may overwrite it.
 """
 
+from __future__ import annotations
+
 import logging
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ...async_ckpt.core import AsyncRequest
-from ...utils import dist_rank, dist_ready
+from ...utils import all_gather, dist_rank, errors_by_rank
 from ..base_state_dict import TensorAwareStateDict
 from ..replication.group_utils import local_copy
 from ..replication.strategies import ReplicationStrategy
@@ -45,10 +48,10 @@ __all__ = ["BaseCheckpointManager", "CheckpointingException", "CkptID", "SameMac
 
 logger = logging.getLogger(__name__)
 
-CkptID = Tuple[int, int, Any]
+CkptID = tuple[int, int, Any]
 """(iteration, rank that owns the part, session id)."""
 
-Tag = Optional[str]
+Tag = str | None
 """The placement tag a part was saved under (None: saved without replication)."""
 
 
@@ -63,18 +66,9 @@ class SameMachineReplicationException(CheckpointingException):
         super().__init__(f"checkpoint part {ckpt_id} would be stored twice on the same rank")
 
 
-def _gather(obj) -> List:
-    if not dist_ready():
-        return [obj]
-    import torch.distributed as dist
-
-    out: List = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _raise_if_any(errors: Sequence[Optional[str]], what: str) -> None:
-    failed = {rank: err for rank, err in enumerate(errors) if err is not None}
+def _raise_if_any(errors: Sequence[str | None], what: str) -> None:
+    """Raise CheckpointingException naming every rank whose entry of ``errors`` is not None."""
+    failed = errors_by_rank(errors)
     if failed:
         details = "; ".join(f"rank {rank}: {err}" for rank, err in sorted(failed.items()))
         raise CheckpointingException(f"{what} failed on rank(s) {sorted(failed)}: {details}")
@@ -87,13 +81,13 @@ def _describe(exc: BaseException) -> str:
 class BaseCheckpointManager(ABC):
     """The local checkpointing protocol; subclasses store, list, load and remove parts."""
 
-    def __init__(self, session_id: str, repl_strategy: Optional[ReplicationStrategy] = None):
+    def __init__(self, session_id: str, repl_strategy: ReplicationStrategy | None = None):
         self.session_id = session_id
         self.repl_strategy = repl_strategy
         self.latest_iteration = -1
         self._found = False  # latest_iteration holds a scan result that no save has invalidated since
-        self._usable: List[List[CkptID]] = []
-        self._tags: Dict[CkptID, Tag] = {}
+        self._usable: list[list[CkptID]] = []
+        self._tags: dict[CkptID, Tag] = {}
 
     @property
     def rank(self) -> int:
@@ -102,7 +96,7 @@ class BaseCheckpointManager(ABC):
     # ------------------------------------------------------------------ storage (subclasses)
 
     @abstractmethod
-    def _my_parts(self) -> List[Tuple[CkptID, Tag]]:
+    def _my_parts(self) -> list[tuple[CkptID, Tag]]:
         """The clean parts in this rank's storage, with their tags (raises if it cannot be read)."""
 
     @abstractmethod
@@ -110,7 +104,7 @@ class BaseCheckpointManager(ABC):
         """Read a clean part."""
 
     @abstractmethod
-    def _save_call(self, parts: Dict[CkptID, TensorAwareStateDict], tag: Tag) -> Tuple[Callable, tuple]:
+    def _save_call(self, parts: dict[CkptID, TensorAwareStateDict], tag: Tag) -> tuple[Callable, tuple]:
         """(fn, args): a picklable call that writes ``parts`` as dirty parts; it may run in another process."""
 
     @abstractmethod
@@ -133,7 +127,7 @@ class BaseCheckpointManager(ABC):
         self._found = True
         return self.latest_iteration
 
-    def load(self) -> Tuple[TensorAwareStateDict, CkptID]:
+    def load(self) -> tuple[TensorAwareStateDict, CkptID]:
         """This rank's part of the iteration found by ``find_latest`` and its id. Collective.
 
         Parts this rank lacks are fetched from clique members when replication is enabled.
@@ -154,7 +148,7 @@ class BaseCheckpointManager(ABC):
                 my_data[ckpt_id] = self._load(ckpt_id, self._tags.get(ckpt_id))
         except Exception as exc:
             error = _describe(exc)
-        _raise_if_any(_gather(error), f"loading local checkpoint iteration {self.latest_iteration}")
+        _raise_if_any(all_gather(error), f"loading local checkpoint iteration {self.latest_iteration}")
         if plan is not None:
             my_data = self.repl_strategy.retrieve_execute(plan, my_data)
         state_dict = my_data[my_id]
@@ -163,7 +157,7 @@ class BaseCheckpointManager(ABC):
         return state_dict, my_id
 
     def save(self, state_dict: TensorAwareStateDict, iteration: int,
-             is_async: bool = False) -> Optional[AsyncRequest]:
+             is_async: bool = False) -> AsyncRequest | None:
         """Save this rank's part of ``iteration``. Collective.
 
         Synchronous: returns None once the checkpoint is complete on every rank. Asynchronous: returns
@@ -192,7 +186,7 @@ class BaseCheckpointManager(ABC):
         fn, args = self._save_call(parts, tag)
         ids = list(parts)
 
-        def finalize_fn(write_error: Optional[str] = None) -> None:
+        def finalize_fn(write_error: str | None = None) -> None:
             self._finalize(iteration, ids, tag, write_error)
 
         if is_async:
@@ -209,7 +203,7 @@ class BaseCheckpointManager(ABC):
 
     # -------------------------------------------------------------------------------- steps
 
-    def _finalize(self, iteration: int, ids: List[CkptID], tag: Tag, write_error: Optional[str]) -> None:
+    def _finalize(self, iteration: int, ids: list[CkptID], tag: Tag, write_error: str | None) -> None:
         """Publish this rank's parts, then agree (collectively) on success or roll back everywhere."""
         error = write_error
         if error is None:
@@ -236,21 +230,21 @@ class BaseCheckpointManager(ABC):
         except Exception as exc:
             logger.warning("rank %d: %s(%d) failed: %s", self.rank, fn.__name__, iteration, _describe(exc))
 
-    def _scan(self, strict: bool, local_error: Optional[str] = None) -> int:
+    def _scan(self, strict: bool, local_error: str | None = None) -> int:
         """Collective: gather every rank's usable parts; return the newest complete iteration.
 
         Raises CheckpointingException on every rank if any rank reports ``local_error`` or cannot read
         its storage, or (``strict``) holds parts saved under other replication parameters.
         """
-        usable: List[CkptID] = []
-        mismatched: List[str] = []
-        tags: Dict[CkptID, Tag] = {}
+        usable: list[CkptID] = []
+        mismatched: list[str] = []
+        tags: dict[CkptID, Tag] = {}
         if local_error is None:
             try:
                 usable, mismatched, tags = self._classify(self._my_parts())
             except Exception as exc:
                 local_error = f"cannot read local checkpoint storage: {_describe(exc)}"
-        gathered = _gather((usable, mismatched, local_error))
+        gathered = all_gather((usable, mismatched, local_error))
         _raise_if_any([g[2] for g in gathered], "local checkpointing")
         if strict:
             _raise_if_any(
@@ -259,7 +253,7 @@ class BaseCheckpointManager(ABC):
                 "finding local checkpoints (replication parameters differ from the save's; use the same "
                 "ones, or disable replication to ignore replicas)")
         self._usable, self._tags = [g[0] for g in gathered], tags
-        owners: Dict[int, set] = {}
+        owners: dict[int, set] = {}
         for held in self._usable:
             for iteration, owner, _ in held:
                 owners.setdefault(iteration, set()).add(owner)
@@ -271,7 +265,7 @@ class BaseCheckpointManager(ABC):
     def _my_tag(self) -> Tag:
         return None if self.repl_strategy is None else self.repl_strategy.placement_tag
 
-    def _classify(self, parts: List[Tuple[CkptID, Tag]]) -> Tuple[List[CkptID], List[str], Dict[CkptID, Tag]]:
+    def _classify(self, parts: list[tuple[CkptID, Tag]]) -> tuple[list[CkptID], list[str], dict[CkptID, Tag]]:
         """(usable ids, descriptions of parts saved under other replication parameters, id -> tag)."""
         my_tag, usable, mismatched, tags = self._my_tag(), [], [], {}
         for ckpt_id, tag in sorted(parts, key=lambda p: (p[0][:2], p[1] != my_tag)):

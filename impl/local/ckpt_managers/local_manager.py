@@ -7,11 +7,13 @@ the save is finalized. Each file is ``torch.save`` of the part's TensorAwareStat
 before it is reported written. Other files in the directory are never touched.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -27,7 +29,7 @@ _DIRTY = ".dirty"
 _PART = re.compile(r"iter_(\d+)_(\d+)_(local|w\d+c[\d-]+)\.pt(\.dirty)?")
 
 
-def _write_parts(writes: List[Tuple[str, TensorAwareStateDict]]) -> None:
+def _write_parts(writes: list[tuple[str, TensorAwareStateDict]]) -> None:
     """Write each part to its (dirty) path and flush it to disk. The async function of a save."""
     for path, part in writes:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -48,8 +50,8 @@ class LocalCheckpointManager(BaseCheckpointManager):
         repl_strategy: how parts are replicated (None: no replication).
     """
 
-    def __init__(self, root_local_ckpt_dir: Union[str, Path], session_id: str = "",
-                 repl_strategy: Optional[ReplicationStrategy] = None):
+    def __init__(self, root_local_ckpt_dir: str | Path, session_id: str = "",
+                 repl_strategy: ReplicationStrategy | None = None):
         if not isinstance(session_id, str) or session_id in (".", "..") or "/" in session_id or os.sep in session_id:
             raise ValueError(f"session_id must be one path component (or empty), got {session_id!r}")
         super().__init__(session_id, repl_strategy)
@@ -64,7 +66,7 @@ class LocalCheckpointManager(BaseCheckpointManager):
         name = f"iter_{iteration:07d}_{owner}_{tag or 'local'}.pt" + (_DIRTY if dirty else "")
         return self.local_ckpt_dir / name
 
-    def _files(self) -> List[Tuple[Path, CkptID, Tag, bool]]:
+    def _files(self) -> list[tuple[Path, CkptID, Tag, bool]]:
         """(path, id, tag, dirty) of every part file in this rank's directory (none if it is missing)."""
         directory = self.local_ckpt_dir
         if not directory.exists():
@@ -77,7 +79,7 @@ class LocalCheckpointManager(BaseCheckpointManager):
                 found.append((entry, (int(match[1]), int(match[2]), self.session_id), tag, bool(match[4])))
         return found
 
-    def _my_parts(self) -> List[Tuple[CkptID, Tag]]:
+    def _my_parts(self) -> list[tuple[CkptID, Tag]]:
         return [(ckpt_id, tag) for _, ckpt_id, tag, dirty in self._files() if not dirty]
 
     def _load(self, ckpt_id: CkptID, tag: Tag) -> TensorAwareStateDict:
@@ -87,8 +89,8 @@ class LocalCheckpointManager(BaseCheckpointManager):
         except FileNotFoundError:
             raise CheckpointingException(f"local checkpoint part {path} does not exist") from None
 
-    def _save_call(self, parts: Dict[CkptID, TensorAwareStateDict], tag: Tag):
-        writes: Dict[str, TensorAwareStateDict] = {}
+    def _save_call(self, parts: dict[CkptID, TensorAwareStateDict], tag: Tag):
+        writes: dict[str, TensorAwareStateDict] = {}
         for ckpt_id, part in parts.items():
             path = str(self._path(ckpt_id, tag, dirty=True))
             if path in writes:

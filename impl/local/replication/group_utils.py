@@ -6,22 +6,26 @@ travels on the device the group's backend needs (the current GPU for NCCL, the C
 arrives on ``target_device``. The sender's TASD is left as it was.
 """
 
+from __future__ import annotations
+
 import copy
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Hashable, List, Optional, Sequence, Set, Tuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ...utils import collective_device
 from ..base_state_dict import TensorAwareStateDict
 
 __all__ = ["ExchangePlan", "ExchangePlanEntry", "broadcast_state_dict", "local_copy", "parse_group_sequence",
            "recv_state_dict", "send_state_dict"]
 
-Layout = List[Tuple[torch.Size, torch.dtype]]
+Layout = list[tuple[torch.Size, torch.dtype]]
 
 
-def parse_group_sequence(replication_jump: int, replication_factor: int, world_size: int) -> List[List[int]]:
+def parse_group_sequence(replication_jump: int, replication_factor: int, world_size: int) -> list[list[int]]:
     """The cliques of ``world_size`` ranks, sorted: in each block of J*F consecutive ranks starting at
     s, the ranks s+b, s+b+J, ..., s+b+(F-1)J form a clique, for every b < J.
 
@@ -52,21 +56,15 @@ class ExchangePlanEntry:
 class ExchangePlan:
     """Who sends which part to whom (global ranks), in an order every member of the group follows."""
 
-    entries: List[ExchangePlanEntry] = field(default_factory=list)
+    entries: list[ExchangePlanEntry] = field(default_factory=list)
 
     def plan(self, sender: int, receiver: int, id_: Hashable) -> None:
         self.entries.append(ExchangePlanEntry(sender, receiver, id_))
 
-    def required_ids(self, rank: Optional[int] = None) -> Set[Hashable]:
+    def required_ids(self, rank: int | None = None) -> set[Hashable]:
         """The ids ``rank`` (default: this rank) must provide, to others or to itself."""
         rank = dist.get_rank() if rank is None else rank
         return {e.id_ for e in self.entries if e.sender == rank}
-
-
-def _comm_device(group) -> torch.device:
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _nbytes(layout: Layout) -> int:
@@ -87,7 +85,7 @@ def _pack(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor
     return torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=device)
 
 
-def _unpack(buffer: torch.Tensor, layout: Layout, target_device) -> List[torch.Tensor]:
+def _unpack(buffer: torch.Tensor, layout: Layout, target_device) -> list[torch.Tensor]:
     out, offset, buffer = [], 0, buffer.to(target_device)
     for shape, dtype in layout:
         size = torch.Size(shape).numel() * dtype.itemsize
@@ -96,7 +94,7 @@ def _unpack(buffer: torch.Tensor, layout: Layout, target_device) -> List[torch.T
     return out
 
 
-def _header(tasd: TensorAwareStateDict) -> Tuple[List[Any], List[torch.Tensor]]:
+def _header(tasd: TensorAwareStateDict) -> tuple[list[Any], list[torch.Tensor]]:
     """([hollow copy, layout], tensors): the message describing ``tasd``, which is left intact."""
     tensors = tasd.pop_tensors()
     try:
@@ -113,10 +111,10 @@ def local_copy(tasd: TensorAwareStateDict, target_device) -> TensorAwareStateDic
     return hollow
 
 
-def broadcast_state_dict(tasd: Optional[TensorAwareStateDict], src: int, group, target_device) -> TensorAwareStateDict:
+def broadcast_state_dict(tasd: TensorAwareStateDict | None, src: int, group, target_device) -> TensorAwareStateDict:
     """Collective over ``group``: global rank ``src`` passes ``tasd`` and gets it back as it was;
     every other member passes None and gets a copy."""
-    device = _comm_device(group)
+    device = collective_device(group)
     if dist.get_rank() == src:
         header, tensors = _header(tasd)
         dist.broadcast_object_list(header, src=src, group=group)
@@ -137,16 +135,16 @@ def send_state_dict(tasd: TensorAwareStateDict, dst: int, group) -> None:
     """Point-to-point: send ``tasd`` to global rank ``dst``."""
     header, tensors = _header(tasd)
     dist.send_object_list(header, dst=dst, group=group)
-    buffer = _pack(tensors, _comm_device(group))
+    buffer = _pack(tensors, collective_device(group))
     if buffer.numel():
         dist.send(buffer, dst=dst, group=group)
 
 
 def recv_state_dict(src: int, group, target_device) -> TensorAwareStateDict:
     """Point-to-point: receive the TASD that global rank ``src`` sends."""
-    header: List[Any] = [None, None]
+    header: list[Any] = [None, None]
     dist.recv_object_list(header, src=src, group=group)
-    buffer = torch.empty(_nbytes(header[1]), dtype=torch.uint8, device=_comm_device(group))
+    buffer = torch.empty(_nbytes(header[1]), dtype=torch.uint8, device=collective_device(group))
     if buffer.numel():
         dist.recv(buffer, src=src, group=group)
     header[0].insert_tensors(_unpack(buffer, header[1], target_device))

@@ -16,19 +16,19 @@ Decisions:
   with every part, so parts saved under other replication parameters are recognised.
 """
 
+from __future__ import annotations
+
 import logging
 from abc import ABC, abstractmethod
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+from collections.abc import Hashable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..base_state_dict import TensorAwareStateDict
-from .group_utils import (ExchangePlan, broadcast_state_dict, parse_group_sequence, recv_state_dict,
-                          send_state_dict)
+from .group_utils import ExchangePlan, broadcast_state_dict, parse_group_sequence, recv_state_dict, send_state_dict
 
-__all__ = ["CliqueReplicationStrategy", "LazyCliqueReplicationStrategy", "NoReplicasAvailableError",
-           "ReplicationStrategy"]
+__all__ = ["CliqueReplicationStrategy", "NoReplicasAvailableError", "ReplicationStrategy"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class ReplicationStrategy(ABC):
 
     @abstractmethod
     def replicate(self, local_ckpt: TensorAwareStateDict, id_: Hashable
-                  ) -> Tuple[List[TensorAwareStateDict], List[Hashable]]:
+                  ) -> tuple[list[TensorAwareStateDict], list[Hashable]]:
         """Exchange parts: return the parts this rank must store (its own included) and their ids."""
 
     @abstractmethod
@@ -55,8 +55,8 @@ class ReplicationStrategy(ABC):
         """
 
     @abstractmethod
-    def retrieve_execute(self, plan: ExchangePlan, my_data: Dict[Hashable, TensorAwareStateDict]
-                         ) -> Dict[Hashable, TensorAwareStateDict]:
+    def retrieve_execute(self, plan: ExchangePlan, my_data: dict[Hashable, TensorAwareStateDict]
+                         ) -> dict[Hashable, TensorAwareStateDict]:
         """Carry out ``plan``; ``my_data`` holds what this rank sends. Returns what it receives."""
 
     @property
@@ -71,13 +71,13 @@ class CliqueReplicationStrategy(ReplicationStrategy):
     def __init__(self, local_group, target_device="cpu"):
         self.local_group = local_group
         self.target_device = torch.device(target_device)
-        self.ranks: List[int] = list(dist.get_process_group_ranks(local_group))
+        self.ranks: list[int] = list(dist.get_process_group_ranks(local_group))
         if dist.get_rank() not in self.ranks:
             raise ValueError(f"rank {dist.get_rank()} is not in the replication group {self.ranks}")
 
     @classmethod
-    def from_replication_params(cls, replication_jump: Optional[int] = None,
-                                replication_factor: int = 2) -> "CliqueReplicationStrategy":
+    def from_replication_params(cls, replication_jump: int | None = None,
+                                replication_factor: int = 2) -> CliqueReplicationStrategy:
         """Create every clique's process group (collective) and keep this rank's clique."""
         if replication_jump is None:
             replication_jump = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -106,7 +106,7 @@ class CliqueReplicationStrategy(ReplicationStrategy):
         return parts, ids
 
     def retrieve_plan(self, globally_available_ids, wanted):
-        gathered: List[Optional[List[Hashable]]] = [None] * len(self.ranks)
+        gathered: list[list[Hashable] | None] = [None] * len(self.ranks)
         dist.all_gather_object(gathered, list(wanted), group=self.local_group)
         plan, missing = ExchangePlan(), []
         for receiver, wants in zip(self.ranks, gathered):
@@ -135,30 +135,3 @@ class CliqueReplicationStrategy(ReplicationStrategy):
                 received[entry.id_] = recv_state_dict(entry.sender, self.local_group, self.target_device)
         return received
 
-
-class LazyCliqueReplicationStrategy(ReplicationStrategy):
-    """A CliqueReplicationStrategy whose process groups are created on first use."""
-
-    def __init__(self, replication_jump: Optional[int] = None, replication_factor: int = 2):
-        self.replication_jump, self.replication_factor = replication_jump, replication_factor
-        self._strategy: Optional[CliqueReplicationStrategy] = None
-
-    @property
-    def replication_strategy(self) -> CliqueReplicationStrategy:
-        if self._strategy is None:
-            self._strategy = CliqueReplicationStrategy.from_replication_params(
-                self.replication_jump, self.replication_factor)
-        return self._strategy
-
-    def replicate(self, local_ckpt, id_):
-        return self.replication_strategy.replicate(local_ckpt, id_)
-
-    def retrieve_plan(self, globally_available_ids, wanted):
-        return self.replication_strategy.retrieve_plan(globally_available_ids, wanted)
-
-    def retrieve_execute(self, plan, my_data):
-        return self.replication_strategy.retrieve_execute(plan, my_data)
-
-    @property
-    def placement_tag(self) -> str:
-        return self.replication_strategy.placement_tag

@@ -1,0 +1,394 @@
+"""Callers: run scheduled requests in background processes and tell when the oldest one is done.
+
+Contract (signature-compatible with NVRx ``async_ckpt.core``):
+
+* Completion check: exactly one all-reduce (SUM) of one int32 per check, packing
+  ``alive + failed * (world_size + 1)`` so every rank learns both "some rank still running" and
+  "some rank failed". Errors are gathered (``all_gather_object``) only on failure, and then
+  ``CheckpointException`` is raised on every rank. ``no_dist`` (or no torch.distributed) checks
+  this rank alone, without any collective.
+* ``TemporalAsyncCaller`` (deprecated) forks one child per request, so CPU tensors are
+  copy-on-write; preload_fn runs in the trainer and GPU tensors go to host first.
+* ``PersistentAsyncCaller``: one spawned, non-daemonic worker (own process group) serving
+  requests FIFO over a Pipe. Tensors are staged into shared memory (see ``staging``) before
+  scheduling returns; requests are pickled in the trainer, so an unpicklable request raises
+  TypeError at schedule time. A worker found dead is restarted by the next schedule.
+* Children and workers die with the trainer (see ``worker``), and an exit hook aborts those
+  still running when the trainer exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import weakref
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from multiprocessing import connection, get_context
+from multiprocessing import util as mp_util
+from multiprocessing.reduction import DupFd, ForkingPickler
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing  # noqa: F401  (registers torch's tensor reductions with ForkingPickler)
+
+from ..utils import all_reduce, dist_ready
+from .request import AsyncRequest, raise_failure, run_guarded
+from .staging import Slab, SlabPool, map_tensors, stage
+from .worker import persistent_worker, temporal_child
+
+__all__ = ["AsyncCaller", "PersistentAsyncCaller", "TemporalAsyncCaller"]
+
+logger = logging.getLogger(__name__)
+
+_POLL_S = 0.1  # blocking waits wake up this often to recheck worker liveness
+_ABORT_GRACE_S = 5.0  # SIGTERM -> SIGKILL delay when aborting a worker
+
+
+# ---------------------------------------------------------------------------------------------
+# Process helpers
+
+
+def _signal_group(process, sig: int) -> None:
+    """Signal the process group led by ``process``, or the process alone if there is none yet."""
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        # No group: the child has not called setpgid yet, or the whole group is gone.
+        # Only signal the pid while it is unreaped, so it cannot belong to someone else.
+        if process.exitcode is None:
+            try:
+                os.kill(process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _kill_group(process) -> None:
+    """SIGTERM the process and its group, wait up to the grace period, then SIGKILL. Bounded."""
+    _signal_group(process, signal.SIGTERM)
+    process.join(_ABORT_GRACE_S)
+    _signal_group(process, signal.SIGKILL)
+    process.join()
+
+
+# Callers with a live worker or child, aborted when this process exits. multiprocessing's exit
+# function joins non-daemonic children, which would wait forever on an idle persistent worker.
+# It runs exit finalizers (exitpriority >= 0) before that join, both at interpreter exit and at
+# the end of processes started by multiprocessing (e.g. torch.multiprocessing.spawn ranks),
+# where plain atexit hooks would come too late or never run. Processes started by multiprocessing
+# clear the finalizer registry they inherit, and a forked child must never abort its parent's
+# workers: so the set and its hook belong to one pid and are made afresh in each process.
+_LIVE_CALLERS: weakref.WeakSet[AsyncCaller] = weakref.WeakSet()
+_LIVE_CALLERS_PID: int | None = None
+
+
+def _track_live(caller: AsyncCaller) -> None:
+    global _LIVE_CALLERS, _LIVE_CALLERS_PID
+    if _LIVE_CALLERS_PID != os.getpid():
+        _LIVE_CALLERS, _LIVE_CALLERS_PID = weakref.WeakSet(), os.getpid()
+        mp_util.Finalize(None, _abort_live_callers, exitpriority=10)
+    _LIVE_CALLERS.add(caller)
+
+
+def _abort_live_callers() -> None:
+    if _LIVE_CALLERS_PID == os.getpid():
+        for caller in list(_LIVE_CALLERS):
+            caller.close(abort=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Callers
+
+
+class AsyncCaller(ABC):
+    """Runs scheduled requests in the background and tells when the oldest one is done.
+
+    Subclasses keep ``_pending`` (indices scheduled, not yet reported done, oldest first) and
+    fill ``_results`` (index -> error or None) from ``_poll`` as requests finish locally.
+    """
+
+    def __init__(self):
+        self._pending: deque[int] = deque()
+        self._results: dict[int, BaseException | None] = {}
+
+    @abstractmethod
+    def schedule_async_call(self, async_req: AsyncRequest) -> None:
+        """Start ``async_req`` in the background. Called on all ranks."""
+
+    @abstractmethod
+    def is_current_async_call_done(self, blocking: bool = False, no_dist: bool = False) -> bool:
+        """Whether the oldest unreported request is done on all ranks (this rank if no_dist).
+
+        Raises CheckpointException (on all ranks) if it is done everywhere and failed anywhere.
+        """
+
+    def sync_all_async_calls(self, is_alive: int) -> bool:
+        """True iff no rank reports ``is_alive`` (one all-reduce SUM of one int)."""
+        if not dist_ready():
+            return not is_alive
+        return all_reduce([int(is_alive)], dist.ReduceOp.SUM)[0] == 0
+
+    @abstractmethod
+    def close(self, abort: bool = False) -> None:
+        """Stop the background process(es): wait for them, or kill them if ``abort``."""
+
+    def __del__(self):
+        # Never a collective here: a caller collected while still running is simply aborted.
+        self.close(abort=True)
+
+    @abstractmethod
+    def _poll(self, timeout: float) -> None:
+        """Record requests that finished locally, waiting up to ``timeout`` seconds."""
+
+    def _check_done(self, blocking: bool, no_dist: bool) -> bool:
+        head = self._pending[0] if self._pending else None
+        self._poll(0)
+        while blocking and head is not None and head not in self._results:
+            self._poll(_POLL_S)
+        done = head is None or head in self._results
+        err = self._results.get(head)
+        failed = err is not None
+        collective = not no_dist and dist_ready()
+        if collective:
+            done, failed = self._sync_done_failed(done, failed)
+        if not done:
+            return False
+        if head is not None:
+            self._pending.popleft()
+            del self._results[head]
+        if failed:
+            raise_failure("async checkpoint call", err, collective)
+        return True
+
+    @staticmethod
+    def _sync_done_failed(done: bool, failed: bool) -> tuple[bool, bool]:
+        """Global (all done, any failed) from one all-reduce of ``alive + failed*(world+1)``."""
+        base = dist.get_world_size() + 1
+        packed = int(not done) + int(failed) * base
+        total = all_reduce([packed], dist.ReduceOp.SUM)[0]
+        return total % base == 0, total >= base
+
+
+class TemporalAsyncCaller(AsyncCaller):
+    """Deprecated: forks one child per request (CPU tensors shared copy-on-write).
+
+    preload_fn runs in the trainer and GPU tensors are copied to host before forking, since
+    the child cannot use CUDA. The child reports its error over a pipe and exits non-zero.
+    """
+
+    def __init__(self):
+        super().__init__()
+        # index -> (child process, result pipe read end, lifeline write end)
+        self._children: dict[int, tuple[Any, connection.Connection, connection.Connection]] = {}
+
+    def schedule_async_call(self, async_req: AsyncRequest) -> None:
+        idx = async_req.call_idx
+        if async_req.async_fn is None:
+            self._results[idx] = None
+        else:
+            args, kwargs, err = self._prepare(async_req)
+            if err is None:
+                self._fork(idx, async_req.async_fn, args, kwargs)
+            else:
+                self._results[idx] = err
+        self._pending.append(idx)
+
+    def is_current_async_call_done(self, blocking: bool = False, no_dist: bool = False) -> bool:
+        return self._check_done(blocking, no_dist)
+
+    def close(self, abort: bool = False) -> None:
+        for process, result_conn, lifeline in self._children.values():
+            if abort:
+                _kill_group(process)
+            else:
+                process.join()
+            result_conn.close()
+            lifeline.close()
+        self._children.clear()
+        self._pending.clear()
+        self._results.clear()
+        _LIVE_CALLERS.discard(self)
+
+    @staticmethod
+    def _prepare(async_req: AsyncRequest) -> tuple[list, dict, BaseException | None]:
+        """Run preload_fn here and copy GPU tensors to host; return (args, kwargs, error)."""
+        args = list(async_req.async_fn_args)
+        if async_req.preload_fn is not None:
+            args[1], err = run_guarded(async_req.preload_fn)
+            if err is not None:
+                return [], {}, err
+        kwargs = dict(async_req.async_fn_kwargs or {})
+        args, kwargs = map_tensors(_gpu_to_host, (args, kwargs))
+        return args, kwargs, None
+
+    def _fork(self, idx: int, async_fn: Callable, args: list, kwargs: dict) -> None:
+        ctx = get_context("fork")
+        result_r, result_w = ctx.Pipe(duplex=False)
+        lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
+        process = ctx.Process(
+            target=temporal_child,
+            args=(async_fn, args, kwargs, result_w, lifeline_r, lifeline_w),
+            name=f"ckpt-temporal-{idx}",
+            daemon=False,  # async_fn may start processes of its own
+        )
+        process.start()
+        result_w.close()
+        lifeline_r.close()
+        self._children[idx] = (process, result_r, lifeline_w)
+        _track_live(self)
+
+    def _poll(self, timeout: float) -> None:
+        idx = self._pending[0] if self._pending else None
+        if idx not in self._children or idx in self._results:
+            return
+        process, result_conn, _ = self._children[idx]
+        connection.wait([result_conn, process.sentinel], timeout)
+        alive = process.is_alive()  # read before the pipe: a dead child's report is already there
+        if result_conn.poll():
+            try:
+                self._results[idx] = result_conn.recv()
+                return
+            except EOFError:
+                pass
+        if not alive:
+            self._results[idx] = RuntimeError(f"worker exited with code {process.exitcode}")
+
+
+def _gpu_to_host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu") if t.is_cuda else t
+
+
+class PersistentAsyncCaller(AsyncCaller):
+    """One long-lived spawned worker per caller, serving requests FIFO, one at a time.
+
+    Tensors in the request's args/kwargs are staged into a pooled shared-memory slab in the
+    trainer; the worker maps the slab and uses the tensors without another copy. With a
+    preload_fn, scheduling waits for the worker's "preloaded" acknowledgement (or its death).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._process = None
+        self._conn: connection.Connection | None = None
+        self._lifeline: connection.Connection | None = None  # write end, held only here
+        self._pool = SlabPool()
+        self._in_flight: dict[int, Slab | None] = {}  # sent, not done -> its slab
+        self._preloaded: set[int] = set()
+
+    def schedule_async_call(self, async_req: AsyncRequest) -> None:
+        idx = async_req.call_idx
+        if async_req.async_fn is None:
+            self._results[idx] = None
+            self._pending.append(idx)
+            return
+        request, slab = stage(async_req, self._pool)
+        slab_ref = None if slab is None else (DupFd(slab.fd), slab.nbytes)
+        try:
+            body = bytes(ForkingPickler.dumps((request, slab_ref)))
+        except Exception as exc:
+            self._pool.give(slab)
+            raise TypeError(f"AsyncRequest cannot be sent to the checkpoint worker: {exc}") from exc
+        self._ensure_worker()
+        self._pending.append(idx)
+        self._in_flight[idx] = slab
+        wants_ack = request.preload_fn is not None
+        self._send((idx, wants_ack, body))
+        if wants_ack:
+            self._wait_for_preload(idx)
+
+    def is_current_async_call_done(self, blocking: bool = False, no_dist: bool = False) -> bool:
+        return self._check_done(blocking, no_dist)
+
+    def close(self, abort: bool = False) -> None:
+        if self._process is not None:
+            if abort:
+                _kill_group(self._process)
+            else:
+                self._shutdown_worker()
+            self._release_worker()
+        for slab in self._in_flight.values():
+            self._pool.give(slab)
+        self._in_flight.clear()
+        self._pool.clear()
+        self._pending.clear()
+        self._results.clear()
+        _LIVE_CALLERS.discard(self)
+
+    def _ensure_worker(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            return
+        if self._process is not None:
+            self._poll(0)  # marks the dead worker's in-flight requests failed
+            self._release_worker()
+        self._start_worker()
+
+    def _start_worker(self) -> None:
+        ctx = get_context("spawn")
+        conn, worker_conn = ctx.Pipe()
+        lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
+        process = ctx.Process(
+            target=persistent_worker,
+            args=(worker_conn, lifeline_r, logger.getEffectiveLevel()),
+            name="ckpt-worker",
+            daemon=False,  # async_fn may start processes of its own
+        )
+        process.start()
+        worker_conn.close()
+        lifeline_r.close()
+        self._process, self._conn, self._lifeline = process, conn, lifeline_w
+        _track_live(self)
+        logger.info("Started persistent checkpoint worker (pid %d)", self._process.pid)
+
+    def _release_worker(self) -> None:
+        """Close our ends of the pipes once the worker has exited (or been killed)."""
+        self._conn.close()
+        self._lifeline.close()
+        self._process = self._conn = self._lifeline = None
+
+    def _shutdown_worker(self) -> None:
+        self._send(None)
+        while self._process.is_alive():
+            self._poll(_POLL_S)  # keep reading, so the worker never blocks on a full pipe
+        self._process.join()
+
+    def _send(self, message) -> None:
+        try:
+            self._conn.send(message)
+        except OSError:
+            pass  # the worker is dead; _poll reports its in-flight requests as failed
+
+    def _wait_for_preload(self, idx: int) -> None:
+        while idx in self._in_flight and idx not in self._preloaded:
+            self._poll(_POLL_S)
+        self._preloaded.discard(idx)
+
+    def _poll(self, timeout: float) -> None:
+        if self._process is None:
+            return
+        connection.wait([self._conn, self._process.sentinel], timeout)
+        alive = self._process.is_alive()  # read before draining: a dead worker's messages are in
+        self._drain()
+        if not alive:
+            self._fail_in_flight(f"worker exited with code {self._process.exitcode}")
+
+    def _drain(self) -> None:
+        try:
+            while self._conn.poll():
+                kind, idx, err = self._conn.recv()
+                if kind == "preloaded":
+                    self._preloaded.add(idx)
+                else:
+                    self._complete(idx, err)
+        except (EOFError, OSError):
+            pass  # the worker closed its end or died; _poll sees it exit
+
+    def _complete(self, idx: int, err: BaseException | None) -> None:
+        self._results[idx] = err
+        self._pool.give(self._in_flight.pop(idx, None))
+
+    def _fail_in_flight(self, message: str) -> None:
+        for idx in list(self._in_flight):
+            self._complete(idx, RuntimeError(message))

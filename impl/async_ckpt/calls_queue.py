@@ -1,0 +1,196 @@
+"""``AsyncCallsQueue``: hands requests to a caller and finalizes them in schedule order.
+
+Contract (signature-compatible with NVRx ``async_ckpt.core``):
+
+* Methods must be called by all ranks in the same order. The "world" is ``torch.distributed``
+  when initialized, else this process alone (no collectives at all).
+* Indices are consecutive from 0 and only consumed by successful schedules. Finalization is
+  head-of-line: a request is finalized only once it and every older one are done on all ranks.
+* A failure (in async_fn / preload_fn / a finalize fn, or a dead worker) raises
+  ``CheckpointException`` on every rank. The failed request is dropped: never retried, its
+  finalize fns do not run (after a failing finalize fn, the remaining ones are skipped). Later
+  requests stay queued.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException
+
+from ..utils import all_reduce, dist_ready, picklable_error
+from .callers import AsyncCaller, PersistentAsyncCaller, TemporalAsyncCaller
+from .request import AsyncRequest, raise_failure
+
+__all__ = ["AsyncCallsQueue"]
+
+logger = logging.getLogger(__name__)
+
+
+class _ActiveAsyncRequest(NamedTuple):
+    """A scheduled request: queue index, the caller running it, and the frozen request."""
+
+    idx: int
+    async_caller: AsyncCaller
+    async_request: AsyncRequest
+
+
+def _as_async_request(request: Any) -> AsyncRequest:
+    if isinstance(request, AsyncRequest):
+        return request
+    if isinstance(request, tuple) and getattr(request, "_fields", None) == AsyncRequest._fields:
+        return AsyncRequest(*request)
+    raise TypeError(f"expected an AsyncRequest, got {type(request).__name__}")
+
+
+def _check_bools(**flags: Any) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+class AsyncCallsQueue:
+    """Schedules AsyncRequests and finalizes them in order on all ranks.
+
+    Persistent queues share one PersistentAsyncCaller; temporal queues use one caller per request.
+    """
+
+    def __init__(self, persistent: bool = True):
+        self.persistent = persistent
+        self._pending: deque[_ActiveAsyncRequest] = deque()
+        self._next_idx = 0
+        self._persistent_caller: PersistentAsyncCaller | None = None
+        self._warned_temporal = False
+        self._closed = False
+
+    def schedule_async_request(self, async_request: AsyncRequest) -> int:
+        """Start ``async_request`` in the background; return its queue index. On all ranks."""
+        request = _as_async_request(async_request)
+        if self._closed:
+            raise RuntimeError("AsyncCallsQueue is closed")
+        idx = self._next_idx
+        frozen = request.freeze()._replace(call_idx=idx)
+        caller = self._get_async_caller()
+        caller.schedule_async_call(frozen._replace(finalize_fns=()))
+        self._pending.append(_ActiveAsyncRequest(idx, caller, frozen))
+        self._next_idx += 1
+        return idx
+
+    def maybe_finalize_async_calls(self, blocking: bool = False, no_dist: bool = False) -> list[int]:
+        """Finalize requests done on all ranks, oldest first; return their queue indices.
+
+        Stops at the first request not done yet (all of them are waited for if ``blocking``).
+        Raises CheckpointException on all ranks when a request or its finalization failed.
+        """
+        _check_bools(blocking=blocking, no_dist=no_dist)
+        finalized = []
+        while self._pending:
+            head = self._pending[0]
+            try:
+                done = head.async_caller.is_current_async_call_done(blocking, no_dist)
+            except CheckpointException:
+                self._retire(self._pending.popleft())
+                raise
+            if not done:
+                break
+            self._retire(self._pending.popleft())
+            self._finalize(head, no_dist)
+            finalized.append(head.idx)
+        return finalized
+
+    def get_num_unfinalized_calls(self) -> int:
+        """Number of requests scheduled but not finalized yet."""
+        return len(self._pending)
+
+    def close(self, abort: bool = False) -> None:
+        """Finalize pending requests (on all ranks) and stop the callers; idempotent.
+
+        With ``abort`` the background processes are killed and pending requests dropped
+        without running their finalize functions. Either way the queue is closed afterwards.
+        """
+        if self._closed:
+            return
+        if abort:
+            self._abort()
+            return
+        try:
+            first_failure = self._finalize_all()
+        except BaseException:
+            self._abort()
+            raise
+        self._closed = True
+        if self._persistent_caller is not None:
+            self._persistent_caller.close()
+        if first_failure is not None:
+            raise first_failure
+
+    def __del__(self):
+        if getattr(self, "_closed", True):
+            return
+        if self._pending:
+            logger.warning(
+                "AsyncCallsQueue garbage-collected with %d unfinalized calls; aborting them",
+                len(self._pending),
+            )
+        self.close(abort=True)
+
+    def _get_async_caller(self) -> AsyncCaller:
+        if not self.persistent:
+            if not self._warned_temporal:
+                logger.warning("TemporalAsyncCaller is deprecated; use a persistent queue")
+                self._warned_temporal = True
+            return TemporalAsyncCaller()
+        if self._persistent_caller is None:
+            self._persistent_caller = PersistentAsyncCaller()
+        return self._persistent_caller
+
+    def _retire(self, entry: _ActiveAsyncRequest) -> None:
+        """Release a temporal caller once its only request is reported."""
+        if entry.async_caller is not self._persistent_caller:
+            entry.async_caller.close()
+
+    def _finalize(self, entry: _ActiveAsyncRequest, no_dist: bool) -> None:
+        """Run the finalize fns; check (collectively) that all ranks finalized the same call."""
+        err = None
+        for fn in entry.async_request.finalize_fns:
+            try:
+                fn()
+            except Exception as exc:
+                err = picklable_error(exc)
+                break
+        collective = not no_dist and dist_ready()
+        failed = err is not None
+        if collective:
+            values = [entry.idx, -entry.idx, int(failed)]
+            top, neg_bottom, failed = all_reduce(values, dist.ReduceOp.MAX, torch.int64)
+            if (top, -neg_bottom) != (entry.idx, entry.idx):
+                raise RuntimeError(
+                    f"ranks finalized different calls: this rank finalized {entry.idx}, "
+                    f"others range from {-neg_bottom} to {top}"
+                )
+        if failed:
+            raise_failure("async checkpoint finalization", err, collective)
+
+    def _finalize_all(self) -> BaseException | None:
+        """Finalize every pending request (blocking); return the first failure, if any."""
+        first_failure = None
+        while self._pending:
+            try:
+                self.maybe_finalize_async_calls(blocking=True, no_dist=False)
+            except CheckpointException as exc:
+                if first_failure is None:
+                    first_failure = exc
+        return first_failure
+
+    def _abort(self) -> None:
+        self._closed = True
+        callers = {id(entry.async_caller): entry.async_caller for entry in self._pending}
+        if self._persistent_caller is not None:
+            callers[id(self._persistent_caller)] = self._persistent_caller
+        self._pending.clear()
+        for caller in callers.values():
+            caller.close(abort=True)

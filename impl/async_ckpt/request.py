@@ -1,0 +1,90 @@
+"""``AsyncRequest``, and how the outcome of a background call is reported.
+
+* ``AsyncRequest``: ``async_fn(*async_fn_args, **async_fn_kwargs)`` runs in the background;
+  if ``preload_fn`` is set it takes no arguments and its result replaces positional argument 1.
+  ``finalize_fns`` run in the trainer, in order, once the call is done on every rank.
+* ``run_guarded`` catches an error where the call runs and returns it as a picklable value,
+  so it can cross to the trainer and between ranks.
+* ``raise_failure`` raises ``CheckpointException`` whose ``failures`` maps each failing rank to
+  its exception: on every rank, after gathering the errors, when the check is collective.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch.distributed as dist
+from torch.distributed.checkpoint import CheckpointException
+
+from ..utils import all_gather, dist_rank, dist_ready, errors_by_rank, picklable_error
+
+__all__ = ["AsyncRequest", "CheckpointFailure", "raise_failure", "run_guarded"]
+
+
+class AsyncRequest(NamedTuple):
+    """One background call plus the functions that finalize it on every rank."""
+
+    async_fn: Callable | None
+    async_fn_args: tuple
+    finalize_fns: list[Callable]
+    async_fn_kwargs: dict | None = None
+    preload_fn: Callable | None = None
+    is_frozen: bool = False
+    call_idx: int = 0
+
+    def add_finalize_fn(self, fn: Callable) -> None:
+        """Append ``fn`` to the finalize functions (not allowed once frozen)."""
+        if self.is_frozen:
+            raise RuntimeError("cannot add a finalize function to a frozen AsyncRequest")
+        if not callable(fn):
+            raise TypeError(f"finalize function must be callable, got {type(fn).__name__}")
+        self.finalize_fns.append(fn)
+
+    def freeze(self) -> AsyncRequest:
+        """Return a frozen copy whose finalize functions no longer follow this request's list."""
+        return self._replace(is_frozen=True, finalize_fns=tuple(self.finalize_fns))
+
+    def execute_sync(self) -> None:
+        """Do in this process what the async path does: preload, call, barrier, finalize."""
+        args = list(self.async_fn_args)
+        if self.preload_fn is not None:
+            args[1] = self.preload_fn()
+        if self.async_fn is not None:
+            self.async_fn(*args, **(self.async_fn_kwargs or {}))
+        if dist_ready():
+            dist.barrier()
+        for fn in self.finalize_fns:
+            fn()
+
+
+def run_guarded(fn: Callable, *args, **kwargs) -> tuple[Any, BaseException | None]:
+    """Call ``fn``; return ``(result, None)`` or ``(None, picklable error)``."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as exc:
+        err = picklable_error(exc)
+        if err is exc:
+            tb_text = "".join(traceback.format_tb(exc.__traceback__.tb_next))
+            exc.add_note(f"Traceback in process {os.getpid()}:\n{tb_text}")
+        # Drop the frames (and the tensors they reference) now; tracebacks do not pickle anyway.
+        return None, err.with_traceback(None)
+
+
+class CheckpointFailure(CheckpointException):
+    """CheckpointException with plain exceptions as ``failures`` values, and a matching str()."""
+
+    def __str__(self) -> str:
+        lines = [f"{self.args[0]} failed on rank(s) {sorted(self.failures)}"]
+        for rank, exc in sorted(self.failures.items()):
+            text = "".join(traceback.format_exception_only(exc)).rstrip()
+            lines.append(f"[rank {rank}] {text}")
+        return "\n".join(lines)
+
+
+def raise_failure(what: str, local_err: BaseException | None, collective: bool) -> None:
+    """Raise CheckpointFailure with every failing rank's error (gathered if ``collective``)."""
+    failures = errors_by_rank(all_gather(local_err)) if collective else {dist_rank(): local_err}
+    raise CheckpointFailure(what, failures) from local_err

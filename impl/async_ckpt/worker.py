@@ -1,0 +1,109 @@
+"""The bodies of the background processes: the persistent worker loop and the temporal child.
+
+Contract:
+
+* ``persistent_worker`` serves requests in the order they arrive over its pipe, one at a time,
+  until it receives ``None`` or the trainer is gone. A request arrives as ``(idx, wants_ack,
+  body)`` with ``body`` the pickled ``(request, slab_ref)``. For each it sends
+  ``("preloaded", idx, err)`` once ``preload_fn`` ran (only if ``wants_ack``), then
+  ``("done", idx, err)``; ``err`` is None or the picklable error that stopped the call.
+* ``temporal_child`` runs one call in a forked child, sends its error (or None) and exits
+  non-zero on failure.
+* Both lead their own process group (so an abort reaches the processes ``async_fn`` starts) and
+  kill that group once the trainer holding the lifeline's write end is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+from multiprocessing import connection
+
+import torch.multiprocessing  # noqa: F401  (torch's tensor reductions, for what the worker sends back)
+
+from .request import run_guarded
+from .staging import unstage
+
+__all__ = ["persistent_worker", "temporal_child"]
+
+logger = logging.getLogger(__name__)
+
+
+def _start_lifeline_watchdog(lifeline: connection.Connection) -> None:
+    """Kill this process group once the trainer holding the lifeline's write end is gone."""
+
+    def watch() -> None:
+        try:
+            lifeline.recv()  # the trainer never writes: this only ends with EOF
+        except (EOFError, OSError):
+            pass
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="ckpt-lifeline", daemon=True).start()
+
+
+def temporal_child(async_fn, args, kwargs, result_conn, lifeline, lifeline_w) -> None:
+    """Body of a forked child: run the call, report the error (or None), exit 1 on failure."""
+    lifeline_w.close()  # inherited by fork; only the trainer may hold it, or EOF never comes
+    os.setpgid(0, 0)
+    _start_lifeline_watchdog(lifeline)
+    _, err = run_guarded(async_fn, *args, **kwargs)
+    result_conn.send(err)
+    if err is not None:
+        sys.exit(1)
+
+
+def persistent_worker(conn, lifeline, log_level: int) -> None:
+    """Worker main loop: serve requests in order until told to stop (``None``) or orphaned."""
+    os.setpgid(0, 0)
+    _start_lifeline_watchdog(lifeline)
+    logger.setLevel(log_level)
+    inbox: queue.Queue = queue.Queue()
+    threading.Thread(target=_receive_requests, args=(conn, inbox), daemon=True).start()
+    while True:
+        item = inbox.get()
+        if item is None:
+            break
+        _serve_request(conn, *item)
+        item = None  # release the request (and its shared pages) while waiting for the next
+    logger.debug("Persistent checkpoint worker %d exiting", os.getpid())
+
+
+def _receive_requests(conn, inbox: queue.Queue) -> None:
+    """Read and unpickle requests as they arrive, so the trainer never waits on a busy worker.
+
+    Holds no request between iterations: tensors freed by this daemon thread while the
+    interpreter shuts down would abort the worker.
+    """
+    while (message := _recv_or_none(conn)) is not None:
+        inbox.put(_decode_request(*message))
+    inbox.put(None)
+
+
+def _recv_or_none(conn):
+    try:
+        return conn.recv()
+    except (EOFError, OSError):  # the trainer is gone
+        return None
+
+
+def _decode_request(idx: int, wants_ack: bool, body: bytes) -> tuple:
+    request, err = run_guarded(lambda: unstage(*pickle.loads(body)))
+    return idx, wants_ack, request, err
+
+
+def _serve_request(conn, idx: int, wants_ack: bool, request, err) -> None:
+    args = list(request.async_fn_args) if err is None else []
+    if err is None and request.preload_fn is not None:
+        args[1], err = run_guarded(request.preload_fn)
+    if wants_ack:
+        conn.send(("preloaded", idx, err))
+    if err is None:
+        _, err = run_guarded(request.async_fn, *args, **(request.async_fn_kwargs or {}))
+    conn.send(("done", idx, err))
+    logger.debug("Checkpoint call %d finished (error: %r)", idx, err)
