@@ -1,4 +1,5 @@
-"""Fault-suite fixtures: the orphan audit around every test (clause FI-ORPHAN-1, cited automatically)."""
+"""Fault-suite fixtures: the orphan audit around every test (clause FI-ORPHAN-1, cited automatically), and the
+S3 endpoint `s3` (spec_tests.harness.s3, the storage suite's)."""
 
 import shutil
 import tempfile
@@ -8,6 +9,7 @@ import pytest
 
 from fault_injection import faults
 from fault_injection.audit import Audit
+from spec_tests.harness.s3 import s3  # noqa: F401  (the fixture)
 
 _HERE = Path(__file__).resolve().parent
 

@@ -1,5 +1,8 @@
 """What the fault tests share: bounds, rank runs under the audit, phase steps, self-kill, cleanup.
 
+What a call did (returned, raised, or hung past BOUND) is spec_tests.harness's `outcome_of`; closing a queue
+after a provoked fault, its `close_quietly`.
+
 A fault is placed in a *phase* of a save by a `Step`, run at the start of that phase in whatever
 process runs it (the trainer for plan and finalize, the worker for staging and write): it may record
 its pid in a marker file, SIGKILL its own process, wait for a gate file, and install a fault-layer
@@ -8,6 +11,7 @@ plan (fault_injection.faultfs) for the rest of the phase. `Hooks` holds one Step
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -17,17 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch.distributed.checkpoint import CheckpointException
-
-from spec_tests.harness import workloads
-from spec_tests.harness import run_on_ranks
-from spec_tests.harness import alive
-
 from fault_injection import faultfs
+from spec_tests.harness import alive, attempt, run_on_ranks, workloads
 
 __all__ = [
-    "BOUND", "EXIT_BOUND", "HUNG", "PHASES", "Hooks", "Step", "abort_quietly", "exits_within", "in_phase",
-    "kill_pids", "kill_self_when", "on_ranks", "outcome_of", "wait_for_pids",
+    "BOUND", "EXIT_BOUND", "PHASES", "Hooks", "Step", "exits_within", "in_phase", "kill_pids", "kill_self_when",
+    "on_ranks", "wait_for_pids",
 ]
 
 BOUND = 30.0
@@ -80,12 +79,7 @@ def _collect_garbage() -> None:
     The runner stops a rank right after its reply, before interpreter exit would do this. A finalizer
     that blocks (a queue whose __del__ waits for a dead worker) is left behind in its thread.
     """
-    from spec_tests.harness import bounded
-
-    try:
-        bounded(EXIT_BOUND, "gc.collect()", gc.collect)
-    except AssertionError:
-        pass
+    attempt(gc.collect, bound=EXIT_BOUND, what="gc.collect()")
 
 
 # -------------------------------------------------------------------------------------- phases
@@ -129,7 +123,7 @@ class Hooks:
     exchange: Step = NOTHING
 
     @classmethod
-    def at(cls, phase: str, step: Step) -> "Hooks":
+    def at(cls, phase: str, step: Step) -> Hooks:
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; one of {', '.join(PHASES)}")
         return cls(**{phase: step})
@@ -187,46 +181,5 @@ def wait_for_pids(path: str, count: int = 1, seconds: float = 60) -> list[int]:
 def kill_pids(pids) -> None:
     """SIGKILL the given pids (processes this test started or caused); missing ones are ignored."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-# ------------------------------------------------------------------------------------ outcomes
-
-
-HUNG = "hung"
-"""outcome_of's answer for a call still running at its bound."""
-
-
-def outcome_of(fn, *args, bound: float = BOUND, what: str = "", **kwargs) -> str:
-    """Run fn within `bound` seconds: "returned", the name of the exception it raised, or HUNG.
-
-    After HUNG the call goes on in a helper thread, possibly inside a collective: the caller must not
-    start another collective on this rank (the runner discards the rank afterwards).
-    """
-    from spec_tests.harness import bounded
-
-    try:
-        bounded(bound, what or getattr(fn, "__name__", "call"), fn, *args, **kwargs)
-        return "returned"
-    except AssertionError as exc:
-        return HUNG if "did not return within" in str(exc) else "AssertionError"
-    except CheckpointException:  # a BaseException; implementations may raise a subclass
-        return "CheckpointException"
-    except BaseException as exc:
-        return type(exc).__name__
-
-
-def abort_quietly(queue) -> None:
-    """Stop a queue after a provoked fault, bounded; its own failure is not the test's subject.
-
-    Targets without close(abort=True) are left to the runner, which stops the rank's process group.
-    """
-    from spec_tests.harness import bounded
-
-    try:
-        bounded(EXIT_BOUND, "close(abort=True)", queue.close, abort=True)
-    except BaseException:
-        pass

@@ -38,7 +38,7 @@ __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 START_MARKER = "<!-- faults:start -->"
 END_MARKER = "<!-- faults:end -->"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("plan", "staging", "write", "finalize", "exchange")
+from fault_injection.faults import PHASES  # noqa: E402  (one list of phases, the fault suite's)
 FAULTS = (
     ("FI-RANK", "killed rank"),
     ("FI-WORKER", "killed worker or writer process"),

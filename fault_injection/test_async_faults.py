@@ -14,21 +14,22 @@ import traceback
 
 import pytest
 
-from spec_tests.harness import workloads
-from spec_tests.harness import bounded
-from spec_tests.harness import world
-from spec_tests.harness import current_target
-
 from fault_injection import faultfs, saves
-from fault_injection.faults import (BOUND, EXIT_BOUND, HUNG, Hooks, Step, abort_quietly, exits_within, kill_pids,
-                                    kill_self_when, on_ranks, outcome_of, wait_for_pids)
+from fault_injection.faults import (
+    BOUND,
+    EXIT_BOUND,
+    Hooks,
+    Step,
+    exits_within,
+    kill_pids,
+    kill_self_when,
+    on_ranks,
+    wait_for_pids,
+)
+from spec_tests.harness import HUNG, async_core, bounded, close_quietly, current_target, outcome_of, workloads, world
 
 WORLD = 2
 VICTIM = 1  # the rank (or the rank whose worker) the fault hits; rank 0 is DCP's coordinator
-
-
-def _core():
-    return current_target().module("async_ckpt.core")
 
 
 def _save():
@@ -36,7 +37,7 @@ def _save():
 
 
 def _queue():
-    return _core().AsyncCallsQueue(persistent=True)
+    return async_core().AsyncCallsQueue(persistent=True)
 
 
 def _paths(tmp):
@@ -90,9 +91,9 @@ def _killed_rank(tmp, phase):
             marker = os.path.join(tmp, "worker-in-phase")
             hooks = Hooks.at(phase, Step(marker=marker, gate=os.path.join(tmp, "never")))
             kill_self_when(marker)
-    outcome = outcome_of(save.save, queue, new, 1, rank, world_size, hooks,
+    outcome = outcome_of(save.save, queue, new, 1, rank, world_size, hooks, bound=BOUND,
                          what=f"a save during which rank {VICTIM} is killed ({phase})")
-    abort_quietly(queue)
+    close_quietly(queue, abort=True, bound=EXIT_BOUND)
     return outcome
 
 
@@ -126,15 +127,15 @@ def _killed_worker(tmp, phase):
         hooks = Hooks.at("write", Step(fs=plan))
     elif rank == VICTIM:
         hooks = Hooks.at(phase, Step(die=True))
-    outcome = outcome_of(save.save, queue, _paths(tmp)[1], 1, rank, world_size, hooks,
+    outcome = outcome_of(save.save, queue, _paths(tmp)[1], 1, rank, world_size, hooks, bound=BOUND,
                          what=f"a save whose worker on rank {VICTIM} is killed ({phase})")
-    abort_quietly(queue)
+    close_quietly(queue, abort=True, bound=EXIT_BOUND)
     if outcome == HUNG or phase != "write":
         return outcome, "not tried"
     again = _queue()
-    recovered = outcome_of(save.save, again, os.path.join(tmp, "again"), 2, rank, world_size,
+    recovered = outcome_of(save.save, again, os.path.join(tmp, "again"), 2, rank, world_size, bound=BOUND,
                            what="a save with a new queue after the worker failure")
-    abort_quietly(again)  # how the queue ends is not this test's subject; abort is the quick way
+    close_quietly(again, abort=True, bound=EXIT_BOUND)  # how the queue ends is not this test's subject; abort is the quick way
     return outcome, recovered
 
 
@@ -270,7 +271,7 @@ def _hung_then_released(tmp):
         workloads.open_gate(gate)
     waiter.join(BOUND)
     result = box.get("done", f"still waiting {BOUND:g}s after the write was released")
-    abort_quietly(queue)
+    close_quietly(queue, abort=True, bound=EXIT_BOUND)
     return early, waiting, result
 
 

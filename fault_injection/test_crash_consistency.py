@@ -32,14 +32,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from spec_tests.harness import assert_state_dict_equal
-from spec_tests.harness import current_target
-
 from fault_injection import faultfs, saves
-from fault_injection.faults import on_ranks, private_tmpdir
+from fault_injection.faults import PHASES, on_ranks, private_tmpdir
+from spec_tests.harness import assert_state_dict_equal, current_target, remove
 
 CHILD_TIMEOUT = 60.0
-SAVE_PHASES = ("plan", "staging", "write", "finalize")
+SAVE_PHASES = tuple(p for p in PHASES if p != "exchange")  # a single-rank save has no replica exchange
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -78,13 +76,13 @@ def _in_child(tmp: str, name: str, fn, *args, crashes=False):
             os.waitpid(pid, 0)
             raise AssertionError(f"{name}: the forked save did not finish within {CHILD_TIMEOUT:g}s")
         time.sleep(0.005)
-    _remove(os.path.join(tmp, f"{name}.store"))
+    remove(os.path.join(tmp, f"{name}.store"))
     if os.WIFSIGNALED(status):
-        _remove(out)
+        remove(out)
         return "killed", os.WTERMSIG(status)
     with open(out, "rb") as f:
         result = pickle.load(f)
-    os.remove(out)
+    remove(out)
     return result
 
 
@@ -95,13 +93,6 @@ def _join_threads(seconds: float) -> None:
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join(max(0.0, deadline - time.monotonic()))
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    elif os.path.exists(path):
-        os.remove(path)
 
 
 def _run_phases(make_request, log: str | None) -> dict:
@@ -177,7 +168,7 @@ def _crash_points(tmp: str, save_in_child, phase: str, check) -> tuple:
         _in_child(tmp, f"crash{point.index}", save_in_child, log, faultfs.Fault("crash", at=point.index),
                   crashes=True)
         crashed += bool(faultfs.fired(log, "crash"))
-        _remove(log)
+        remove(log)
         problems += [f"crash after {_point(point)}: {p}" for p in check()]
     return len(points), crashed, problems
 
@@ -196,7 +187,7 @@ def _dcp_paths(tmp):
 
 def _dcp_save(tmp: str, log: str, fault):
     new = _dcp_paths(tmp)[1]
-    _remove(new)
+    remove(new)
     plan = faultfs.Plan(root=new, log=log, faults=(fault,) if fault else ())
     with faultfs.installed(plan):
         return _run_phases(lambda: saves.DcpSave(current_target()).request(new, 1, 0, 1), log)
@@ -274,7 +265,7 @@ def _tasd(iteration: int):
 
 def _local_save(root: str, base: str, log: str | None, fault):
     """Save iteration 2 (async request, run phase by phase) on a copy of base, which holds iteration 1."""
-    _remove(root)
+    remove(root)
     shutil.copytree(base, root)
     plan = faultfs.Plan(root=root, log=log, faults=(fault,) if fault else ()) if log else None
     with faultfs.installed(plan):

@@ -7,15 +7,14 @@ UNTESTED on GPU: written on a CPU-only machine.
 import functools
 import gc
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from spec_tests.harness import bounded
-from spec_tests.harness import current_target
-
 from fault_injection.faults import BOUND, on_ranks
 from fault_injection.test_storage_faults import ERRNOS, WORLD, _storage_errors
+from spec_tests.harness import async_core, bounded
 
 
 def stage_to_host(marker: str, state: dict) -> dict:
@@ -30,7 +29,7 @@ def save_staged(path: str, staged: dict) -> None:
 
 
 def _cuda_ipc(tmp):
-    core = current_target().module("async_ckpt.core")
+    core = async_core()
     torch.cuda.synchronize()
     baseline = torch.cuda.memory_allocated()
     state = {"w": torch.arange(1 << 16, dtype=torch.float32, device="cuda")}
@@ -42,7 +41,7 @@ def _cuda_ipc(tmp):
     state["w"].add_(1)  # the next training step, right after scheduling returned
     bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
     bounded(BOUND, "close()", queue.close)
-    pid, devices = open(marker).read().split(" ", 1)
+    pid, devices = Path(marker).read_text().split(" ", 1)
     saved_equal = torch.equal(torch.load(out)["w"], expected)
     del state, queue
     gc.collect()

@@ -12,9 +12,8 @@ import signal
 
 import pytest
 
-from spec_tests.harness import world
-
-from fault_injection.faults import BOUND, HUNG, on_ranks, outcome_of
+from fault_injection.faults import BOUND, on_ranks
+from spec_tests.harness import HUNG, outcome_of, world
 
 WORLD = 4
 RANKS_PER_NODE = 2
@@ -59,16 +58,16 @@ def _found_and_loaded(base, layout, iteration):
     from spec_tests.local.common import fresh_find_then_load, rank_value
 
     rank, _ = world()
-    found, loaded = fresh_find_then_load(base, layout)
-    if found != iteration:
-        return found, None
-    if loaded[0] != "loaded":
-        return found, f"load() raised {loaded[1]}"
+    found = fresh_find_then_load(base, layout)
+    if found.latest != iteration:
+        return found.latest, None
+    if found.load != "returned":
+        return found.latest, f"load() raised {found.load}"
     try:
-        assert_state_dict_equal(loaded[1], rank_value(rank, iteration), call="load()")
+        assert_state_dict_equal(found.state_dict, rank_value(rank, iteration), call="load()")
     except AssertionError as exc:
-        return found, str(exc)
-    return found, None
+        return found.latest, str(exc)
+    return found.latest, None
 
 
 def _restart_every_case(tmp):

@@ -1,8 +1,8 @@
 """An S3 endpoint that goes away mid-save, or answers 5xx for the metadata, during a save through
 Multi-Storage Client, on two ranks.
 
-The endpoint is the storage suite's (spec_tests.harness.s3): moto's S3 server on loopback with a
-fault proxy in front of it. The previous checkpoint is saved through the profile `s3` (straight to
+The endpoint is the storage suite's (the fixture `s3` of spec_tests.harness.s3, which
+fault_injection/conftest.py imports): moto's S3 server on loopback with a fault proxy in front of it. The previous checkpoint is saved through the profile `s3` (straight to
 the server), the faulty one through `s3-faulty` (through the proxy), into the same bucket. The
 storage suite covers each kind of failed request on one rank (clause MSC-3).
 """
@@ -12,11 +12,9 @@ import uuid
 
 import pytest
 
-from spec_tests.harness import world
-from spec_tests.harness import current_target
-
 from fault_injection import saves
-from fault_injection.faults import abort_quietly, on_ranks, outcome_of
+from fault_injection.faults import BOUND, EXIT_BOUND, on_ranks
+from spec_tests.harness import async_core, close_quietly, current_target, outcome_of, world
 
 WORLD = 2
 FAULTS = {  # test id (phase first) -> (what the proxy does, in words); 5xx on data objects alone: MSC-3
@@ -25,24 +23,15 @@ FAULTS = {  # test id (phase first) -> (what the proxy does, in words); 5xx on d
 }
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    from spec_tests.harness.s3 import start_endpoint
-
-    endpoint, stop = start_endpoint(str(tmp_path_factory.mktemp("msc") / "msc_config.yaml"))
-    yield endpoint
-    stop()
-
-
 def _save_old_then_faulty(config, prefix):
     rank, world_size = world()
     os.environ["MSC_CONFIG"] = config  # before the worker starts: it keeps this environment
     save = saves.DcpSave(current_target(), use_msc=True)
-    queue = current_target().module("async_ckpt.core").AsyncCallsQueue(persistent=True)
+    queue = async_core().AsyncCallsQueue(persistent=True)
     save.save(queue, f"msc://s3/{prefix}/old", 0, rank, world_size)
-    outcome = outcome_of(save.save, queue, f"msc://s3-faulty/{prefix}/new", 1, rank, world_size,
+    outcome = outcome_of(save.save, queue, f"msc://s3-faulty/{prefix}/new", 1, rank, world_size, bound=BOUND,
                          what="a save to an S3 endpoint that fails")
-    abort_quietly(queue)
+    close_quietly(queue, abort=True, bound=EXIT_BOUND)
     return outcome
 
 

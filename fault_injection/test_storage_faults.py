@@ -15,11 +15,9 @@ import os
 
 import pytest
 
-from spec_tests.harness import world
-from spec_tests.harness import current_target
-
 from fault_injection import faultfs, saves
-from fault_injection.faults import HUNG, Hooks, Step, abort_quietly, on_ranks, outcome_of
+from fault_injection.faults import BOUND, EXIT_BOUND, Hooks, Step, on_ranks
+from spec_tests.harness import HUNG, async_core, close_quietly, current_target, outcome_of, world
 
 WORLD = 2
 ERRNOS = ("ENOSPC", "EACCES", "EIO")
@@ -49,25 +47,25 @@ def _storage_errors(tmp, phase):
     """Per errno: the faulty save's outcome, whether the fault fired, and the next save's outcome."""
     rank, world_size = world()
     save = saves.DcpSave(current_target())
-    queue = current_target().module("async_ckpt.core").AsyncCallsQueue(persistent=True)
+    queue = async_core().AsyncCallsQueue(persistent=True)
     save.save(queue, os.path.join(tmp, "old"), 0, rank, world_size)
     results = {}
     for version, errno_name in enumerate(ERRNOS, start=1):
         new = os.path.join(tmp, f"new-{errno_name}")
         hooks, log = _hooks(tmp, phase, errno_name, rank, new)
-        outcome = outcome_of(save.save, queue, new, version, rank, world_size, hooks,
+        outcome = outcome_of(save.save, queue, new, version, rank, world_size, hooks, bound=BOUND,
                              what=f"a save hitting {errno_name} in {phase}")
         fired = log is not None and bool(faultfs.fired(log, "raise"))
         if outcome == HUNG:
             results[errno_name] = (outcome, fired, "not tried")
             break
         after = outcome_of(save.save, queue, os.path.join(tmp, f"after-{errno_name}"), 10 + version, rank,
-                           world_size, what=f"the save after {errno_name}")
+                           world_size, bound=BOUND, what=f"the save after {errno_name}")
         results[errno_name] = (outcome, fired, after)
         if after == HUNG:
             break
     else:
-        abort_quietly(queue)  # how the queue ends is not this test's subject; abort is the quick way
+        close_quietly(queue, abort=True, bound=EXIT_BOUND)  # abort: the quick way
     return results
 
 

@@ -4,30 +4,23 @@ import functools
 import os
 import pickle
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given
-from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.harness import strategies, workloads
-from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.asserts import assert_each_rank, assert_equal, assert_state_dict_equal, attempt, bounded
+from spec_tests.harness.processes import CALLERS, async_core, close_quietly, exists, remove, wait_for_file
 from spec_tests.harness.ranks import ranks, world
-from spec_tests.harness.processes import exists, wait_for_file
-from spec_tests.harness.targets import current_target
-
-CALLERS = [pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
-           pytest.param(False, id="temporal", marks=pytest.mark.needs("temporal_caller"))]
-
-
-def _core():
-    return current_target().module("async_ckpt.core")
 
 
 def _request(gate=None, fail_with=None, log=None, tag=None):
     fns = [functools.partial(workloads.append_line, log, tag)] if log else []
-    return _core().AsyncRequest(workloads.gated, (gate, fail_with), fns)
+    return async_core().AsyncRequest(workloads.gated, (gate, fail_with), fns)
 
 
 def _finalize(queue, blocking=True, no_dist=False, bound=60):
@@ -36,10 +29,7 @@ def _finalize(queue, blocking=True, no_dist=False, bound=60):
 
 
 def _lines(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return f.read().split()
+    return Path(path).read_text().split() if os.path.exists(path) else []
 
 
 class _CollectiveCounter:
@@ -63,39 +53,55 @@ class _CollectiveCounter:
 # ------------------------------------------------------------------------ indices and order
 
 
+@dataclass(frozen=True)
+class DefaultQueue:
+    indices: list  # of two requests on AsyncCallsQueue()
+    second_queue_first_index: int
+    worker_processes: int  # that ran the two requests
+    ran_in_trainer: bool
+
+
 def _indices_and_default_caller(tmp):
-    queue = _core().AsyncCallsQueue()
+    core = async_core()
+    queue = core.AsyncCallsQueue()
     pids = [os.path.join(tmp, f"pid{i}") for i in range(2)]
-    idx = [queue.schedule_async_request(_core().AsyncRequest(workloads.write_pid, (p,), [])) for p in pids]
+    idx = [queue.schedule_async_request(core.AsyncRequest(workloads.write_pid, (p,), [])) for p in pids]
     _finalize(queue)
-    other = _core().AsyncCallsQueue()
-    other_idx = other.schedule_async_request(_core().AsyncRequest(None, (), []))
+    other = core.AsyncCallsQueue()
+    other_idx = other.schedule_async_request(core.AsyncRequest(None, (), []))
     _finalize(other)
     other.close()
     queue.close()
-    runners = {int(open(p).read()) for p in pids}
-    return idx, other_idx, len(runners), os.getpid() in runners
+    runners = {int(Path(p).read_text()) for p in pids}
+    return DefaultQueue(idx, other_idx, len(runners), os.getpid() in runners)
 
 
 @pytest.mark.spec("AQ-1", "AQ-2", "PC-1")
 def test_default_queue_is_persistent_and_counts_from_zero(rank_pool, tmp_path):
-    (idx, other_idx, n_runners, in_trainer), = rank_pool(1).run(_indices_and_default_caller, str(tmp_path))
-    assert idx == [0, 1] and other_idx == 0, f"indices={idx}, second queue's first={other_idx}"
-    assert n_runners == 1 and not in_trainer, (
-        f"both requests should run in one worker process (not the trainer); ran in {n_runners} process(es), "
-        f"trainer among them: {in_trainer}")
+    assert_equal("default queue", rank_pool(1).run(_indices_and_default_caller, str(tmp_path))[0],
+                 DefaultQueue(indices=[0, 1], second_queue_first_index=0, worker_processes=1, ran_in_trainer=False),
+                 call="two requests on AsyncCallsQueue(), one on a second queue")
+
+
+@dataclass(frozen=True)
+class HeadOfLine:
+    poll_with_call0_unfinished: list
+    pending_then: int
+    blocking_finalize: list
+    pending_after: int
+    finalize_fns_run: list
 
 
 def _head_of_line(tmp, persistent):
     log, gate0 = os.path.join(tmp, "log"), os.path.join(tmp, "gate0")
-    queue = _core().AsyncCallsQueue(persistent=persistent)
+    queue = async_core().AsyncCallsQueue(persistent=persistent)
     queue.schedule_async_request(_request(gate0, log=log, tag="a"))
     queue.schedule_async_request(_request(None, log=log, tag="b"))
     early = _finalize(queue, blocking=False)
     pending = queue.get_num_unfinalized_calls()
     workloads.open_gate(gate0)
     done = _finalize(queue)
-    result = early, pending, done, queue.get_num_unfinalized_calls(), _lines(log)
+    result = HeadOfLine(early, pending, done, queue.get_num_unfinalized_calls(), _lines(log))
     queue.close()
     return result
 
@@ -103,10 +109,17 @@ def _head_of_line(tmp, persistent):
 @pytest.mark.spec("AQ-3", "AQ-5", "AQ-6")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_finalize_keeps_schedule_order_and_returns_what_it_finalized(rank_pool, tmp_path, persistent):
-    early, pending, done, after, log = rank_pool(1).run(_head_of_line, str(tmp_path), persistent)[0]
-    assert early == [] and pending == 2, f"with call 0 unfinished, finalize returned {early}, pending={pending}"
-    assert done == [0, 1], f"blocking finalize returned {done}, but should be [0, 1]"
-    assert after == 0 and log == ["a", "b"], f"pending after={after}, finalize order={log}"
+    assert_equal("queue", rank_pool(1).run(_head_of_line, str(tmp_path), persistent)[0],
+                 HeadOfLine(poll_with_call0_unfinished=[], pending_then=2, blocking_finalize=[0, 1], pending_after=0,
+                            finalize_fns_run=["a", "b"]),
+                 call="calls a (held by its gate), b; poll; open a's gate; blocking finalize")
+
+
+@dataclass(frozen=True)
+class EveryRankFinished:
+    poll_with_rank1_unfinished: list
+    blocking_finalize: list
+    finalize_fn_saw: list  # the done-markers of every rank, once per run of the finalize function
 
 
 def _finalize_after_every_rank(tmp, persistent):
@@ -117,8 +130,9 @@ def _finalize_after_every_rank(tmp, persistent):
     def check_all_ranks_done():
         seen.append(sorted(f for f in os.listdir(tmp) if f.startswith("done")))
 
-    queue = _core().AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(_core().AsyncRequest(
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=persistent)
+    queue.schedule_async_request(core.AsyncRequest(
         workloads.save_when_open, (gate, {"rank": rank}, marker), [check_all_ranks_done]))
     if rank == 0:
         workloads.open_gate(gate)
@@ -127,25 +141,31 @@ def _finalize_after_every_rank(tmp, persistent):
         workloads.open_gate(gate)
     second = _finalize(queue)
     queue.close()
-    return first, second, seen
+    return EveryRankFinished(first, second, seen)
 
 
 @pytest.mark.spec("AQ-4", "AC-2")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_finalize_fns_run_once_after_every_rank_finished(rank_pool, tmp_path, persistent):
-    results = rank_pool(2).run(_finalize_after_every_rank, str(tmp_path), persistent)
-    for rank, (first, second, seen) in enumerate(results):
-        assert first == [], f"rank {rank} finalized {first} while rank 1's call was unfinished"
-        assert second == [0], f"rank {rank}: blocking finalize returned {second}"
-        assert seen == [["done0", "done1"]], f"rank {rank}: finalize fn ran {len(seen)} time(s), saw {seen}"
+    assert_each_rank("queue", rank_pool(2).run(_finalize_after_every_rank, str(tmp_path), persistent),
+                     EveryRankFinished(poll_with_rank1_unfinished=[], blocking_finalize=[0],
+                                       finalize_fn_saw=[["done0", "done1"]]),
+                     call="one call per rank, rank 1's held by its gate during the poll")
 
 
 # ------------------------------------------------------------------------------- collectives
 
 
+@dataclass(frozen=True)
+class PollCosts:
+    poll: list  # what a distributed poll with the call unfinished returned
+    distributed_poll_all_reduces: list  # element counts of the all-reduces it issued
+    no_dist_all_reduces: list  # of a no_dist poll and a no_dist blocking finalize
+
+
 def _poll_costs(tmp, persistent):
     gate = os.path.join(tmp, f"gate{dist.get_rank()}")
-    queue = _core().AsyncCallsQueue(persistent=persistent)
+    queue = async_core().AsyncCallsQueue(persistent=persistent)
     queue.schedule_async_request(_request(gate))
     with _CollectiveCounter() as dist_poll:
         answer = _finalize(queue, blocking=False, no_dist=False)
@@ -155,21 +175,28 @@ def _poll_costs(tmp, persistent):
     with _CollectiveCounter() as local_final:
         _finalize(queue, blocking=True, no_dist=True)
     queue.close()
-    return answer, dist_poll.calls, local_poll.calls + local_final.calls
+    return PollCosts(answer, dist_poll.calls, local_poll.calls + local_final.calls)
 
 
 @pytest.mark.spec("AC-1", "AC-3")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_a_poll_is_one_single_integer_all_reduce_and_no_dist_is_none(rank_pool, tmp_path, persistent):
-    for rank, (answer, dist_calls, local_calls) in enumerate(
-            rank_pool(2).run(_poll_costs, str(tmp_path), persistent)):
-        assert answer == [], f"rank {rank}: an unfinished call was finalized: {answer}"
-        assert dist_calls == [1], f"rank {rank}: a distributed poll issued all-reduces of sizes {dist_calls}"
-        assert local_calls == [], f"rank {rank}: no_dist=True issued all-reduces of sizes {local_calls}"
+    assert_each_rank("queue", rank_pool(2).run(_poll_costs, str(tmp_path), persistent),
+                     PollCosts(poll=[], distributed_poll_all_reduces=[1], no_dist_all_reduces=[]),
+                     call="maybe_finalize_async_calls with a call held by its gate, then released")
+
+
+@dataclass(frozen=True)
+class CallerAnswers:
+    poll: bool  # is_current_async_call_done(blocking=False) while the call is held
+    blocking: bool  # is_current_async_call_done(blocking=True) after it was released
+    poll_type: str
+    blocking_type: str
+    poll_all_reduces: list  # element counts
 
 
 def _caller_answers(tmp, caller_name):
-    core = _core()
+    core = async_core()
     caller = getattr(core, caller_name)()
     gate = os.path.join(tmp, f"gate-{caller_name}")
     caller.schedule_async_call(core.AsyncRequest(workloads.gated, (gate, None), []).freeze())
@@ -179,7 +206,7 @@ def _caller_answers(tmp, caller_name):
     workloads.open_gate(gate)
     final = bounded(60, "is_current_async_call_done(blocking=True)", caller.is_current_async_call_done, True, False)
     caller.close()
-    return type(answer).__name__, type(final).__name__, bool(answer), bool(final), counter.calls
+    return CallerAnswers(bool(answer), bool(final), type(answer).__name__, type(final).__name__, counter.calls)
 
 
 @pytest.mark.spec("AC-1", "AC-4")
@@ -187,10 +214,9 @@ def _caller_answers(tmp, caller_name):
     pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
     pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller"))])
 def test_caller_answers_with_a_bool_after_one_all_reduce(rank_pool, tmp_path, caller_name):
-    (t_answer, t_final, answer, final, calls), = rank_pool(1).run(_caller_answers, str(tmp_path), caller_name)
-    assert (answer, final) == (False, True), f"answers={answer}, {final}"
-    assert calls == [1], f"one non-blocking check issued all-reduces of sizes {calls}"
-    assert (t_answer, t_final) == ("bool", "bool"), f"returned {t_answer} and {t_final}, but should be bool"
+    assert_equal(caller_name, rank_pool(1).run(_caller_answers, str(tmp_path), caller_name)[0],
+                 CallerAnswers(poll=False, blocking=True, poll_type="bool", blocking_type="bool", poll_all_reduces=[1]),
+                 call="is_current_async_call_done with the call held, then released")
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -200,171 +226,195 @@ def _error_on_rank1(tmp, persistent, where):
     rank, _ = world()
     log = os.path.join(tmp, f"log{rank}")
     fail = f"injected failure on rank {rank}" if rank == 1 else None
-    queue = _core().AsyncCallsQueue(persistent=persistent)
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=persistent)
     if where == "async_fn":
         queue.schedule_async_request(_request(None, fail_with=fail, log=log, tag="fin"))
     else:
         fns = [functools.partial(workloads.fail, fail)] if fail else [functools.partial(workloads.append_line, log, "fin")]
-        queue.schedule_async_request(_core().AsyncRequest(workloads.gated, (None, None), fns))
-    try:
-        _finalize(queue, bound=30)
-        outcome = "returned"
-    except CheckpointException as exc:
-        outcome = f"CheckpointException({', '.join(map(str, sorted(exc.failures)))})"
-    except Exception as exc:
-        outcome = f"{type(exc).__name__}: {exc}"
-    _close_quietly(queue)
-    return outcome
-
-
-def _close_quietly(queue):
-    """Cleanup after a provoked error: bounded, and its own failure is not this test's subject."""
-    try:
-        bounded(30, "close()", queue.close)
-    except BaseException:
-        pass
+        queue.schedule_async_request(core.AsyncRequest(workloads.gated, (None, None), fns))
+    outcome = attempt(queue.maybe_finalize_async_calls, True, False, bound=30, what="blocking finalize")
+    close_quietly(queue)
+    if outcome.text == "CheckpointException":
+        return f"CheckpointException({', '.join(map(str, sorted(outcome.error.failures)))})"
+    return str(outcome)
 
 
 @pytest.mark.spec("AQ-7")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_async_fn_error_on_one_rank_raises_on_every_rank(rank_pool, tmp_path, persistent):
-    outcomes = rank_pool(2).run(_error_on_rank1, str(tmp_path), persistent, "async_fn")
-    assert outcomes == ["CheckpointException(1)"] * 2, f"outcomes per rank: {outcomes}"
+    assert_each_rank("finalize", rank_pool(2).run(_error_on_rank1, str(tmp_path), persistent, "async_fn"),
+                     "CheckpointException(1)", call="blocking finalize of a call whose async_fn fails on rank 1")
 
 
 @pytest.mark.spec("AQ-8")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_finalize_fn_error_on_one_rank_raises_on_every_rank(rank_pool, tmp_path, persistent):
-    outcomes = rank_pool(2).run(_error_on_rank1, str(tmp_path), persistent, "finalize_fn")
-    assert outcomes == ["CheckpointException(1)"] * 2, f"outcomes per rank: {outcomes}"
+    assert_each_rank("finalize", rank_pool(2).run(_error_on_rank1, str(tmp_path), persistent, "finalize_fn"),
+                     "CheckpointException(1)", call="blocking finalize of a call whose finalize fn fails on rank 1")
+
+
+@dataclass(frozen=True)
+class FailedCallDropped:
+    first_finalize: str
+    pending_after_it: int
+    next_finalize: list
+    finalize_fns_run: list
 
 
 def _failed_call_is_dropped(tmp, persistent):
     log = os.path.join(tmp, "log")
-    queue = _core().AsyncCallsQueue(persistent=persistent)
+    queue = async_core().AsyncCallsQueue(persistent=persistent)
     queue.schedule_async_request(_request(None, fail_with="disk full", log=log, tag="bad"))
     queue.schedule_async_request(_request(None, log=log, tag="good"))
-    with pytest.raises(CheckpointException):
-        _finalize(queue, bound=30)
+    first = attempt(queue.maybe_finalize_async_calls, True, False, bound=30, what="blocking finalize", hung_fails=True).text
     pending = queue.get_num_unfinalized_calls()
     again = _finalize(queue, bound=30)
-    _close_quietly(queue)
-    return pending, again, _lines(log)
+    close_quietly(queue)
+    return FailedCallDropped(first, pending, again, _lines(log))
 
 
 @pytest.mark.spec("AQ-9")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_a_failed_call_is_dropped_and_later_calls_still_finalize(rank_pool, tmp_path, persistent):
-    pending, again, log = rank_pool(1).run(_failed_call_is_dropped, str(tmp_path), persistent)[0]
-    assert (pending, again, log) == (1, [1], ["good"]), (
-        f"after the failure: pending={pending}, next finalize={again}, finalize fns run={log}; "
-        "should be 1, [1], ['good']")
+    assert_equal("queue", rank_pool(1).run(_failed_call_is_dropped, str(tmp_path), persistent)[0],
+                 FailedCallDropped(first_finalize="CheckpointException", pending_after_it=1, next_finalize=[1],
+                                   finalize_fns_run=["good"]),
+                 call="calls bad (its async_fn fails) and good; finalize; finalize again")
 
 
 # ------------------------------------------------------------------------------------- close
 
 
+@dataclass(frozen=True)
+class Closed:
+    finalize_fns_run: list
+    pending: int
+
+
 def _close_finalizes(tmp, persistent):
     log = os.path.join(tmp, "log")
-    queue = _core().AsyncCallsQueue(persistent=persistent)
+    queue = async_core().AsyncCallsQueue(persistent=persistent)
     for tag in ("a", "b"):
         queue.schedule_async_request(_request(None, log=log, tag=tag))
     bounded(60, "close()", queue.close)
-    return _lines(log), queue.get_num_unfinalized_calls()
+    return Closed(_lines(log), queue.get_num_unfinalized_calls())
 
 
 @pytest.mark.spec("AQ-10")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_close_finalizes_every_pending_call(rank_pool, tmp_path, persistent):
-    assert rank_pool(1).run(_close_finalizes, str(tmp_path), persistent) == [(["a", "b"], 0)]
+    assert_equal("queue", rank_pool(1).run(_close_finalizes, str(tmp_path), persistent)[0],
+                 Closed(finalize_fns_run=["a", "b"], pending=0), call="calls a and b pending; close()")
+
+
+@dataclass(frozen=True)
+class Aborted:
+    finalize_fns_run: list
+    runner_exists: bool  # the process that ran the aborted call: running, or not reaped
 
 
 def _abort_in_flight(tmp, persistent):
     log, pid_file = os.path.join(tmp, "log"), os.path.join(tmp, "pid")
-    queue = _core().AsyncCallsQueue(persistent=persistent)
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=persistent)
     never = os.path.join(tmp, "never-opened")
-    queue.schedule_async_request(_core().AsyncRequest(
+    queue.schedule_async_request(core.AsyncRequest(
         workloads.write_pid, (pid_file, never), [functools.partial(workloads.append_line, log, "fin")]))
     wait_for_file(pid_file)
     bounded(10, "close(abort=True)", queue.close, abort=True)
-    runner = int(open(pid_file).read())
-    return _lines(log), exists(runner)
+    runner = int(Path(pid_file).read_text())
+    return Aborted(_lines(log), exists(runner))
 
 
 @pytest.mark.spec("AQ-11")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_abort_stops_in_flight_work_without_finalizing(rank_pool, tmp_path, persistent):
-    log, runner_alive = rank_pool(1).run(_abort_in_flight, str(tmp_path), persistent)[0]
-    assert log == [], f"close(abort=True) ran finalize functions: {log}"
-    assert not runner_alive, ("the process running the aborted call still exists (running, or not reaped) "
-                              "when close(abort=True) returns")
+    assert_equal("queue", rank_pool(1).run(_abort_in_flight, str(tmp_path), persistent)[0],
+                 Aborted(finalize_fns_run=[], runner_exists=False),
+                 call="close(abort=True) returned while a call was in flight")
+
+
+@dataclass(frozen=True)
+class BadInput:
+    schedule_non_requests: list  # what schedule_async_request did with an object() and a plain tuple
+    pending: int
+    schedule_after_close: str
 
 
 def _bad_input():
-    queue = _core().AsyncCallsQueue(persistent=False)
-    errors = []
-    for bad in (object(), ("not", "a", "request")):
-        try:
-            queue.schedule_async_request(bad)
-            errors.append(None)
-        except TypeError:
-            errors.append("TypeError")
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=False)
+    errors = [attempt(queue.schedule_async_request, bad).text for bad in (object(), ("not", "a", "request"))]
     pending = queue.get_num_unfinalized_calls()
     queue.close()
     queue.close()
-    try:
-        queue.schedule_async_request(_core().AsyncRequest(None, (), []))
-        closed = None
-    except RuntimeError:
-        closed = "RuntimeError"
-    return errors, pending, closed
+    closed = attempt(queue.schedule_async_request, core.AsyncRequest(None, (), [])).text
+    return BadInput(errors, pending, closed)
 
 
 @pytest.mark.spec("AQ-12")
 def test_bad_input_gets_a_clear_error(rank_pool):
-    assert rank_pool(1).run(_bad_input) == [(["TypeError", "TypeError"], 0, "RuntimeError")]
+    assert_equal("queue", rank_pool(1).run(_bad_input)[0],
+                 BadInput(schedule_non_requests=["TypeError", "TypeError"], pending=0,
+                          schedule_after_close="RuntimeError"),
+                 call="schedule_async_request(object()), (a tuple); close() twice; schedule_async_request(request)")
+
+
+@dataclass(frozen=True)
+class TwoQueues:
+    indices: list  # of schedules alternating x, y, x, y
+    fns_run_after_finalizing_x: list
+    pending_x: int
+    pending_y: int
+    fns_run_after_finalizing_both: list
 
 
 def _two_queues(tmp, persistent):
     log = os.path.join(tmp, "log")
-    q1, q2 = (_core().AsyncCallsQueue(persistent=persistent) for _ in range(2))
+    q1, q2 = (async_core().AsyncCallsQueue(persistent=persistent) for _ in range(2))
     idx = [q.schedule_async_request(_request(None, log=log, tag=f"{name}{i}"))
            for i in range(2) for name, q in (("x", q1), ("y", q2))]
     _finalize(q1)
     first = sorted(_lines(log)), q1.get_num_unfinalized_calls(), q2.get_num_unfinalized_calls()
     _finalize(q2)
     q1.close(), q2.close()
-    return idx, first, sorted(_lines(log))
+    return TwoQueues(idx, *first, sorted(_lines(log)))
 
 
 @pytest.mark.spec("AQ-13")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_two_queues_do_not_interfere(rank_pool, tmp_path, persistent):
-    idx, first, log = rank_pool(1).run(_two_queues, str(tmp_path), persistent)[0]
-    assert idx == [0, 0, 1, 1], f"interleaved schedules on two queues got indices {idx}"
-    assert first == (["x0", "x1"], 0, 2), (
-        f"after finalizing queue x only: finalize fns run, pending x, pending y = {first}")
-    assert log == ["x0", "x1", "y0", "y1"], f"finalize fns run: {log}"
+    assert_equal("queues", rank_pool(1).run(_two_queues, str(tmp_path), persistent)[0],
+                 TwoQueues(indices=[0, 0, 1, 1], fns_run_after_finalizing_x=["x0", "x1"], pending_x=0, pending_y=2,
+                           fns_run_after_finalizing_both=["x0", "x1", "y0", "y1"]),
+                 call="two calls on each of queues x and y, interleaved; finalize x, then y")
+
+
+@dataclass(frozen=True)
+class Unpicklable:
+    schedule_unpicklable: str  # "refused" (TypeError or PicklingError), else what it did
+    next_index: int
+    finalized: list
 
 
 def _unpicklable(tmp):
-    queue = _core().AsyncCallsQueue(persistent=True)
-    try:
-        queue.schedule_async_request(_core().AsyncRequest(workloads.gated, (threading.Lock(), None), []))
-        refused = None
-    except (TypeError, pickle.PicklingError):
-        refused = "refused"
-    log = os.path.join(tmp, "log")
-    idx = queue.schedule_async_request(_request(None, log=log, tag="ok"))
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=True)
+    held = core.AsyncRequest(workloads.gated, (threading.Lock(), None), [])
+    refused = attempt(queue.schedule_async_request, held, named=(TypeError, pickle.PicklingError)).text
+    idx = queue.schedule_async_request(_request(None, log=os.path.join(tmp, "log"), tag="ok"))
     done = _finalize(queue, bound=30)
     queue.close()
-    return refused, idx, done
+    return Unpicklable("refused" if refused in ("TypeError", "PicklingError") else refused, idx, done)
 
 
 @pytest.mark.spec("AQ-16")
 @pytest.mark.needs("persistent_caller")
 def test_an_unpicklable_request_is_refused_at_schedule(rank_pool, tmp_path):
-    assert rank_pool(1).run(_unpicklable, str(tmp_path)) == [("refused", 0, [0])]
+    assert_equal("queue", rank_pool(1).run(_unpicklable, str(tmp_path))[0],
+                 Unpicklable(schedule_unpicklable="refused", next_index=0, finalized=[0]),
+                 call="schedule a request holding a lock, then a good one; finalize")
 
 
 @pytest.mark.spec("AQ-15")
@@ -374,9 +424,11 @@ def test_an_unpicklable_request_is_refused_at_schedule(rank_pool, tmp_path):
 def test_works_without_a_process_group(tmp_path, persistent):
     dist.destroy_process_group()
     log = os.path.join(tmp_path, "log")
-    queue = _core().AsyncCallsQueue(persistent=persistent)
+    queue = async_core().AsyncCallsQueue(persistent=persistent)
     queue.schedule_async_request(_request(None, log=log, tag="a"))
-    assert _finalize(queue) == [0] and _lines(log) == ["a"]
+    call = "without a process group: schedule, blocking finalize with no_dist=False"
+    assert_equal("maybe_finalize_async_calls()", _finalize(queue), [0], call=call)
+    assert_equal("finalize fns run", _lines(log), ["a"], call=call)
     queue.close()
 
 
@@ -387,15 +439,16 @@ def _snapshot(tmp, persistent, state_dict):
     gate, out = os.path.join(tmp, "gate"), os.path.join(tmp, "out.pt")
     state_dict = strategies.private_copy(state_dict)
     expected = strategies.private_copy(state_dict)
-    queue = _core().AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(_core().AsyncRequest(workloads.save_when_open, (gate, state_dict, out), []))
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=persistent)
+    queue.schedule_async_request(core.AsyncRequest(workloads.save_when_open, (gate, state_dict, out), []))
     strategies.mutate_in_place(state_dict)  # the next training step, while the write waits
     workloads.open_gate(gate)
     _finalize(queue)
     queue.close()
     assert_state_dict_equal(torch.load(out, weights_only=False), expected,
                             call="data saved by an async call scheduled before an in-place update")
-    os.remove(gate), os.remove(out)
+    remove(gate, out)
 
 
 @pytest.mark.spec("AQ-14")

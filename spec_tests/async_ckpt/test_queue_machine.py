@@ -6,63 +6,75 @@ a poll may return any prefix of the pending calls whose gates are open (completi
 blocking finalize must return all of them up to the first failed call, and every rank must agree.
 """
 
+import contextlib
 import functools
 import os
 import tempfile
+from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import note
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.harness import workloads
-from spec_tests.harness.asserts import bounded
+from spec_tests.harness.asserts import attempt, bounded
+from spec_tests.harness.machines import agreed, run_machine
+from spec_tests.harness.processes import CALLERS, async_core
 from spec_tests.harness.ranks import rank_state, world
-from spec_tests.harness.targets import current_target
 
 # ------------------------------------------------------------------- what runs on every rank
+
+
+@dataclass(frozen=True)
+class Finalized:
+    """What maybe_finalize_async_calls did on a rank."""
+
+    outcome: str  # "returned" or the class name of what it raised
+    indices: list | None  # what it returned
+    finalize_fns_run: list  # the k of every call whose finalize function ran meanwhile
+    pending: int  # get_num_unfinalized_calls() afterwards
+
+
+@dataclass(frozen=True)
+class Closed:
+    finalize_fns_run: list
+    schedule_after_close: str  # "returned" or the class name of what it raised
 
 
 def _open_queue(persistent):
     old = rank_state.pop("queue", None)
     if old is not None:
-        try:
+        with contextlib.suppress(CheckpointException):  # a failed call the previous example left behind checked it
             bounded(60, "close() of the previous example's queue", old.close)
-        except CheckpointException:
-            pass  # the previous example left a failed call behind; that example checked it
-    rank_state.update(queue=current_target().module("async_ckpt.core").AsyncCallsQueue(persistent=persistent),
-                      log=[])
+    rank_state.update(queue=async_core().AsyncCallsQueue(persistent=persistent), log=[])
 
 
 def _schedule(gate, k, fail):
     rank, size = world()
-    core = current_target().module("async_ckpt.core")
     fail_with = f"call {k} fails on rank {rank}" if fail and rank == size - 1 else None
-    request = core.AsyncRequest(workloads.gated, (gate, fail_with), [functools.partial(rank_state["log"].append, k)])
+    request = async_core().AsyncRequest(workloads.gated, (gate, fail_with),
+                                        [functools.partial(rank_state["log"].append, k)])
     return rank_state["queue"].schedule_async_request(request)
 
 
 def _finalize(blocking, no_dist):
     queue, log = rank_state["queue"], rank_state["log"]
     before = len(log)
-    try:
-        outcome = ("ok", bounded(60, "maybe_finalize_async_calls", queue.maybe_finalize_async_calls, blocking, no_dist))
-    except CheckpointException:
-        outcome = ("raised", None)
-    return outcome, log[before:], queue.get_num_unfinalized_calls()
+    done = attempt(queue.maybe_finalize_async_calls, blocking, no_dist, bound=60, hung_fails=True,
+                   what=f"maybe_finalize_async_calls(blocking={blocking}, no_dist={no_dist})")
+    if not done.returned and done.text != "CheckpointException":
+        raise done.error
+    return Finalized(done.text, done.value, log[before:], queue.get_num_unfinalized_calls())
 
 
 def _close():
     queue, log = rank_state["queue"], rank_state["log"]
     before = len(log)
     bounded(60, "close()", queue.close)
-    try:
-        queue.schedule_async_request(current_target().module("async_ckpt.core").AsyncRequest(None, (), []))
-        after_close = "scheduled"
-    except RuntimeError:
-        after_close = "RuntimeError"
-    return log[before:], after_close
+    after = attempt(queue.schedule_async_request, async_core().AsyncRequest(None, (), [])).text
+    return Closed(log[before:], after)
 
 
 def _pending():
@@ -72,115 +84,146 @@ def _pending():
 # --------------------------------------------------------------------------- the machine
 
 
+@dataclass
+class Call:
+    """A scheduled call the model expects pending."""
+
+    k: int  # the machine's number for it (its finalize function logs k)
+    index: int  # what schedule_async_request returned
+    fails: bool  # its async_fn fails on the last rank
+    gate_open: bool = False  # its async_fn may finish
+
+
+@dataclass
+class QueueModel:
+    pending: list[Call] = field(default_factory=list)
+    next_index: int = 0
+    scheduled: int = 0
+    closed: bool = False
+    closed_gates: list[int] = field(default_factory=list)  # rule-driven only, never timing: safe in preconditions
+
+    def finishable(self) -> list[Call]:
+        """The pending calls, from the oldest, whose gates are open."""
+        calls = []
+        for call in self.pending:
+            if not call.gate_open:
+                break
+            calls.append(call)
+        return calls
+
+    def finalizable(self) -> list[Call]:
+        """The finishable calls before the first failed one: what a blocking finalize must return."""
+        calls = self.finishable()
+        return calls[:next((i for i, c in enumerate(calls) if c.fails), len(calls))]
+
+
 class QueueMachine(RuleBasedStateMachine):
-    """Model: `pending` is a list of [k, index, gate_open, fails]; `closed` after close()."""
-
-    pool = world_size = persistent = tmp = None
-
-    def __init__(self):
+    def __init__(self, pool, world_size: int, persistent: bool, tmp: str):
         super().__init__()
-        self.pending, self.next_index, self.k, self.closed = [], 0, 0, False
-        self.closed_gates = []  # depends on the rules drawn only, never on timing: safe for preconditions
-        self.gates = tempfile.mkdtemp(dir=self.tmp)
-        self.pool.run(_open_queue, self.persistent)
+        self.pool, self.world_size = pool, world_size
+        self.model = QueueModel()
+        self.gates = tempfile.mkdtemp(dir=tmp)
+        self.pool.run(_open_queue, persistent)
 
     def _gate(self, k):
         return os.path.join(self.gates, f"gate{k}")
 
-    def _agree(self, results):
-        assert all(r == results[0] for r in results), f"ranks disagree: {results}"
-        return results[0]
-
-    @precondition(lambda self: not self.closed)
+    @precondition(lambda self: not self.model.closed)
     @rule(fails=st.booleans())
     def schedule(self, fails):
-        self.k += 1
-        gate = self._gate(self.k)
-        index = self._agree(self.pool.run(_schedule, gate, self.k, fails))
-        assert index == self.next_index, f"schedule returned {index}, but should be {self.next_index} [AQ-2]"
-        self.pending.append([self.k, index, False, fails])
-        self.closed_gates.append(self.k)
-        self.next_index += 1
+        model = self.model
+        model.scheduled += 1
+        k = model.scheduled
+        index = agreed("schedule_async_request()", self.pool.run(_schedule, self._gate(k), k, fails))
+        note(f"schedule call {k}{' (fails on the last rank)' if fails else ''}: index {index}")
+        assert index == model.next_index, f"schedule_async_request()={index}, but should be {model.next_index} [AQ-2]"
+        model.pending.append(Call(k, index, fails))
+        model.closed_gates.append(k)
+        model.next_index += 1
 
-    @precondition(lambda self: self.closed_gates)
+    @precondition(lambda self: self.model.closed_gates)
     @rule(data=st.data())
     def open_gate(self, data):
-        self._open(data.draw(st.sampled_from(self.closed_gates), label="call whose async_fn may finish"))
+        k = data.draw(st.sampled_from(self.model.closed_gates), label="call whose async_fn may finish")
+        note(f"open the gate of call {k}")
+        self._open(k)
 
     def _open(self, k):
         workloads.open_gate(self._gate(k))
-        self.closed_gates.remove(k)
-        for call in self.pending:
-            call[2] = call[2] or call[0] == k
+        self.model.closed_gates.remove(k)
+        for call in self.model.pending:
+            if call.k == k:
+                call.gate_open = True
 
     def _open_all(self):
-        for k in list(self.closed_gates):
+        for k in list(self.model.closed_gates):
             self._open(k)
 
-    def _check_finalized(self, outcome, log, count, exact):
-        kind, indices = outcome
-        finishable = []
-        for call in self.pending:
-            if not call[2]:
-                break
-            finishable.append(call)
-        ok = [c for c in finishable[: next((i for i, c in enumerate(finishable) if c[3]), len(finishable))]]
-        n = len(log)
-        assert log == [c[0] for c in self.pending[:n]], f"finalize fns ran for {log}; pending calls {self.pending}"
-        assert n <= len(ok), f"finalized {log}, but only {[c[0] for c in ok]} could be [AQ-4]"
-        if kind == "raised":
-            assert n < len(finishable) and finishable[n][3], f"raised, but call after {log} did not fail [AQ-7]"
-            del self.pending[: n + 1]
+    def _check_finalized(self, done: Finalized, exact: bool):
+        model = self.model
+        finishable, ok = model.finishable(), model.finalizable()
+        n = len(done.finalize_fns_run)
+        assert done.finalize_fns_run == [c.k for c in model.pending[:n]], (
+            f"finalize fns ran for calls {done.finalize_fns_run}, but pending are {[c.k for c in model.pending]}")
+        assert n <= len(ok), f"finalized calls {done.finalize_fns_run}, but only {[c.k for c in ok]} could be [AQ-4]"
+        if done.outcome == "CheckpointException":
+            assert n < len(finishable) and finishable[n].fails, (
+                f"raised, but the call after {done.finalize_fns_run} did not fail [AQ-7]")
+            del model.pending[: n + 1]
         else:
-            assert indices == [c[1] for c in self.pending[:n]], f"returned {indices} for calls {log} [AQ-3]"
+            want = [c.index for c in model.pending[:n]]
+            assert done.indices == want, f"maybe_finalize_async_calls()={done.indices}, but should be {want} [AQ-3]"
             if exact:
-                assert n == len(ok), f"a blocking finalize left {[c[0] for c in ok[n:]]} pending [AQ-5]"
-            del self.pending[:n]
-        assert count == len(self.pending), f"get_num_unfinalized_calls()={count}, model {len(self.pending)} [AQ-6]"
+                assert n == len(ok), f"a blocking finalize left calls {[c.k for c in ok[n:]]} pending [AQ-5]"
+            del model.pending[:n]
+        assert done.pending == len(model.pending), (
+            f"get_num_unfinalized_calls()={done.pending}, but should be {len(model.pending)} [AQ-6]")
+
+    def _finalize(self, blocking, no_dist, exact):
+        done = agreed("maybe_finalize_async_calls()", self.pool.run(_finalize, blocking, no_dist))
+        note(f"finalize(blocking={blocking}, no_dist={no_dist}): {done.outcome} {done.indices}, "
+             f"finalize fns of calls {done.finalize_fns_run}, {done.pending} pending")
+        self._check_finalized(done, exact)
 
     @rule()
     def poll(self):
-        self._check_finalized(*self._agree(self.pool.run(_finalize, False, False)), exact=False)
+        self._finalize(False, False, exact=False)
 
     @rule(no_dist=st.booleans())
     def finalize_blocking(self, no_dist):
         self._open_all()
-        if no_dist and self.world_size > 1 and any(p[3] for p in self.pending):
+        if no_dist and self.world_size > 1 and any(c.fails for c in self.model.pending):
             no_dist = False  # with no_dist only the failing rank would know: ranks would diverge
-        self._check_finalized(*self._agree(self.pool.run(_finalize, True, no_dist)), exact=True)
+        self._finalize(True, no_dist, exact=True)
 
-    @precondition(lambda self: not self.closed)
+    @precondition(lambda self: not self.model.closed)
     @rule()
     def close(self):
         self._open_all()
-        while any(p[3] for p in self.pending):  # failed calls first: close() would raise on them
-            self._check_finalized(*self._agree(self.pool.run(_finalize, True, False)), exact=True)
-        log, after_close = self._agree(self.pool.run(_close))
-        assert log == [p[0] for p in self.pending], f"close() finalized {log}, pending {self.pending} [AQ-10]"
-        assert after_close == "RuntimeError", f"schedule after close: {after_close} [AQ-12]"
-        self.pending, self.closed = [], True
+        while any(c.fails for c in self.model.pending):  # failed calls first: close() would raise on them
+            self._finalize(True, False, exact=True)
+        closed = agreed("close()", self.pool.run(_close))
+        note(f"close(): finalize fns of calls {closed.finalize_fns_run}; then schedule: {closed.schedule_after_close}")
+        want = [c.k for c in self.model.pending]
+        assert closed.finalize_fns_run == want, (
+            f"close() finalized calls {closed.finalize_fns_run}, but should finalize {want} [AQ-10]")
+        assert closed.schedule_after_close == "RuntimeError", (
+            f"schedule_async_request() after close()={closed.schedule_after_close}, but should be RuntimeError [AQ-12]")
+        self.model.pending, self.model.closed = [], True
 
     @invariant()
     def counts_agree(self):
-        if not self.closed:
+        if not self.model.closed:
             counts = self.pool.run(_pending)
-            assert counts == [len(self.pending)] * self.world_size, f"pending per rank {counts} [AQ-6]"
+            want = [len(self.model.pending)] * self.world_size
+            assert counts == want, f"get_num_unfinalized_calls() per rank={counts}, but should be {want} [AQ-6]"
 
     def teardown(self):
         self._open_all()
 
 
 @pytest.mark.spec("AQ-2", "AQ-3", "AQ-4", "AQ-5", "AQ-6", "AQ-7", "AQ-9", "AQ-10", "AQ-12", "AC-2")
-@pytest.mark.parametrize("persistent", [
-    pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
-    pytest.param(False, id="temporal", marks=pytest.mark.needs("temporal_caller"))])
+@pytest.mark.parametrize("persistent", CALLERS)
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_queue_agrees_with_the_model(request, rank_pool, tmp_path, persistent, world_size):
-    machine = type("Machine", (QueueMachine,), dict(
-        pool=rank_pool(world_size), world_size=world_size, persistent=persistent, tmp=str(tmp_path)))
-    phases = [Phase.explicit, Phase.reuse, Phase.generate]
-    if not request.node.get_closest_marker("xfail"):
-        phases.append(Phase.shrink)  # a known divergence is not worth minutes of shrinking
-    # Each example starts a queue (and a worker process): fewer, longer examples than the profile's.
-    budget = settings(phases=phases, max_examples=max(3, settings().max_examples // 3))
-    run_state_machine_as_test(machine, settings=budget)
+    run_machine(request, lambda: QueueMachine(rank_pool(world_size), world_size, persistent, str(tmp_path)))

@@ -2,29 +2,30 @@
 
 import functools
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from spec_tests.harness import workloads
-from spec_tests.harness.asserts import bounded
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.asserts import assert_equal, bounded
+from spec_tests.harness.processes import CALLERS, async_core, remove
 
 FIELDS = ("async_fn", "async_fn_args", "finalize_fns", "async_fn_kwargs", "preload_fn", "is_frozen",
           "call_idx")
 
 
-def _core():
-    return current_target().module("async_ckpt.core")
-
-
 @pytest.mark.spec("AR-1")
 def test_fields_order_and_defaults(core):
     cls = core.AsyncRequest
-    assert issubclass(cls, tuple) and cls._fields == FIELDS, f"fields={cls._fields}, but should be {FIELDS}"
+    assert issubclass(cls, tuple), f"AsyncRequest derives from {cls.__mro__}, but should be a NamedTuple"
+    assert_equal("AsyncRequest._fields", cls._fields, FIELDS)
     req = cls(None, (), [])
-    assert (req.preload_fn, req.is_frozen, req.call_idx) == (None, False, 0)
+    for name, default in (("preload_fn", None), ("is_frozen", False), ("call_idx", 0)):
+        assert_equal(f"AsyncRequest(None, (), []).{name}", getattr(req, name), default)
     assert not req.async_fn_kwargs, f"async_fn_kwargs={req.async_fn_kwargs!r}, but should default to empty"
     with pytest.raises(TypeError):
         cls(None, ())
@@ -40,9 +41,9 @@ def test_frozen_request_refuses_finalize_fns(core):
 
 @pytest.mark.spec("AR-4")
 @given(n=st.integers(0, 4), call_idx=st.integers(0, 9))
-def test_freeze_returns_a_frozen_copy(n, call_idx):
+def test_freeze_returns_a_frozen_copy(core, n, call_idx):
     fns = [functools.partial(print, i) for i in range(n)]
-    req = _core().AsyncRequest(print, (1, 2), fns, {"k": 1}, None, False, call_idx)
+    req = core.AsyncRequest(print, (1, 2), fns, {"k": 1}, None, False, call_idx)
     frozen = req.freeze()
     assert frozen is not req and frozen.is_frozen and not req.is_frozen
     for name in FIELDS:
@@ -64,13 +65,12 @@ def test_frozen_copy_is_independent_of_the_original(core):
 def _run_sync(n_initial, n_added, log_dir):
     log = os.path.join(log_dir, f"log{os.getpid()}")
     fns = [functools.partial(workloads.append_line, log, f"f{i}") for i in range(n_initial)]
-    req = _core().AsyncRequest(None, (), fns)
+    req = async_core().AsyncRequest(None, (), fns)
     for i in range(n_added):
         req.add_finalize_fn(functools.partial(workloads.append_line, log, f"f{n_initial + i}"))
     req.execute_sync()
-    with open(log) as f:
-        lines = f.read().split()
-    os.remove(log)
+    lines = Path(log).read_text().split()
+    remove(log)
     return lines
 
 
@@ -78,8 +78,9 @@ def _run_sync(n_initial, n_added, log_dir):
 @given(n_initial=st.integers(0, 3), n_added=st.integers(1, 3))
 def test_finalize_fns_run_in_insertion_order(rank_pool, tmp_path_factory, n_initial, n_added):
     log_dir = str(tmp_path_factory.mktemp("order"))
-    expected = [f"f{i}" for i in range(n_initial + n_added)]
-    assert rank_pool(1).run(_run_sync, n_initial, n_added, log_dir) == [expected]
+    assert_equal("finalize fns run", rank_pool(1).run(_run_sync, n_initial, n_added, log_dir)[0],
+                 [f"f{i}" for i in range(n_initial + n_added)],
+                 call=f"execute_sync() with {n_initial} finalize fns, then {n_added} added")
 
 
 def _execute_sync_effects(tmp):
@@ -89,35 +90,40 @@ def _execute_sync_effects(tmp):
         workloads.append_line(log, "preload")
         return "async"  # becomes argument 1 of async_fn: the text it appends
 
-    req = _core().AsyncRequest(workloads.append_line, (log, "placeholder"),
-                               [functools.partial(workloads.append_line, log, "finalize")],
-                               preload_fn=preload)
+    req = async_core().AsyncRequest(workloads.append_line, (log, "placeholder"),
+                                    [functools.partial(workloads.append_line, log, "finalize")],
+                                    preload_fn=preload)
     req.execute_sync()
-    with open(log) as f:
-        return f.read().split()
+    return Path(log).read_text().split()
 
 
 @pytest.mark.spec("AR-6", "AR-7")
 def test_execute_sync_runs_preload_then_async_fn_then_finalize(rank_pool, tmp_path):
-    assert rank_pool(1).run(_execute_sync_effects, str(tmp_path)) == [["preload", "async", "finalize"]]
+    assert_equal("effects in order", rank_pool(1).run(_execute_sync_effects, str(tmp_path))[0],
+                 ["preload", "async", "finalize"], call="execute_sync() of a request with preload_fn")
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    saved: object  # what async_fn received as argument 1 (and saved)
+    args_unchanged: bool  # the request's async_fn_args afterwards
 
 
 def _preload_contract(tmp, persistent):
     """preload_fn gets no arguments; its result becomes args[1]; the request's args stay as they were."""
     out = os.path.join(tmp, "out.pt")
     args = (None, "placeholder", out)
-    req = _core().AsyncRequest(workloads.save_when_open, args, [],
-                               preload_fn=functools.partial(_preloaded_value, "from-preload"))
+    core = async_core()
+    req = core.AsyncRequest(workloads.save_when_open, args, [],
+                            preload_fn=functools.partial(_preloaded_value, "from-preload"))
     if persistent is None:
         req.execute_sync()
     else:
-        queue = _core().AsyncCallsQueue(persistent=persistent)
+        queue = core.AsyncCallsQueue(persistent=persistent)
         queue.schedule_async_request(req)
         bounded(60, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
         queue.close()
-    import torch
-
-    return torch.load(out), req.async_fn_args == args
+    return Preloaded(torch.load(out), req.async_fn_args == args)
 
 
 def _preloaded_value(value, *unexpected):
@@ -127,33 +133,39 @@ def _preloaded_value(value, *unexpected):
 
 
 @pytest.mark.spec("AR-7")
-@pytest.mark.parametrize("path", ["execute_sync", "persistent", "temporal"])
-def test_preload_fn_result_replaces_argument_one(rank_pool, tmp_path, path, target):
-    if path != "execute_sync" and not target.has(f"{path}_caller"):
-        pytest.skip(f"target lacks the {path} caller")
-    persistent = {"execute_sync": None, "persistent": True, "temporal": False}[path]
-    assert rank_pool(1).run(_preload_contract, str(tmp_path), persistent) == [("from-preload", True)]
+@pytest.mark.parametrize("persistent", [pytest.param(None, id="execute_sync"), *CALLERS])
+def test_preload_fn_result_replaces_argument_one(rank_pool, tmp_path, persistent):
+    assert_equal("request", rank_pool(1).run(_preload_contract, str(tmp_path), persistent)[0],
+                 Preloaded(saved="from-preload", args_unchanged=True),
+                 call="a request whose preload_fn returns 'from-preload', run "
+                      + ("by execute_sync()" if persistent is None else f"on AsyncCallsQueue(persistent={persistent})"))
+
+
+@dataclass(frozen=True)
+class NoopRequest:
+    indices: tuple  # of a request with an async_fn, then one without
+    pending: int  # after a blocking finalize
+    effects: list  # in the order they happened
 
 
 def _noop_request(tmp, persistent):
     log = os.path.join(tmp, f"noop-{persistent}")
-    queue = _core().AsyncCallsQueue(persistent=persistent)
-    first = queue.schedule_async_request(_core().AsyncRequest(
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=persistent)
+    first = queue.schedule_async_request(core.AsyncRequest(
         workloads.append_line, (log, "real"), [functools.partial(workloads.append_line, log, "fin0")]))
-    second = queue.schedule_async_request(_core().AsyncRequest(
+    second = queue.schedule_async_request(core.AsyncRequest(
         None, (), [functools.partial(workloads.append_line, log, "fin1")]))
     bounded(30, "maybe_finalize_async_calls(blocking=True) with a no-op request pending",
             queue.maybe_finalize_async_calls, True)
     pending = queue.get_num_unfinalized_calls()
     queue.close()
-    with open(log) as f:
-        return (first, second), pending, f.read().split()
+    return NoopRequest((first, second), pending, Path(log).read_text().split())
 
 
 @pytest.mark.spec("AR-8")
-@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "temporal"])
-def test_noop_request_gets_an_index_and_is_finalized(rank_pool, tmp_path, persistent, target):
-    if not target.has("persistent_caller" if persistent else "temporal_caller"):
-        pytest.skip("target lacks this caller")
-    assert rank_pool(1).run(_noop_request, str(tmp_path), persistent) == [
-        ((0, 1), 0, ["real", "fin0", "fin1"])]
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_noop_request_gets_an_index_and_is_finalized(rank_pool, tmp_path, persistent):
+    assert_equal("queue", rank_pool(1).run(_noop_request, str(tmp_path), persistent)[0],
+                 NoopRequest(indices=(0, 1), pending=0, effects=["real", "fin0", "fin1"]),
+                 call="a request with an async_fn, then a no-op one; blocking finalize")

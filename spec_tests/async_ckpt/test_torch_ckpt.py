@@ -7,11 +7,11 @@ import torch
 from hypothesis import given
 
 from spec_tests.harness import strategies, workloads
-from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, bounded
+from spec_tests.harness.processes import CALLERS, remove
 from spec_tests.harness.targets import current_target
 
 pytestmark = pytest.mark.needs("torch_async_checkpoint")
-PERSISTENCE = [pytest.param(True, id="persistent"), pytest.param(False, id="temporal")]
 
 
 def _checkpointer(persistent):
@@ -30,11 +30,11 @@ def _save_mutate_load(tmp, persistent, state_dict):
     bounded(60, "finalize_async_save(terminate=True)", ckpt.finalize_async_save, True, True, True)
     assert_state_dict_equal(torch.load(path, weights_only=False), expected,
                             call="torch.load of a file written by async_save before an in-place update")
-    os.remove(gate), os.remove(path)
+    remove(gate, path)
 
 
 @pytest.mark.spec("TAC-1", "AQ-14")
-@pytest.mark.parametrize("persistent", PERSISTENCE)
+@pytest.mark.parametrize("persistent", CALLERS)
 @given(state_dict=strategies.state_dicts())
 def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, persistent, state_dict):
     rank_pool(1).run(_save_mutate_load, str(tmp_path_factory.mktemp("tac")), persistent, state_dict)
@@ -66,9 +66,10 @@ def _training_loop(tmp, persistent):
 
 
 @pytest.mark.spec("TAC-2")
-@pytest.mark.parametrize("persistent", PERSISTENCE)
+@pytest.mark.parametrize("persistent", CALLERS)
 def test_non_blocking_finalize_in_a_training_loop(rank_pool, tmp_path, persistent):
-    assert rank_pool(1).run(_training_loop, str(tmp_path), persistent) == [3]
+    assert_equal("checkpoints saved and checked", rank_pool(1).run(_training_loop, str(tmp_path), persistent)[0], 3,
+                 call="six steps, async_save every second one, finalize_async_save(blocking=False) every step")
 
 
 def _two_instances(tmp):

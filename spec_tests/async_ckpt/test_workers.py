@@ -7,19 +7,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
-from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.harness import workloads
-from spec_tests.harness.asserts import bounded
+from spec_tests.harness.asserts import assert_equal, attempt, bounded
+from spec_tests.harness.processes import alive, async_core, wait_for_file
 from spec_tests.harness.ranks import ranks
-from spec_tests.harness.processes import alive, wait_for_file
 from spec_tests.harness.targets import ENV_VAR, current_target
-
-
-def _core():
-    return current_target().module("async_ckpt.core")
 
 
 def _slow_preload(marker, value):
@@ -34,16 +30,17 @@ def _slow_preload(marker, value):
 @ranks(1, timeout=90)
 def test_preload_runs_in_the_worker_before_schedule_returns_and_close_ends_it(tmp_path):
     marker, pid_file = str(tmp_path / "preloaded"), str(tmp_path / "worker")
-    queue = _core().AsyncCallsQueue(persistent=True)
-    queue.schedule_async_request(_core().AsyncRequest(
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=True)
+    queue.schedule_async_request(core.AsyncRequest(
         workloads.write_pid, (pid_file, "placeholder"), [],
         preload_fn=functools.partial(_slow_preload, marker, None)))
     assert os.path.exists(marker), "schedule_async_request returned before preload_fn completed"
-    preload_pid = int(open(marker).read())
+    preload_pid = int(Path(marker).read_text())
     assert preload_pid != os.getpid(), "preload_fn ran in the trainer, not in the persistent worker"
     bounded(60, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
     worker = int(wait_for_file(pid_file))
-    assert worker == preload_pid, f"preload ran in {preload_pid}, the async call in {worker}"
+    assert_equal("pid of the async call's process", worker, preload_pid, call="preload_fn ran in this process")
     bounded(30, "close()", queue.close)
     assert not alive(worker), f"worker {worker} is still running after close()"
 
@@ -52,10 +49,11 @@ def test_preload_runs_in_the_worker_before_schedule_returns_and_close_ends_it(tm
 @pytest.mark.needs("temporal_caller")
 @ranks(1, timeout=90)
 def test_temporal_calls_run_in_their_own_children(tmp_path):
-    queue = _core().AsyncCallsQueue(persistent=False)
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=False)
     files = [str(tmp_path / f"pid{i}") for i in range(2)]
     for f in files:
-        queue.schedule_async_request(_core().AsyncRequest(workloads.write_pid, (f,), []))
+        queue.schedule_async_request(core.AsyncRequest(workloads.write_pid, (f,), []))
     bounded(60, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
     pids = [int(wait_for_file(f)) for f in files]
     assert len(set(pids)) == 2 and os.getpid() not in pids, f"calls ran in {pids}, trainer is {os.getpid()}"
@@ -65,11 +63,10 @@ def test_temporal_calls_run_in_their_own_children(tmp_path):
 
 _TRAINER = textwrap.dedent("""
     import os, signal, sys, time, torch.distributed as dist
-    from spec_tests.harness import workloads
-    from spec_tests.harness.targets import current_target
+    from spec_tests.harness import async_core, workloads
     tmp = sys.argv[1]
     dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
-    core = current_target().module("async_ckpt.core")
+    core = async_core()
     queue = core.AsyncCallsQueue(persistent=True)
     queue.schedule_async_request(core.AsyncRequest(
         workloads.write_pid, (os.path.join(tmp, "worker"), os.path.join(tmp, "never")), []))
@@ -98,19 +95,18 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
 
 def _kill_worker_then_finalize(tmp):
     pid_file = os.path.join(tmp, "worker")
-    queue = _core().AsyncCallsQueue(persistent=True)
-    queue.schedule_async_request(_core().AsyncRequest(
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=True)
+    queue.schedule_async_request(core.AsyncRequest(
         workloads.write_pid, (pid_file, os.path.join(tmp, "never")), []))
     os.kill(int(wait_for_file(pid_file)), signal.SIGKILL)
-    try:
-        bounded(30, "maybe_finalize_async_calls(blocking=True) after the worker died",
-                queue.maybe_finalize_async_calls, True)
-        return "returned"
-    except CheckpointException:
-        return "CheckpointException"
+    return attempt(queue.maybe_finalize_async_calls, True, bound=30, hung_fails=True,
+                   what="maybe_finalize_async_calls(blocking=True) after the worker died").text
 
 
 @pytest.mark.spec("PC-5")
 @pytest.mark.needs("persistent_caller")
 def test_a_dead_worker_fails_the_blocking_finalize(rank_pool, tmp_path):
-    assert rank_pool(1).run(_kill_worker_then_finalize, str(tmp_path), timeout=60) == ["CheckpointException"]
+    assert_equal("maybe_finalize_async_calls(blocking=True)",
+                 rank_pool(1).run(_kill_worker_then_finalize, str(tmp_path), timeout=60)[0], "CheckpointException",
+                 call="the persistent worker was killed while running the call")

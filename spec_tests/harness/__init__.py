@@ -5,24 +5,36 @@ Modules (one concept each):
     clauses     the clause registry (spec_tests/clauses/*.toml)
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
     ranks       the multi-rank runner (run a body on N ranks, with a bound and a report of every rank)
-    processes   observing processes and files from outside (alive, exists, wait_for_file)
-    asserts     the assertion family (bounded waits, state-dict equality)
+    processes   the async core and its callers; observing processes and files from outside; cleaning up
+    asserts     bounded calls and their outcomes; the assertion family (one message shape)
     report      the conformance table and the print-or-update helpers
     workloads   small state dicts and functions run by requests
     strategies  hypothesis strategies for state dicts and tensors
-    s3          an S3 endpoint on loopback with a fault proxy (imported on demand: it needs moto)
+    s3          an S3 endpoint on loopback with a fault proxy, and its fixture (moto is imported on demand)
+    machines    running hypothesis state machines (imported on demand: it needs hypothesis)
 
 fault_injection/ and benchmarks/ import the names below from here, never from a test module.
 """
 
-from spec_tests.harness.asserts import assert_state_dict_equal, bounded
-from spec_tests.harness.processes import alive, exists, wait_for_file
+from spec_tests.harness.asserts import (
+    HUNG,
+    BoundExceeded,
+    Outcome,
+    assert_each_rank,
+    assert_equal,
+    assert_state_dict_equal,
+    attempt,
+    bounded,
+    outcome_of,
+)
+from spec_tests.harness.processes import CALLERS, alive, async_core, close_quietly, exists, remove, wait_for_file
 from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
 from spec_tests.harness.report import ReportError, cell, load_run, update_file, write_block
 from spec_tests.harness.targets import MissingCapability, Target, current_target, load_target
 
 __all__ = [
-    "MissingCapability", "RankFailures", "RankPool", "ReportError", "Target", "alive", "assert_state_dict_equal",
-    "bounded", "cell", "current_target", "exists", "load_run", "load_target", "rank_state", "ranks",
-    "run_on_ranks", "update_file", "wait_for_file", "world", "write_block",
+    "CALLERS", "HUNG", "BoundExceeded", "MissingCapability", "Outcome", "RankFailures", "RankPool", "ReportError",
+    "Target", "alive", "assert_each_rank", "assert_equal", "assert_state_dict_equal", "async_core", "attempt",
+    "bounded", "cell", "close_quietly", "current_target", "exists", "load_run", "load_target", "outcome_of",
+    "rank_state", "ranks", "remove", "run_on_ranks", "update_file", "wait_for_file", "world", "write_block",
 ]

@@ -1,16 +1,29 @@
-"""Assertions with messages that name the value, the expectation and the call."""
+"""Bounded calls, what a call did, and assertions whose messages name the value, the expectation and the call.
+
+Every message has one shape (array-api-tests'): `{name}={actual}, but should be {expected} [{call}]`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import torch
+from torch.distributed.checkpoint import CheckpointException
 
-__all__ = ["assert_state_dict_equal", "bounded"]
+__all__ = ["HUNG", "BoundExceeded", "Outcome", "assert_each_rank", "assert_equal", "assert_state_dict_equal",
+           "attempt", "bounded", "outcome_of"]
+
+HUNG = "hung"
+"""Outcome.text of a call still running at its bound."""
+
+
+class BoundExceeded(AssertionError):
+    """A call did not return within the spec's bound (an AssertionError: the test fails where it is not caught)."""
 
 
 def bounded(seconds: float, what: str, fn, *args, **kwargs):
-    """Run fn in a helper thread; fail if it has not returned within `seconds` (the spec's bound).
+    """Run fn in a helper thread; raise BoundExceeded if it has not returned within `seconds` (the spec's bound).
 
     On timeout the thread is left behind, so the calling rank must be discarded (the runner does).
     """
@@ -27,10 +40,119 @@ def bounded(seconds: float, what: str, fn, *args, **kwargs):
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        raise AssertionError(f"{what} did not return within {seconds:g}s, but the spec bounds it")
+        raise BoundExceeded(f"{what} did not return within {seconds:g}s, but the spec bounds it")
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+# ------------------------------------------------------------------------------------ outcomes
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a call did: `text` is "returned", the class name of what it raised, or HUNG.
+
+    `value` is what it returned, `message` the text of what it raised. `error` (the exception itself) stays in
+    the process that made the call: exceptions need not pickle, so a rank's reply carries the rest only.
+    """
+
+    text: str
+    value: object = None
+    message: str = ""
+    error: BaseException | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def returned(self) -> bool:
+        return self.text == "returned"
+
+    def __str__(self) -> str:
+        return f"{self.text}: {self.message}" if self.message else self.text
+
+    def __reduce__(self):
+        return Outcome, (self.text, self.value, self.message)
+
+
+def attempt(fn, *args, bound: float | None = None, what: str = "", named=(CheckpointException,),
+            hung_fails: bool = False, **kwargs) -> Outcome:
+    """Call fn(*args, **kwargs), within `bound` seconds if given, and say what it did (never raises, but see below).
+
+    An exception that is an instance of a class in `named` is reported by that class's name (implementations may
+    raise subclasses), any other by its own class name. A call still running at its bound gives HUNG and goes on
+    in a helper thread, possibly inside a collective: the rank must start no other collective and be discarded.
+    `hung_fails=True` raises BoundExceeded instead, for ranks of a warm pool, which must not answer again.
+    """
+    __tracebackhide__ = True
+    try:
+        value = bounded(bound, what or getattr(fn, "__name__", "call"), fn, *args, **kwargs) if bound is not None \
+            else fn(*args, **kwargs)
+    except BoundExceeded as exc:
+        if hung_fails:
+            raise
+        return Outcome(HUNG, message=str(exc), error=exc)
+    except BaseException as exc:  # CheckpointException is a BaseException
+        name = next((cls.__name__ for cls in named if isinstance(exc, cls)), type(exc).__name__)
+        return Outcome(name, message=str(exc), error=exc)
+    return Outcome("returned", value)
+
+
+def outcome_of(fn, *args, **kwargs) -> str:
+    """attempt(fn, *args, **kwargs).text: "returned", the class name of what the call raised, or HUNG."""
+    return attempt(fn, *args, **kwargs).text
+
+
+# ---------------------------------------------------------------------------------- assertions
+
+
+def _fields(value) -> dict | None:
+    """The named fields of a dataclass instance or a NamedTuple, else None."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.compare}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return dict(zip(value._fields, value, strict=True))
+    return None
+
+
+def _differences(name: str, actual, expected) -> list[tuple[str, object, object]]:
+    """(name, actual, expected) for every field or item that differs: named results (and lists of them) field by
+    field, dicts with the same keys key by key, anything else by ==."""
+    fields = _fields(expected)
+    if fields is not None and type(actual) is type(expected):
+        return [d for key, want in fields.items() for d in _differences(f"{name}.{key}", getattr(actual, key), want)]
+    if isinstance(expected, (list, tuple)) and type(actual) is type(expected) and len(actual) == len(expected) \
+            and any(_fields(e) is not None for e in expected):
+        pairs = zip(actual, expected, strict=True)
+        return [d for i, (a, e) in enumerate(pairs) for d in _differences(f"{name}[{i}]", a, e)]
+    if isinstance(expected, dict) and isinstance(actual, dict) and actual.keys() == expected.keys():
+        return [d for key, want in expected.items() for d in _differences(f"{name}[{key!r}]", actual[key], want)]
+    return [] if actual == expected else [(name, actual, expected)]
+
+
+def _message(wrong, call: str) -> str:
+    where = f" [{call}]" if call else ""
+    return "\n".join(f"{name}={actual!r}, but should be {expected!r}{where}" for name, actual, expected in wrong)
+
+
+def assert_equal(name: str, actual, expected, *, call: str = "") -> None:
+    """actual == expected, else one line per differing field: `name.field=..., but should be ... [call]`.
+
+    Named results (dataclasses, NamedTuples, and lists of them) are compared field by field and dicts key by key,
+    so that a failure names the field that differs rather than printing two unlabelled tuples.
+    """
+    __tracebackhide__ = True
+    wrong = _differences(name, actual, expected)
+    assert not wrong, _message(wrong, call)
+
+
+def assert_each_rank(name: str, results: list, expected, *, per_rank: bool = False, call: str = "") -> None:
+    """assert_equal for every rank's result (named `rank {r}: {name}`): all equal to `expected`, or with
+    `per_rank=True` each to its own item of the list `expected`."""
+    __tracebackhide__ = True
+    wants = expected if per_rank else [expected] * len(results)
+    assert len(results) == len(wants), f"len(results)={len(results)}, but should be {len(wants)} (ranks)"
+    wrong = [d for rank, (got, want) in enumerate(zip(results, wants, strict=True))
+             for d in _differences(f"rank {rank}: {name}", got, want)]
+    assert not wrong, _message(wrong, call)
 
 
 def assert_state_dict_equal(actual, expected, *, call: str = "", path: str = "state_dict") -> None:
@@ -50,7 +172,7 @@ def assert_state_dict_equal(actual, expected, *, call: str = "", path: str = "st
             assert_state_dict_equal(actual[key], expected[key], call=call, path=f"{path}[{key!r}]")
     elif isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected), f"len({path})={len(actual)}, but should be {len(expected)}{where}"
-        for i, (a, e) in enumerate(zip(actual, expected)):
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             assert_state_dict_equal(a, e, call=call, path=f"{path}[{i}]")
     else:
         assert actual == expected, f"{path}={actual!r}, but should be {expected!r}{where}"

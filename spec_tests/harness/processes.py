@@ -1,11 +1,27 @@
-"""Observing processes and files that async calls leave behind (Linux /proc)."""
+"""The processes async calls run in: the target's async core and its two callers, observing processes and files
+from outside (Linux /proc), and ending what a test started."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
-__all__ = ["alive", "exists", "wait_for_file"]
+import pytest
+
+from spec_tests.harness.asserts import attempt
+from spec_tests.harness.targets import current_target
+
+__all__ = ["CALLERS", "alive", "async_core", "close_quietly", "exists", "remove", "wait_for_file"]
+
+CALLERS = [pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
+           pytest.param(False, id="temporal", marks=pytest.mark.needs("temporal_caller"))]
+"""Parameters `persistent` of a test run once per caller: a persistent worker, or a temporal child per call."""
+
+
+def async_core():
+    """The target's async_ckpt.core module, in whatever process asks (a rank body): the `core` fixture's twin."""
+    return current_target().module("async_ckpt.core")
 
 
 def alive(pid: int) -> bool:
@@ -30,3 +46,24 @@ def wait_for_file(path: str, seconds: float = 30) -> str:
         time.sleep(0.01)
     with open(path) as f:
         return f.read()
+
+
+def remove(*paths: str) -> None:
+    """Remove each path, a file or a whole directory; a path that does not exist is fine."""
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+
+def close_quietly(queue, *, abort: bool = False, bound: float = 30) -> None:
+    """Close a queue after a provoked fault, within `bound` seconds; how that ends is not the test's subject.
+
+    A queue whose close does not return (or a target without close(abort=True)) is left to the runner, which
+    stops the rank.
+    """
+    if abort:
+        attempt(queue.close, abort=True, bound=bound, what="close(abort=True)")
+    else:
+        attempt(queue.close, bound=bound, what="close()")

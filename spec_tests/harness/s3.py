@@ -3,6 +3,9 @@ Multi-Storage Client config file that points MSC profiles at them.
 
 Everything runs in threads of the test process and binds 127.0.0.1 on ports the kernel picks. Rank processes
 reach the endpoint over HTTP through MSC's own s3 provider; nothing in MSC is patched.
+
+The fixture `s3` is the one endpoint fixture of every suite: a conftest imports it. moto and boto3 are imported
+only when an endpoint starts, so importing this module costs nothing where no test asks for one.
 """
 
 from __future__ import annotations
@@ -14,10 +17,9 @@ import socket
 import threading
 from dataclasses import dataclass
 
-import boto3
-from moto.server import ThreadedMotoServer
+import pytest
 
-__all__ = ["BUCKET", "FaultProxy", "S3Endpoint", "start_endpoint"]
+__all__ = ["BUCKET", "FaultProxy", "S3Endpoint", "s3", "start_endpoint"]
 
 BUCKET = "ckpt"
 MISSING_BUCKET = "no-such-bucket"
@@ -189,6 +191,9 @@ def start_endpoint(config_path: str):
     Profiles: `s3` (straight to the server), `s3-faulty` (through the fault proxy) and `s3-missing` (a bucket
     that does not exist). Retries are off and timeouts short, so failures surface at once.
     """
+    import boto3
+    from moto.server import ThreadedMotoServer
+
     werkzeug_logger = logging.getLogger("werkzeug")
     previous_level = werkzeug_logger.level
     werkzeug_logger.setLevel(logging.ERROR)  # moto's server logs every request otherwise
@@ -213,3 +218,11 @@ def start_endpoint(config_path: str):
         werkzeug_logger.setLevel(previous_level)
 
     return S3Endpoint(config_path, url, proxy, client), stop
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A running S3 endpoint for the module; ranks get its MSC config file (`s3.config_path`) as MSC_CONFIG."""
+    endpoint, stop = start_endpoint(str(tmp_path_factory.mktemp("msc") / "msc_config.yaml"))
+    yield endpoint
+    stop()

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
+from dataclasses import dataclass, field
 
 import torch
 
-from spec_tests.harness.asserts import bounded
+from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, attempt, bounded
+from spec_tests.harness.processes import async_core, remove
 from spec_tests.harness.ranks import rank_state, world
-from spec_tests.local.cpu_state_dict import CpuTensorAwareStateDict
 from spec_tests.harness.targets import current_target
+from spec_tests.local.cpu_state_dict import CpuTensorAwareStateDict
 
-__all__ = ["BOUND", "PART_SLACK", "PAYLOAD", "async_queue", "cliques", "find_then_load",
-           "fresh_find_then_load", "lose_nodes", "manager", "module", "node_root", "rank_value", "save", "save_values",
-           "storage_bytes", "strategy", "tasd", "try_save_values"]
+__all__ = ["BOUND", "PART_SLACK", "PAYLOAD", "Found", "assert_found", "assert_nothing_found", "cliques",
+           "find_then_load", "fresh_find_then_load", "lose_nodes", "manager", "module", "node_root", "rank_value",
+           "save", "save_values", "storage_bytes", "strategy", "tasd", "try_save_values"]
 
 BOUND = 60.0
 """Seconds any one collective call of a manager may take in these tests (they move a few KiB)."""
@@ -40,8 +41,7 @@ def node_root(base: str, rank: int) -> str:
 
 def lose_nodes(base: str, lost) -> None:
     """Delete the local storage of the `lost` ranks (the rank pool must be restarted afterwards)."""
-    for rank in lost:
-        shutil.rmtree(node_root(base, rank), ignore_errors=True)
+    remove(*(node_root(base, rank) for rank in lost))
 
 
 def strategy(replication):
@@ -73,11 +73,6 @@ def tasd(state_dict: dict) -> CpuTensorAwareStateDict:
     return CpuTensorAwareStateDict(copy.deepcopy(state_dict))
 
 
-def async_queue(persistent: bool):
-    """A new AsyncCallsQueue of the target (close it when done: a persistent one owns a worker)."""
-    return current_target().module("async_ckpt.core").AsyncCallsQueue(persistent=persistent)
-
-
 def save(mgr, state: CpuTensorAwareStateDict, iteration: int, mode: str = "sync"):
     """Save and wait until the save is finalized; return what save() returned.
 
@@ -86,24 +81,46 @@ def save(mgr, state: CpuTensorAwareStateDict, iteration: int, mode: str = "sync"
     if mode == "sync":
         return bounded(BOUND, "save(is_async=False)", mgr.save, state, iteration, is_async=False)
     request = bounded(BOUND, "save(is_async=True)", mgr.save, state, iteration, is_async=True)
-    calls = async_queue(mode == "persistent")
+    calls = async_core().AsyncCallsQueue(persistent=mode == "persistent")
     calls.schedule_async_request(request)
     bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", calls.maybe_finalize_async_calls, True)
     bounded(BOUND, "AsyncCallsQueue.close()", calls.close)
     return request
 
 
-def find_then_load(mgr):
-    """find_latest(), then load() whatever it found: (found, ("loaded", state_dict, part id) or
-    ("raised", exception class name)). Every call is bounded."""
-    found = bounded(BOUND, "find_latest()", mgr.find_latest)
-    try:
-        loaded, part_id = bounded(BOUND, "load()", mgr.load)
-    except AssertionError:
-        raise  # a bound was exceeded: this rank must be discarded
-    except Exception as exc:
-        return found, ("raised", type(exc).__name__)
-    return found, ("loaded", loaded.state_dict, tuple(part_id))
+@dataclass(frozen=True)
+class Found:
+    """What a rank's find_latest() and load() gave."""
+
+    latest: int  # find_latest()
+    load: str  # "returned", or the class name of what load() raised
+    part_id: tuple | None = None  # load()'s
+    state_dict: dict | None = field(default=None, compare=False, repr=False)  # load()'s; see assert_found
+
+
+def find_then_load(mgr) -> Found:
+    """find_latest(), then load() whatever it found. Every call is bounded; a bound exceeded fails the rank."""
+    latest = bounded(BOUND, "find_latest()", mgr.find_latest)
+    loaded = attempt(mgr.load, bound=BOUND, what="load()", hung_fails=True)
+    if not loaded.returned:
+        return Found(latest, loaded.text)
+    tensors, part_id = loaded.value
+    return Found(latest, loaded.text, tuple(part_id), tensors.state_dict)
+
+
+def assert_found(results: list[Found], iteration: int, states: list, what: str) -> None:
+    """Every rank found `iteration` and loaded exactly states[rank], as part (iteration, rank, '')."""
+    __tracebackhide__ = True
+    assert_each_rank("found", results, [Found(iteration, "returned", (iteration, rank, "")) for rank in
+                                        range(len(results))], per_rank=True, call=what)
+    for rank, found in enumerate(results):
+        assert_state_dict_equal(found.state_dict, states[rank], call=f"rank {rank}: load() after {what}")
+
+
+def assert_nothing_found(results: list[Found], what: str) -> None:
+    """Every rank found no checkpoint (-1) and load() raised CheckpointingException."""
+    __tracebackhide__ = True
+    assert_each_rank("found", results, Found(-1, "CheckpointingException"), call=what)
 
 
 def save_values(base: str, layout, iteration: int, mode: str = "sync") -> None:
@@ -113,14 +130,8 @@ def save_values(base: str, layout, iteration: int, mode: str = "sync") -> None:
 
 
 def try_save_values(base: str, layout, iteration: int, mode: str = "sync") -> str:
-    """save_values, reporting "saved" or the class name of what save() raised (a bound exceeded fails)."""
-    try:
-        save_values(base, layout, iteration, mode)
-        return "saved"
-    except AssertionError:
-        raise
-    except Exception as exc:
-        return type(exc).__name__
+    """save_values, reporting "returned" or the class name of what save() raised (a bound exceeded fails)."""
+    return attempt(save_values, base, layout, iteration, mode, hung_fails=True).text
 
 
 def fresh_find_then_load(base: str, layout):

@@ -11,6 +11,7 @@ import tempfile
 import time
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given
@@ -18,11 +19,29 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.harness import strategies, workloads
-from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, attempt, bounded
+from spec_tests.harness.processes import async_core
 from spec_tests.harness.ranks import world
-from spec_tests.local.common import (BOUND, PART_SLACK, PAYLOAD, async_queue, cliques, find_then_load,
-                                     fresh_find_then_load, lose_nodes, manager, module, node_root, rank_value, save,
-                                     save_values, storage_bytes, tasd)
+from spec_tests.local.common import (
+    BOUND,
+    PART_SLACK,
+    PAYLOAD,
+    Found,
+    assert_found,
+    assert_nothing_found,
+    cliques,
+    find_then_load,
+    fresh_find_then_load,
+    lose_nodes,
+    manager,
+    module,
+    node_root,
+    rank_value,
+    save,
+    save_values,
+    storage_bytes,
+    tasd,
+)
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 
@@ -34,56 +53,36 @@ def _example_dir(tmp_path) -> str:
     return tempfile.mkdtemp(dir=tmp_path)
 
 
-def _assert_loaded(results, iteration, states, what):
-    """Every rank found `iteration` and loaded exactly states[rank] with part id (iteration, rank, '')."""
-    __tracebackhide__ = True
-    for rank, (found, outcome) in enumerate(results):
-        assert found == iteration, f"rank {rank}: find_latest()={found}, but should be {iteration} [{what}]"
-        assert outcome[0] == "loaded", f"rank {rank}: load() raised {outcome[1]} [{what}]"
-        assert outcome[2] == (iteration, rank, ""), f"rank {rank}: part id {outcome[2]} [{what}]"
-        assert_state_dict_equal(outcome[1], states[rank], call=f"rank {rank}: load() after {what}")
+# --------------------------------------------------------------------------------- round trip
 
 
-def _assert_nothing_to_load(results, what):
-    __tracebackhide__ = True
-    for rank, (found, outcome) in enumerate(results):
-        assert found == -1, f"rank {rank}: find_latest()={found}, but no checkpoint is complete [{what}]"
-        gave = "a state" if outcome[0] == "loaded" else f"{outcome[1]}"
-        assert outcome == ("raised", "CheckpointingException"), (
-            f"rank {rank}: load() gave {gave}, but should raise CheckpointingException [{what}]")
-
-
-# ----------------------------------------------------------------------------- rank functions
+@dataclass(frozen=True)
+class SavedThenFound:
+    save_returned: str  # the class name of what save() returned
+    then: Found  # a new manager's find_latest() and load()
 
 
 def _save_and_reload(base, states, layout, mode, iteration):
     rank, _ = world()
     returned = save(manager(base, layout), tasd(states[rank]), iteration, mode)
-    return type(returned).__name__, find_then_load(manager(base, layout))
-
-
-# --------------------------------------------------------------------------------- round trip
+    return SavedThenFound(type(returned).__name__, find_then_load(manager(base, layout)))
 
 
 @pytest.mark.spec("LM-1", "LM-12")
 def test_nothing_saved_means_nothing_found_and_load_refused(rank_pool, tmp_path):
-    _assert_nothing_to_load(rank_pool(2).run(fresh_find_then_load, str(tmp_path), None), "empty storage")
+    assert_nothing_found(rank_pool(2).run(fresh_find_then_load, str(tmp_path), None), "empty storage")
 
 
 def _load_before_find(base):
     rank, _ = world()
     save(manager(base), tasd(rank_value(rank, 1)), 1)
-    try:
-        manager(base).load()
-        return "loaded"
-    except Exception as exc:
-        return type(exc).__name__
+    return attempt(manager(base).load).text
 
 
 @pytest.mark.spec("LM-12")
 def test_load_before_find_latest_is_refused(rank_pool, tmp_path):
-    outcomes = rank_pool(2).run(_load_before_find, str(tmp_path))
-    assert outcomes == ["CheckpointingException"] * 2, f"load() without find_latest() gave {outcomes}"
+    assert_each_rank("load()", rank_pool(2).run(_load_before_find, str(tmp_path)), "CheckpointingException",
+                     call="a new manager's load() without find_latest(), after save(1)")
 
 
 @pytest.mark.spec("LM-2", "LM-3", "LM-5")
@@ -96,9 +95,10 @@ def test_every_rank_loads_exactly_what_it_saved(rank_pool, tmp_path, world_size,
                        label="state per rank")
     iteration = data.draw(st.integers(0, 10**6), label="iteration")
     results = rank_pool(world_size).run(_save_and_reload, _example_dir(tmp_path), states, layout, mode, iteration)
-    returned = {r[0] for r in results}
-    assert returned == {"NoneType" if mode == "sync" else "AsyncRequest"}, f"save() returned {returned}"
-    _assert_loaded([r[1] for r in results], iteration, states, f"save({iteration}) {mode}, layout {layout}")
+    what = f"save({iteration}) {mode}, layout {layout}"
+    assert_each_rank("save_returned", [r.save_returned for r in results],
+                     "NoneType" if mode == "sync" else "AsyncRequest", call=what)
+    assert_found([r.then for r in results], iteration, states, what)
 
 
 @pytest.mark.spec("LM-2", "LM-3")
@@ -107,22 +107,29 @@ def test_an_async_replicated_save_through_a_persistent_queue_loads_back(rank_poo
     """One example only: each rank starts a worker process (seconds on a small machine)."""
     states = [rank_value(rank, 4) for rank in range(2)]
     results = rank_pool(2).run(_save_and_reload, str(tmp_path), states, (1, 2), "persistent", 4)
-    _assert_loaded([r[1] for r in results], 4, states, "persistent queue, replication jump 1 factor 2")
+    assert_found([r.then for r in results], 4, states, "persistent queue, replication jump 1 factor 2")
+
+
+@dataclass(frozen=True)
+class CallersState:
+    is_hollow: bool
+    state_dict: dict = field(compare=False)
 
 
 def _caller_after_save(base, layout):
     rank, _ = world()
     state = tasd(rank_value(rank, 1))
     save(manager(base, layout), state, 1)
-    return state.is_hollow, state.state_dict
+    return CallersState(state.is_hollow, state.state_dict)
 
 
 @pytest.mark.spec("LM-15")
 @pytest.mark.parametrize("layout", LAYOUTS_2)
 def test_save_leaves_the_callers_state_dict_as_it_was(rank_pool, tmp_path, layout):
-    for rank, (hollow, state) in enumerate(rank_pool(2).run(_caller_after_save, str(tmp_path), layout)):
-        assert not hollow, f"rank {rank}: the caller's TensorAwareStateDict is hollow after save()"
-        assert_state_dict_equal(state, rank_value(rank, 1), call=f"rank {rank}: the caller's state after save()")
+    results = rank_pool(2).run(_caller_after_save, str(tmp_path), layout)
+    assert_each_rank("caller's TensorAwareStateDict", results, CallersState(False, {}), call="after save()")
+    for rank, got in enumerate(results):
+        assert_state_dict_equal(got.state_dict, rank_value(rank, 1), call=f"rank {rank}: the caller's state after save()")
 
 
 # ------------------------------------------------------------------------------ async in flight
@@ -141,6 +148,12 @@ def _wait_for_writers(gates, count):
         time.sleep(0.01)
 
 
+@dataclass(frozen=True)
+class InFlight:
+    find_latest_during: int  # a new manager's, while every rank's part of iteration 2 is held at a gate
+    then: Found
+
+
 def _in_flight(base, gates, layout):
     """Save 1; save(2, is_async=True), update the saved tensors in place, schedule the request; its
     writes stop at a gate: once every rank's writer is held there, ask another manager what it finds,
@@ -152,7 +165,7 @@ def _in_flight(base, gates, layout):
     originals = list(state.tensors)  # what training goes on updating (the model's parameters)
     request = bounded(BOUND, "save(is_async=True)", mgr.save, state, 2, is_async=True)
     strategies.mutate_in_place(originals)  # before scheduling: a forked writer would not see it anyway
-    calls = async_queue(persistent=False)
+    calls = async_core().AsyncCallsQueue(persistent=False)
     calls.schedule_async_request(request)
     _wait_for_writers(gates, world()[1])
     during = bounded(BOUND, "find_latest()", manager(base, layout).find_latest)
@@ -160,7 +173,7 @@ def _in_flight(base, gates, layout):
         workloads.open_gate(os.path.join(gates, "open"))
     bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", calls.maybe_finalize_async_calls, True)
     calls.close()
-    return during, find_then_load(manager(base, layout))
+    return InFlight(during, find_then_load(manager(base, layout)))
 
 
 @pytest.mark.spec("LM-4", "LM-16")
@@ -170,10 +183,10 @@ def test_an_unfinished_part_is_not_counted_and_later_updates_do_not_leak(rank_po
     gates = str(tmp_path / "gates")
     os.mkdir(gates)
     results = rank_pool(2).run(_in_flight, str(tmp_path / "ckpt"), gates, layout)
-    during = [r[0] for r in results]
-    assert during == [1, 1], f"while the parts of iteration 2 were being written, find_latest() gave {during}"
-    _assert_loaded([r[1] for r in results], 2, [_gated_value(rank, gates) for rank in range(2)],
-                   "async save(2) with in-place updates after it returned")
+    assert_each_rank("find_latest_during", [r.find_latest_during for r in results], 1,
+                     call="while the parts of iteration 2 were being written")
+    assert_found([r.then for r in results], 2, [_gated_value(rank, gates) for rank in range(2)],
+                 "async save(2) with in-place updates after it returned")
 
 
 # ------------------------------------------------------------------------------------- lost nodes
@@ -193,9 +206,9 @@ def test_lost_nodes_are_recovered_from_their_cliques_or_refused_everywhere(rank_
     groups = [[r] for r in range(world_size)] if layout is None else cliques(world_size, *layout)
     what = f"layout {layout}, lost {sorted(lost)}"
     if all(set(group) - lost for group in groups):
-        _assert_loaded(results, 7, [rank_value(r, 7) for r in range(world_size)], what)
+        assert_found(results, 7, [rank_value(r, 7) for r in range(world_size)], what)
     else:
-        _assert_nothing_to_load(results, what + " (a whole clique)")
+        assert_nothing_found(results, what + " (a whole clique)")
 
 
 @pytest.mark.spec("LM-7")
@@ -203,12 +216,12 @@ def test_replicas_are_ignored_when_replication_is_disabled_at_load(rank_pool, tm
     base, pool = str(tmp_path), rank_pool(4)
     pool.run(save_values, base, (1, 2), 3)
     intact = pool.run(fresh_find_then_load, base, None)
-    _assert_loaded(intact, 3, [rank_value(r, 3) for r in range(4)], "replicated save, load without replication")
+    assert_found(intact, 3, [rank_value(r, 3) for r in range(4)], "replicated save, load without replication")
     lose_nodes(base, [1])
     pool.close()
-    _assert_nothing_to_load(pool.run(fresh_find_then_load, base, None), "rank 1 lost, load without replication")
+    assert_nothing_found(pool.run(fresh_find_then_load, base, None), "rank 1 lost, load without replication")
     recovered = pool.run(fresh_find_then_load, base, (1, 2))
-    _assert_loaded(recovered, 3, [rank_value(r, 3) for r in range(4)], "rank 1 lost, load with replication")
+    assert_found(recovered, 3, [rank_value(r, 3) for r in range(4)], "rank 1 lost, load with replication")
 
 
 # ----------------------------------------------------------------------------------------- cleanup
@@ -240,10 +253,16 @@ def test_an_older_checkpoint_does_not_come_back(rank_pool, tmp_path):
     lose_nodes(base, [0])
     pool.close()
     results = pool.run(fresh_find_then_load, base, (1, 2))
-    _assert_nothing_to_load(results, "save(1) replicated, save(2) not, node 0 lost")
+    assert_nothing_found(results, "save(1) replicated, save(2) not, node 0 lost")
 
 
 # --------------------------------------------------------------------------------------- failures
+
+
+@dataclass(frozen=True)
+class FailedSave:
+    save: str  # "returned", or the class name of what save() or the blocking finalize raised
+    then: Found
 
 
 def _failing_async_save(base, layout):
@@ -252,18 +271,17 @@ def _failing_async_save(base, layout):
     values = rank_value(rank, 2)
     if rank == 1:
         values["poison"] = workloads.PickleFails("rank 1 cannot write its part")
-    calls = async_queue(persistent=False)
+    calls = async_core().AsyncCallsQueue(persistent=False)
     mgr = manager(base, layout)
-    try:
+
+    def save_and_finalize():
         calls.schedule_async_request(bounded(BOUND, "save(is_async=True)", mgr.save, tasd(values), 2, is_async=True))
         bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", calls.maybe_finalize_async_calls, True)
-        outcome = "finalized"
-    except CheckpointException:
-        outcome = "CheckpointException"
-    except module("ckpt_managers.base_manager").CheckpointingException:
-        outcome = "CheckpointingException"
+
+    errors = (CheckpointException, module("ckpt_managers.base_manager").CheckpointingException)
+    outcome = attempt(save_and_finalize, named=errors, hung_fails=True)
     calls.close()
-    return outcome, find_then_load(manager(base, layout))
+    return FailedSave(outcome.text, find_then_load(manager(base, layout)))
 
 
 @pytest.mark.spec("LM-9")
@@ -271,10 +289,11 @@ def _failing_async_save(base, layout):
 @pytest.mark.parametrize("layout", LAYOUTS_2)
 def test_a_failed_save_raises_everywhere_and_keeps_the_last_checkpoint(rank_pool, tmp_path, layout):
     results = rank_pool(2).run(_failing_async_save, str(tmp_path), layout)
-    outcomes = [r[0] for r in results]
+    outcomes = [r.save for r in results]
     assert all(o in ("CheckpointException", "CheckpointingException") for o in outcomes), (
-        f"a save whose write failed on rank 1 ended with {outcomes} per rank")
-    _assert_loaded([r[1] for r in results], 1, [rank_value(r, 1) for r in range(2)], "failed save(2)")
+        f"save per rank={outcomes}, but should be CheckpointException or CheckpointingException on every rank "
+        "[an async save whose write fails on rank 1]")
+    assert_found([r.then for r in results], 1, [rank_value(r, 1) for r in range(2)], "failed save(2)")
 
 
 def _listing(base):
@@ -284,40 +303,48 @@ def _listing(base):
                   for d, _, files in os.walk(root) for f in files)
 
 
+@dataclass(frozen=True)
+class RefusedSaves:
+    saves: list  # (iteration, "returned" or the class name of what save(iteration) raised)
+    storage_unchanged: bool
+    then: Found
+
+
 def _save_old_iterations(base):
     rank, _ = world()
     mgr = manager(base)
     save(mgr, tasd(rank_value(rank, 5)), 5)
-    before, outcomes = _listing(base), []
-    for target_mgr, iteration in ((mgr, 5), (mgr, 3), (mgr, -1), (manager(base), 4)):
-        try:
-            bounded(BOUND, f"save({iteration})", target_mgr.save, tasd(rank_value(rank, 0)), iteration)
-            outcomes.append((iteration, "saved"))
-        except AssertionError:
-            raise
-        except Exception as exc:
-            outcomes.append((iteration, type(exc).__name__))
-    return outcomes, before == _listing(base), find_then_load(manager(base))
+    before = _listing(base)
+    outcomes = [(iteration, attempt(target_mgr.save, tasd(rank_value(rank, 0)), iteration, bound=BOUND,
+                                    what=f"save({iteration})", hung_fails=True).text)
+                for target_mgr, iteration in ((mgr, 5), (mgr, 3), (mgr, -1), (manager(base), 4))]
+    return RefusedSaves(outcomes, before == _listing(base), find_then_load(manager(base)))
 
 
 @pytest.mark.spec("LM-10")
 def test_an_iteration_not_newer_than_the_latest_is_refused(rank_pool, tmp_path):
     results = rank_pool(2).run(_save_old_iterations, str(tmp_path))
-    for rank, (outcomes, unchanged, _) in enumerate(results):
-        assert all(o == "CheckpointingException" for _, o in outcomes), (
-            f"rank {rank}: after save(5), save(iteration) gave {outcomes}; each should raise CheckpointingException")
-        assert unchanged, f"rank {rank}: refused saves changed the files in its storage"
-    _assert_loaded([r[2] for r in results], 5, [rank_value(r, 5) for r in range(2)], "refused saves")
+    assert_each_rank("manager", results, [RefusedSaves([(i, "CheckpointingException") for i in (5, 3, -1, 4)], True,
+                                                       Found(5, "returned", (5, rank, ""))) for rank in range(2)],
+                     per_rank=True, call="after save(5): save(5), save(3), save(-1), a new manager's save(4)")
+    assert_found([r.then for r in results], 5, [rank_value(r, 5) for r in range(2)], "refused saves")
+
+
+@dataclass(frozen=True)
+class OtherParameters:
+    find_latest: str  # with replication jump 2: "returned", or the class name of what it raised
+    error_names_replication: bool
+    storage_unchanged: bool
+    then_with_the_saves_parameters: Found
+    then_without_replication: Found
 
 
 def _find_with_other_parameters(base):
-    errors = module("ckpt_managers.base_manager").CheckpointingException
     before = _listing(base)
-    try:
-        outcome = ("found", bounded(BOUND, "find_latest()", manager(base, (2, 2)).find_latest))
-    except errors as exc:
-        outcome = ("raised", "replication" in str(exc).lower())
-    return outcome, before == _listing(base), find_then_load(manager(base, (1, 2))), find_then_load(manager(base))
+    found = attempt(manager(base, (2, 2)).find_latest, bound=BOUND, what="find_latest()", hung_fails=True,
+                    named=(module("ckpt_managers.base_manager").CheckpointingException,))
+    return OtherParameters(found.text, "replication" in found.message.lower(), before == _listing(base),
+                           find_then_load(manager(base, (1, 2))), find_then_load(manager(base)))
 
 
 @pytest.mark.spec("LM-11")
@@ -325,25 +352,18 @@ def test_other_replication_parameters_at_load_are_refused(rank_pool, tmp_path):
     base, pool = str(tmp_path), rank_pool(4)
     pool.run(save_values, base, (1, 2), 6)
     results = pool.run(_find_with_other_parameters, base)
-    for rank, (outcome, unchanged, _, _) in enumerate(results):
-        assert outcome == ("raised", True), (
-            f"rank {rank}: find_latest() with jump 2 after a save with jump 1 gave {outcome}; it should raise "
-            "CheckpointingException naming the replication parameters")
-        assert unchanged, f"rank {rank}: the refused find_latest() changed the files in its storage"
+    found = [Found(6, "returned", (6, rank, "")) for rank in range(4)]
+    assert_each_rank("manager", results, [OtherParameters("CheckpointingException", True, True, f, f) for f in found],
+                     per_rank=True, call="find_latest() with replication jump 2 after a save with jump 1")
     expected = [rank_value(r, 6) for r in range(4)]
-    _assert_loaded([r[2] for r in results], 6, expected, "load with the save's parameters")
-    _assert_loaded([r[3] for r in results], 6, expected, "load without replication")
+    assert_found([r.then_with_the_saves_parameters for r in results], 6, expected, "load with the save's parameters")
+    assert_found([r.then_without_replication for r in results], 6, expected, "load without replication")
 
 
 def _save_expecting_failure(base):
     rank, _ = world()
-    try:
-        bounded(20, "save(2)", manager(base).save, tasd(rank_value(rank, 2)), 2)
-        return "saved"
-    except AssertionError:
-        raise  # the bound was exceeded: a rank waits for the failed one
-    except Exception as exc:
-        return type(exc).__name__
+    # a bound exceeded fails the rank: a rank waits for the failed one
+    return attempt(manager(base).save, tasd(rank_value(rank, 2)), 2, bound=20, what="save(2)", hung_fails=True).text
 
 
 @pytest.mark.spec("LM-13")
@@ -359,9 +379,9 @@ def test_an_unwritable_directory_fails_the_save_on_every_rank(rank_pool, tmp_pat
     finally:
         os.remove(node_root(base, 1))
         os.rename(away, node_root(base, 1))
-    assert outcomes == ["CheckpointingException"] * 2, f"save with rank 1's storage unwritable gave {outcomes}"
+    assert_each_rank("save(2)", outcomes, "CheckpointingException", call="rank 1's storage unwritable")
     results = pool.run(fresh_find_then_load, base, None)
-    _assert_loaded(results, 1, [rank_value(r, 1) for r in range(2)], "a save that failed on rank 1")
+    assert_found(results, 1, [rank_value(r, 1) for r in range(2)], "a save that failed on rank 1")
 
 
 # --------------------------------------------------------------------------------------- logging
@@ -376,6 +396,14 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
+@dataclass(frozen=True)
+class Quiet:
+    find_latest: int
+    stdout: str
+    stderr: str
+    log_records: int  # at DEBUG level, of save, find_latest and load
+
+
 def _quiet_but_logged(base, layout):
     rank, _ = world()
     root, handler, out, err = logging.getLogger(), _Records(), io.StringIO(), io.StringIO()
@@ -385,17 +413,19 @@ def _quiet_but_logged(base, layout):
     try:
         with redirect_stdout(out), redirect_stderr(err), warnings.catch_warnings(record=True):
             save(manager(base, layout), tasd(rank_value(rank, 1)), 1)
-            found, _ = find_then_load(manager(base, layout))
+            found = find_then_load(manager(base, layout)).latest
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
-    return found, out.getvalue(), err.getvalue(), len(handler.records)
+    return Quiet(found, out.getvalue(), err.getvalue(), len(handler.records))
 
 
 @pytest.mark.spec("LM-14")
 @pytest.mark.parametrize("layout", LAYOUTS_2)
 def test_the_manager_logs_and_prints_nothing(rank_pool, tmp_path, layout):
-    for rank, (found, out, err, records) in enumerate(rank_pool(2).run(_quiet_but_logged, str(tmp_path), layout)):
-        assert found == 1, f"rank {rank}: find_latest()={found}"
-        assert (out, err) == ("", ""), f"rank {rank} printed stdout={out!r} stderr={err!r}"
-        assert records > 0, f"rank {rank}: save, find_latest and load logged no record at DEBUG level"
+    results = rank_pool(2).run(_quiet_but_logged, str(tmp_path), layout)
+    call = "save(1), find_latest(), load()"
+    assert_each_rank("manager", [Quiet(r.find_latest, r.stdout, r.stderr, 0) for r in results], Quiet(1, "", "", 0),
+                     call=call)
+    for rank, got in enumerate(results):
+        assert got.log_records > 0, f"rank {rank}: manager.log_records={got.log_records}, but should be > 0 [{call}]"

@@ -1,12 +1,14 @@
 """CliqueReplicationStrategy: the clique layout, the exchange of parts, and missing replicas (gloo ranks)."""
 
+from typing import NamedTuple
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from spec_tests.harness import strategies
-from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.asserts import assert_each_rank, assert_equal, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.ranks import world
 from spec_tests.local.common import BOUND, cliques, module, strategy, tasd
 
@@ -20,6 +22,13 @@ def _clique_strategy(jump, factor):
 # --------------------------------------------------------------------------------------- layouts
 
 
+class Received(NamedTuple):
+    """What replicate() gave a rank: the ids of the parts, and the parts themselves (or what they hold)."""
+
+    ids: list
+    parts: list
+
+
 def _replicate_in_every_layout(layouts):
     rank, _ = world()
     seen = {}
@@ -28,7 +37,7 @@ def _replicate_in_every_layout(layouts):
         parts, ids = bounded(BOUND, "replicate()", strat.replicate,
                              tasd({"rank": torch.tensor([rank]), "name": f"r{rank}"}), ("part", rank))
         data = [(p.state_dict["rank"].item(), p.state_dict["name"]) for p in parts]
-        seen[(jump, factor)] = ([i[1] for i in ids], data)
+        seen[(jump, factor)] = Received([i[1] for i in ids], data)
     return seen
 
 
@@ -39,28 +48,26 @@ def test_cliques_partition_the_ranks_in_every_valid_layout(rank_pool, world_size
     seen = rank_pool(world_size).run(_replicate_in_every_layout, layouts)
     for jump, factor in layouts:
         where = f"world_size={world_size}, replication_jump={jump}, replication_factor={factor}"
-        members = [seen[rank][(jump, factor)][0] for rank in range(world_size)]
+        members = [seen[rank][(jump, factor)].ids for rank in range(world_size)]
         for rank, clique in enumerate(members):
             assert rank in clique and len(clique) == factor, f"rank {rank} got clique {clique} [{where}]"
-            gaps = {b - a for a, b in zip(clique, clique[1:])}
+            gaps = {b - a for a, b in zip(clique, clique[1:], strict=False)}
             assert gaps <= {jump}, f"rank {rank}'s clique {clique} is not spaced {jump} apart [{where}]"
             assert all(members[m] == clique for m in clique), f"clique {clique} is not agreed by its members [{where}]"
-            data = seen[rank][(jump, factor)][1]
-            assert data == [(m, f"r{m}") for m in clique], f"rank {rank} received {data} from {clique} [{where}]"
+            assert_equal(f"rank {rank}: parts received", seen[rank][(jump, factor)].parts,
+                         [(m, f"r{m}") for m in clique], call=f"replicate() in clique {clique}, {where}")
         distinct = sorted({tuple(c) for c in members})
         assert distinct == sorted(map(tuple, cliques(world_size, jump, factor))), (
             f"cliques {distinct}, but the layout defines {cliques(world_size, jump, factor)} [{where}]")
 
 
 def _construct_invalid(layouts):
-    outcomes = []
+    """{(jump, factor): what from_replication_params did, noting an error that does not name both parameters}."""
+    outcomes = {}
     for jump, factor in layouts:
-        try:
-            _clique_strategy(jump, factor)
-            outcomes.append("constructed")
-        except Exception as exc:
-            named = str(jump) in str(exc) and str(factor) in str(exc)
-            outcomes.append(f"{type(exc).__name__}{'' if named else ' (parameters not named)'}")
+        made = attempt(_clique_strategy, jump, factor)
+        named = made.returned or (str(jump) in made.message and str(factor) in made.message)
+        outcomes[jump, factor] = made.text + ("" if named else " (parameters not named)")
     return outcomes
 
 
@@ -69,12 +76,8 @@ INVALID_FOR_4 = [(0, 2), (-1, 2), (2, 0), (1, -2), (3, 1), (1, 3), (2, 4), (8, 1
 
 @pytest.mark.spec("CL-2")
 def test_an_invalid_layout_is_refused_on_every_rank(rank_pool):
-    outcomes = rank_pool(4).run(_construct_invalid, INVALID_FOR_4)
-    for rank, per_layout in enumerate(outcomes):
-        for (jump, factor), outcome in zip(INVALID_FOR_4, per_layout):
-            assert outcome == "ValueError", (
-                f"rank {rank}: from_replication_params({jump}, {factor}) on 4 ranks gave {outcome}, "
-                "but should raise ValueError naming the parameters")
+    assert_each_rank("from_replication_params(jump, factor)", rank_pool(4).run(_construct_invalid, INVALID_FOR_4),
+                     dict.fromkeys(INVALID_FOR_4, "ValueError"), call="on 4 ranks; the error names the parameters")
 
 
 # -------------------------------------------------------------------------------------- exchange
@@ -83,7 +86,7 @@ def test_an_invalid_layout_is_refused_on_every_rank(rank_pool):
 def _replicate_own_state(states, layout):
     rank, _ = world()
     parts, ids = bounded(BOUND, "replicate()", strategy(layout).replicate, tasd(states[rank]), ("part", rank))
-    return list(ids), [p.state_dict for p in parts]
+    return Received(list(ids), [p.state_dict for p in parts])
 
 
 def _assert_replicated(results, states, layout):
@@ -91,8 +94,9 @@ def _assert_replicated(results, states, layout):
     for clique in cliques(len(states), *layout):
         for rank in clique:
             ids, parts = results[rank]
-            assert ids == [("part", m) for m in clique], f"rank {rank} got ids {ids} from clique {clique}"
-            for member, part in zip(clique, parts):
+            assert_equal(f"rank {rank}: ids received", ids, [("part", m) for m in clique],
+                         call=f"replicate() in clique {clique}")
+            for member, part in zip(clique, parts, strict=True):
                 assert_state_dict_equal(part, states[member], call=f"replicate() on rank {rank}, part of {member}")
 
 
@@ -118,12 +122,9 @@ def test_replicate_copies_views_by_value(rank_pool):
 
 def _plan_with_holders(available, layout):
     rank, _ = world()
-    strategies_mod = module("replication.strategies")
-    try:
-        bounded(BOUND, "retrieve_plan()", strategy(layout).retrieve_plan, available, [("part", rank)])
-        return "planned"
-    except strategies_mod.NoReplicasAvailableError:
-        return "NoReplicasAvailableError"
+    missing = module("replication.strategies").NoReplicasAvailableError
+    return attempt(strategy(layout).retrieve_plan, available, [("part", rank)], bound=BOUND, what="retrieve_plan()",
+                   hung_fails=True, named=(missing,)).text
 
 
 @pytest.mark.spec("CL-4")
@@ -131,6 +132,6 @@ def test_a_part_without_holder_in_the_clique_is_refused_on_every_member(rank_poo
     # Cliques {0, 1} and {2, 3}: rank 0 holds both parts of its clique; rank 3's part is held only
     # outside its clique (by rank 1), which does not count.
     available = [[("part", 0), ("part", 1)], [("part", 3)], [("part", 2)], []]
-    outcomes = rank_pool(4).run(_plan_with_holders, available, (1, 2))
-    assert outcomes == ["planned", "planned", "NoReplicasAvailableError", "NoReplicasAvailableError"], (
-        f"retrieve_plan outcomes per rank: {outcomes}")
+    assert_each_rank("retrieve_plan()", rank_pool(4).run(_plan_with_holders, available, (1, 2)),
+                     ["returned", "returned", "NoReplicasAvailableError", "NoReplicasAvailableError"], per_rank=True,
+                     call=f"cliques [0, 1] and [2, 3], parts available per rank {available}")

@@ -1,11 +1,13 @@
 """Bad input is refused with a clear error before anything is written."""
 
 import os
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
+from spec_tests.harness.asserts import assert_equal, attempt
 from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")
@@ -32,28 +34,35 @@ def test_a_path_that_is_a_file_is_refused_at_planning(rank_pool, tmp_path):
         f"refusing the path changed it or wrote next to it: {sorted(os.listdir(tmp_path))}")
 
 
+class Trees(NamedTuple):
+    before: dict  # relative name -> contents
+    after: dict
+
+
 def _resave(path):
     saving.async_save({"w": torch.arange(4.0)}, path, persistent=None, thread_count=2)
     before = saving.tree(path)
     with pytest.raises(CheckpointException):
         saving.plan({"w": torch.zeros(4), "extra": torch.ones(1)}, _writer(path, thread_count=2))
-    return before, saving.tree(path)
+    return Trees(before, saving.tree(path))
 
 
 @pytest.mark.spec("FS-13")
 def test_a_directory_holding_a_checkpoint_is_refused_and_kept(rank_pool, tmp_path):
     path = str(tmp_path / "ckpt")
-    before, after = rank_pool(1).run(_resave, path)[0]
-    assert after == before, (f"planning a save into a checkpoint directory changed it: files {sorted(before)} "
-                             f"became {sorted(after)} (or their contents changed)")
+    trees = rank_pool(1).run(_resave, path)[0]
+    assert trees.after == trees.before, (
+        f"planning a save into a checkpoint directory changed it: files {sorted(trees.before)} "
+        f"became {sorted(trees.after)} (or their contents changed)")
+
+
+class Construction(NamedTuple):
+    outcome: str  # of FileSystemWriterAsync(path, **kwargs): "returned", or the class name of what it raised
+    created_path: bool
 
 
 def _bad_arguments(path, kwargs):
-    try:
-        _writer(path, **kwargs)
-    except ValueError as exc:
-        return f"ValueError: {exc}", os.path.exists(path)
-    return None, os.path.exists(path)
+    return Construction(attempt(_writer, path, **kwargs).text, os.path.exists(path))
 
 
 @pytest.mark.spec("FS-14")
@@ -62,6 +71,5 @@ def _bad_arguments(path, kwargs):
                          ids=["thread_count=0", "thread_count=-1", "hint-with-one-thread"])
 def test_bad_thread_counts_are_refused_at_construction(rank_pool, tmp_path, kwargs):
     path = str(tmp_path / "ckpt")
-    error, created = rank_pool(1).run(_bad_arguments, path, kwargs)[0]
-    assert error is not None, f"FileSystemWriterAsync(path, **{kwargs}) was accepted, but should raise ValueError"
-    assert not created, f"FileSystemWriterAsync(path, **{kwargs}) created {path} before refusing"
+    assert_equal("FileSystemWriterAsync", rank_pool(1).run(_bad_arguments, path, kwargs)[0],
+                 Construction(outcome="ValueError", created_path=False), call=f"FileSystemWriterAsync(path, **{kwargs})")

@@ -2,8 +2,8 @@
 
 import os
 import re
-import shutil
 import uuid
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec_tests.harness import strategies
+from spec_tests.harness.processes import remove
 from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")
@@ -44,7 +45,7 @@ def _save_and_inspect(tmp, state_dict, thread_count, hint):
     path = os.path.join(tmp, uuid.uuid4().hex)
     saving.async_save(state_dict, path, persistent=None, thread_count=thread_count, separation_hint=hint)
     problems = _layout_problems(path, thread_count, hint)
-    shutil.rmtree(path)
+    remove(path)
     return problems
 
 
@@ -101,12 +102,18 @@ class _DurabilityLog:
             return [tuple(line.rstrip("\n").split("\t")) for line in f]
 
 
+class Durability(NamedTuple):
+    path: str  # the checkpoint directory
+    data_files: list[str]
+    events: list[tuple]  # ("fsync", path) and ("rename", source, destination), in order
+
+
 def _durability_events(tmp):
     path = os.path.realpath(os.path.join(tmp, "ckpt"))
     state_dict = {"w": torch.arange(64.0), "b": torch.ones(3, 3), "step": 3}
     with _DurabilityLog(os.path.join(tmp, "log")) as log:
         saving.async_save(state_dict, path, persistent=None, thread_count=2)
-    return path, [os.path.join(path, n) for n in saving.data_files(path)], log.events()
+    return Durability(path, [os.path.join(path, n) for n in saving.data_files(path)], log.events())
 
 
 def _commit_index(events, metadata):

@@ -1,7 +1,7 @@
 """The metadata cache: plans reused while the structure holds, re-planned as soon as it changes anywhere."""
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ from torch.distributed.checkpoint.filesystem import _StoragePrefix
 from torch.distributed.checkpoint.utils import _DistWrapper
 
 from spec_tests.harness import strategies
-from spec_tests.harness.asserts import assert_state_dict_equal
+from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal
 from spec_tests.harness.ranks import ranks, world
 from spec_tests.storage import saving
 
@@ -54,6 +54,16 @@ def _cached_save(state_dict, path, cache, planner=None, persistent=False):
     return counter.calls
 
 
+@dataclass(frozen=True)
+class CachedSave:
+    """One save with enable_cache=True, on one rank."""
+
+    path: str
+    state: dict = field(compare=False, repr=False)  # what the rank saved
+    status: tuple | None = None  # get_metadata_caching_status() afterwards
+    exchanged: list = field(default_factory=list)  # the object collectives its planning made
+
+
 def _base_state(rank):
     return {f"rank{rank}": {"w": torch.randn(4), "b": torch.zeros(2, 3), "i": torch.arange(rank + 2)}, "step": 0}
 
@@ -67,7 +77,7 @@ def _unchanged(tmp, n):
         state["step"] = k
         path = os.path.join(tmp, f"ckpt{k}")
         exchanged = _cached_save(state, path, cache)
-        outcomes.append((path, strategies.private_copy(state), cache.get_metadata_caching_status(), exchanged))
+        outcomes.append(CachedSave(path, strategies.private_copy(state), cache.get_metadata_caching_status(), exchanged))
     return outcomes
 
 
@@ -82,15 +92,13 @@ def _union(states):
 def test_an_unchanged_structure_reuses_the_plan_and_saves_current_values(rank_pool, tmp_path):
     results = rank_pool(2).run(_unchanged, str(tmp_path), 4)
     for k in range(4):
-        path = results[0][k][0]
-        expected = _union(r[k][1] for r in results)
-        assert_state_dict_equal(saving.load(expected, path), expected, call=f"dcp.load of cached save {k}")
-        for rank, outcome in enumerate(results):
-            status, exchanged = outcome[k][2], outcome[k][3]
-            assert status == (k > 0, False), (
-                f"rank {rank}, save {k}: caching status {status}, but should be {(k > 0, False)}")
-            assert k < 2 or not exchanged, (f"rank {rank}, save {k} of an unchanged structure exchanged plans "
-                                            f"({exchanged}) instead of reusing them")
+        expected = _union(r[k].state for r in results)
+        assert_state_dict_equal(saving.load(expected, results[0][k].path), expected, call=f"dcp.load of cached save {k}")
+        assert_each_rank(f"save {k}: status", [r[k].status for r in results], (k > 0, False),
+                         call="get_metadata_caching_status() of an unchanged structure")
+        if k >= 2:
+            assert_each_rank(f"save {k}: exchanged", [r[k].exchanged for r in results], [],
+                             call="object collectives of planning an unchanged structure (plans should be reused)")
 
 
 def _change(state, rank, kind):
@@ -115,7 +123,7 @@ def _changed(tmp, kind, changer):
             _change(state, rank, kind)
         path = os.path.join(tmp, f"ckpt{k}")
         _cached_save(state, path, cache)
-        outcomes.append((path, strategies.private_copy(state), cache.get_metadata_caching_status()))
+        outcomes.append(CachedSave(path, strategies.private_copy(state), cache.get_metadata_caching_status()))
     return outcomes
 
 
@@ -125,13 +133,10 @@ def _changed(tmp, kind, changer):
 def test_a_structure_change_on_any_rank_is_planned_afresh(rank_pool, tmp_path, kind, changer):
     results = rank_pool(2).run(_changed, str(tmp_path), kind, changer)
     for k in range(5):
-        expected = _union(r[k][1] for r in results)
-        statuses = [r[k][2] for r in results]
-        want = (k not in (0, 3), False)
-        assert statuses == [want, want], (
-            f"after save {k} ({kind} on rank {changer} at save 3): caching status per rank {statuses}, "
-            f"but should be {[want, want]}")
-        assert_state_dict_equal(saving.load(expected, results[0][k][0]), expected,
+        expected = _union(r[k].state for r in results)
+        assert_each_rank(f"save {k}: status", [r[k].status for r in results], (k not in (0, 3), False),
+                         call=f"get_metadata_caching_status(), {kind} on rank {changer} at save 3")
+        assert_state_dict_equal(saving.load(expected, results[0][k].path), expected,
                                 call=f"dcp.load of save {k} ({kind} on rank {changer} at save 3)")
 
 
@@ -179,8 +184,7 @@ def test_verify_global_md_reuse_agrees_on_every_rank(rank_pool):
     results = rank_pool(2).run(_verify)
     want = {"no loaded plans": False, "one plan too few": False, "same plans": True, "other storage_data": True,
             "last rank's plan differs": False}
-    for rank, got in enumerate(results):
-        assert got == want, f"rank {rank}: verify_global_md_reuse gave {got}, but should give {want}"
+    assert_each_rank("verify_global_md_reuse", results, want)
 
 
 def _decentralized(path):

@@ -6,14 +6,15 @@ they start inherit it.
 
 import os
 import uuid
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
-from spec_tests.harness.asserts import bounded
-from spec_tests.storage import saving
+from spec_tests.harness.asserts import assert_equal, attempt, bounded
 from spec_tests.harness.s3 import BUCKET
+from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer", "msc", "temporal_caller")
 SAVE_BOUND = 45.0
@@ -35,23 +36,29 @@ def _msc_reader(url):
     return msc.torch.MultiStorageFileSystemReader(url, thread_count=2)
 
 
+class PosixRoundTrip(NamedTuple):
+    msc_mismatch: str | None  # loading through MSC's reader: assert_state_dict_equal's message, or None
+    stock_mismatch: str | None  # loading with stock FileSystemReader
+    files: list
+
+
 def _posix_round_trip(url, local):
     state = _state()
     saving.async_save(state, url, use_msc=True, thread_count=2)
     through_msc = saving.mismatch(saving.load(state, local, reader=_msc_reader(url)), state,
                                   f"dcp.load(MultiStorageFileSystemReader({url!r}))")
     stock = saving.mismatch(saving.load(state, local), state, f"dcp.load(FileSystemReader({local!r}))")
-    return through_msc, stock, sorted(os.listdir(local))
+    return PosixRoundTrip(through_msc, stock, sorted(os.listdir(local)))
 
 
 @pytest.mark.spec("MSC-1")
 def test_a_posix_profile_checkpoint_loads_through_msc_and_stock_dcp(rank_pool, tmp_path):
     local = str(tmp_path / "ckpt")
-    through_msc, stock, files = rank_pool(1).run(_posix_round_trip, "msc://__filesystem__" + local, local)[0]
-    assert through_msc is None, through_msc
-    assert stock is None, stock
-    assert ".metadata" in files and all(f == ".metadata" or f.endswith(".distcp") for f in files), (
-        f"the checkpoint directory holds {files}")
+    got = rank_pool(1).run(_posix_round_trip, "msc://__filesystem__" + local, local)[0]
+    assert got.msc_mismatch is None, got.msc_mismatch
+    assert got.stock_mismatch is None, got.stock_mismatch
+    assert ".metadata" in got.files and all(f == ".metadata" or f.endswith(".distcp") for f in got.files), (
+        f"the checkpoint directory holds {got.files}")
 
 
 def _s3_round_trip(config, url):
@@ -100,35 +107,37 @@ def test_object_store_errors_raise_checkpoint_exception_and_commit_nothing(rank_
     assert not committed, f"after the failed save ({fault}) the bucket holds {committed}"
 
 
+class Refusal(NamedTuple):
+    error: str  # ValueError at construction, or CheckpointException at planning
+    message: str
+
+
 def _unknown_profile(config, url):
     _use(config)
     try:
         writer = saving.module("filesystem_async").FileSystemWriterAsync(url, use_msc=True)
     except ValueError as exc:
-        return "ValueError", str(exc)
+        return Refusal("ValueError", str(exc))
     with pytest.raises(CheckpointException) as info:
         saving.plan({"w": torch.ones(2)}, writer)
-    return "CheckpointException", str(info.value)
+    return Refusal("CheckpointException", str(info.value))
 
 
 @pytest.mark.spec("MSC-4")
 def test_an_unknown_profile_is_refused_before_writing(rank_pool, s3):
-    kind, message = rank_pool(1).run(_unknown_profile, s3.config_path, "msc://no-such-profile/ckpt")[0]
-    assert "no-such-profile" in message, f"the {kind} does not name the unknown profile: {message}"
+    refusal = rank_pool(1).run(_unknown_profile, s3.config_path, "msc://no-such-profile/ckpt")[0]
+    assert "no-such-profile" in refusal.message, f"the {refusal.error} does not name the unknown profile: {refusal}"
 
 
 def _without_use_msc(url):
-    try:
-        saving.module("filesystem_async").FileSystemWriterAsync(url)
-    except ValueError:
-        return True
-    return False
+    return attempt(saving.module("filesystem_async").FileSystemWriterAsync, url, named=(ValueError,)).text
 
 
 @pytest.mark.spec("MSC-5")
 def test_an_msc_url_without_use_msc_is_refused(rank_pool):
-    assert rank_pool(1).run(_without_use_msc, "msc://s3/some/ckpt")[0], (
-        "FileSystemWriterAsync('msc://...') without use_msc=True was accepted (it would write to a local 'msc:' dir)")
+    url = "msc://s3/some/ckpt"
+    assert_equal(f"FileSystemWriterAsync({url!r})", rank_pool(1).run(_without_use_msc, url)[0], "ValueError",
+                 call="without use_msc=True (it would write to a local 'msc:' directory)")
 
 
 def _save_once(config, url):

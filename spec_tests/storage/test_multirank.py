@@ -1,13 +1,14 @@
 """Several ranks: each writes its own items, the coordinator alone commits, and errors reach every rank."""
 
 import os
+from typing import NamedTuple
 
 import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, bounded
 from spec_tests.harness.ranks import world
 from spec_tests.storage import saving
 
@@ -20,6 +21,11 @@ ERROR_BOUND = 20.0
 
 def _rank_state(rank):
     return {f"rank{rank}": {"w": torch.full((3,), float(rank)), "i": torch.arange(rank + 2)}, "step": 7}
+
+
+class Finish(NamedTuple):
+    calls: list  # of writer.finish, each with the number of ranks' write results it got
+    holds_metadata: bool  # save_state_dict_async_plan returned global metadata
 
 
 def _save_counting_finish(path, coordinator):
@@ -37,7 +43,7 @@ def _save_counting_finish(path, coordinator):
     queue = saving.queue(False)
     queue.schedule_async_request(saving.request(writer, plan_ret))
     saving.finalize(queue)
-    return calls, plan_ret[1] is not None
+    return Finish(calls, plan_ret[1] is not None)
 
 
 @pytest.mark.spec("FS-9", "FS-15", "SD-1")
@@ -46,13 +52,9 @@ def _save_counting_finish(path, coordinator):
 def test_each_rank_writes_its_items_and_only_the_coordinator_commits(rank_pool, tmp_path, world_size, coordinator):
     coordinator = 0 if coordinator == "first" else world_size - 1
     path = str(tmp_path / "ckpt")
-    calls, holds_metadata = zip(*rank_pool(world_size).run(_save_counting_finish, path, coordinator))
-    assert list(holds_metadata) == [r == coordinator for r in range(world_size)], (
-        f"save_state_dict_async_plan returned metadata on ranks {holds_metadata}, but only the coordinator "
-        f"({coordinator}) should hold it")
-    expected_calls = [[world_size] if r == coordinator else [] for r in range(world_size)]
-    assert list(calls) == expected_calls, (f"finish() calls per rank (with the number of ranks' results) were {calls}, "
-                                     f"but should be {expected_calls} (coordinator {coordinator})")
+    assert_each_rank("finish", rank_pool(world_size).run(_save_counting_finish, path, coordinator),
+                     [Finish([world_size], True) if r == coordinator else Finish([], False) for r in range(world_size)],
+                     per_rank=True, call=f"a save with coordinator_rank={coordinator}")
     storage = saving.read_metadata(path).storage_data
     for rank in range(world_size):
         files = {info.relative_path for index, info in storage.items() if index.fqn.startswith(f"rank{rank}.")}

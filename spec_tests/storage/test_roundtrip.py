@@ -1,7 +1,6 @@
 """What the async path saves is what stock DCP loads: values, views, the snapshot point, empty state dicts."""
 
 import os
-import shutil
 import uuid
 
 import pytest
@@ -11,13 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec_tests.harness import strategies, workloads
-from spec_tests.harness.asserts import assert_state_dict_equal
+from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal
+from spec_tests.harness.processes import CALLERS, remove
 from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")
 EMPTY_BOUND = 20.0  # nothing to write on a warm queue: finalization is immediate
-PERSISTENCE = [pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
-               pytest.param(False, id="temporal", marks=pytest.mark.needs("temporal_caller"))]
 
 
 def _fresh_dir(tmp):
@@ -37,7 +35,7 @@ def _save_and_load(tmp, state_dict, options):
     saving.async_save(state_dict, path, persistent=True, **options)
     problem = saving.mismatch(saving.load(state_dict, path), state_dict,
                               f"dcp.load(FileSystemReader) of an async save with {options}")
-    shutil.rmtree(path)
+    remove(path)
     return problem
 
 
@@ -81,7 +79,7 @@ def _snapshot(tmp, state_dict, persistent):
 
 
 @pytest.mark.spec("FS-4")
-@pytest.mark.parametrize("persistent", PERSISTENCE)
+@pytest.mark.parametrize("persistent", CALLERS)
 @given(state_dict=strategies.dcp_state_dicts(max_leaves=4))
 def test_the_checkpoint_holds_the_state_when_scheduling_returned(rank_pool, tmp_path_factory, persistent, state_dict):
     problem = rank_pool(1).run(_snapshot, str(tmp_path_factory.mktemp("snap")), state_dict, persistent)[0]
@@ -92,14 +90,14 @@ def _empty(tmp, persistent):
     saving.async_save({"w": torch.ones(2)}, _fresh_dir(tmp), persistent=persistent)  # the queue has saved before
     path = _fresh_dir(tmp)
     saving.async_save({}, path, persistent=persistent, thread_count=3, bound=EMPTY_BOUND)
-    assert os.listdir(path) == [".metadata"], f"an empty state dict left {sorted(os.listdir(path))}, not [.metadata]"
+    assert_equal("files", sorted(os.listdir(path)), [".metadata"], call="an async save of an empty state dict")
     loaded = {}
     dcp.load(loaded, storage_reader=dcp.FileSystemReader(path), no_dist=True)
-    assert loaded == {}, f"loading an empty checkpoint gave {loaded}"
+    assert_equal("loaded", loaded, {}, call="dcp.load of an empty checkpoint")
 
 
 @pytest.mark.spec("FS-16")
-@pytest.mark.parametrize("persistent", PERSISTENCE)
+@pytest.mark.parametrize("persistent", CALLERS)
 def test_an_empty_state_dict_gives_a_loadable_checkpoint(rank_pool, tmp_path, persistent):
     rank_pool(1).run(_empty, str(tmp_path), persistent)
 
@@ -114,7 +112,7 @@ def _stock_save_target_reader(tmp, state_dict):
     saving.async_save(state_dict, async_path, thread_count=2, persistent=None)
     problem = problem or saving.mismatch(saving.load(state_dict, async_path, reader=reader_cls(async_path)),
                                          state_dict, "dcp.load(CachedMetadataFileSystemReader) of an async save")
-    shutil.rmtree(path), shutil.rmtree(async_path)
+    remove(path, async_path)
     return problem
 
 
@@ -135,8 +133,8 @@ def _reader_cache(tmp):
     dcp.save({"w": torch.zeros(2), "v": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(path, overwrite=True),
              no_dist=True)
     fresh = cls(path).read_metadata()
-    assert set(fresh.state_dict_metadata) == {"w", "v"}, (
-        f"a new reader of the rewritten checkpoint sees keys {sorted(fresh.state_dict_metadata)}, not ['v', 'w']")
+    assert_equal("keys", sorted(fresh.state_dict_metadata), ["v", "w"],
+                 call="a new reader's read_metadata() of the rewritten checkpoint")
 
 
 @pytest.mark.spec("SD-10")
