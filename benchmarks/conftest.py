@@ -1,7 +1,9 @@
-"""Benchmark options, fixtures and report hooks (the spec plugin is loaded by the root conftest).
+"""Benchmark fixtures and report hooks (the spec plugin is loaded by pyproject.toml's addopts and the root conftest).
 
-Options: --bench-size-mib (state dict size), --bench-rounds, --bench-saves (memory probe),
---bench-dir (filesystem to measure), --bench-sweep-mib (D2H sizes), --bench-device, --bench-threads.
+Options, declared in the root conftest so that pytest knows them however it is started: --bench-size-mib
+(state dict size), --bench-rounds, --bench-saves (memory probe), --bench-dir (filesystem to measure),
+--bench-sweep-mib (D2H sizes), --bench-device, --bench-threads. The `regression` marker is declared in
+pyproject.toml; the default JSON path (.benchmarks/ckptspec.json) is set by the root conftest too.
 
 Without --benchmark-enable every benchmark runs its body once as a smoke test. With it, the
 run writes the pytest-benchmark JSON (--benchmark-json, default .benchmarks/ckptspec.json) and
@@ -30,38 +32,9 @@ from benchmarks import summary
 from benchmarks.harness import Bench, Paths, PeerCache
 from benchmarks.workload import MiB, clone_state_dict, make_state_dict
 
-DEFAULT_JSON = ".benchmarks/ckptspec.json"
-
-
-def pytest_addoption(parser):
-    group = parser.getgroup("ckptspec benchmarks")
-    group.addoption("--bench-size-mib", type=float, default=8.0,
-                    help="state dict size in MiB (default 8: smoke and CI; 1024 for a full run)")
-    group.addoption("--bench-rounds", type=int, default=5, help="timed rounds per benchmark (default 5)")
-    group.addoption("--bench-saves", type=int, default=20,
-                    help="consecutive saves per memory probe (default 20; 2 without --benchmark-enable)")
-    group.addoption("--bench-dir", default=None,
-                    help="directory on the filesystem to measure (default: pytest's temporary directory)")
-    group.addoption("--bench-sweep-mib", default="64,256,1024,4096,8192",
-                    help="D2H sizes in MiB, comma-separated (only the smallest without --benchmark-enable)")
-    group.addoption("--bench-device", default=None, choices=["cpu", "cuda"],
-                    help="device of the state dict (default: cuda if available)")
-    group.addoption("--bench-threads", type=int, default=None,
-                    help="torch intra-op threads of the trainer (default: torch's). 1 steadies timings on a "
-                         "shared machine, where a parallel copy waits for a descheduled OpenMP thread")
-
 
 def _enabled(config) -> bool:
-    return not (config.getoption("benchmark_disable") and not config.getoption("benchmark_enable"))
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config):
-    config.addinivalue_line("markers", "regression: benchmark of CI's regression pass (benchmarks/README.md)")
-    # Runs before pytest-benchmark builds its session, so the default JSON path is seen there.
-    if _enabled(config) and not config.getoption("benchmark_json") and not hasattr(config, "workerinput"):
-        Path(config.rootpath, DEFAULT_JSON).parent.mkdir(exist_ok=True)
-        config.option.benchmark_json = open(Path(config.rootpath, DEFAULT_JSON), "wb")
+    return config.ckptspec_benchmarks_enabled  # set by the root conftest
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

@@ -7,6 +7,8 @@
         first run `pytest fault_injection -n auto -q -p no:randomly --impl T --conformance-json
         DIR/faults-T.json` per target (DIR defaults to conformance/), timing each run, then report on
         those files, with the wall times. Pytest exit codes 0 and 1 are data; any other is an error.
+        The run and the command line's error handling are spec_tests.harness.report's (`run_target`, `cli`),
+        shared with the conformance table.
 
 Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spec_tests.harness.report). A test's fault
 is the family of the FI-* clauses it cites (FI-RANK-1 -> FI-RANK; FI-ORPHAN-1, cited by every fault
@@ -24,20 +26,18 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests.harness import ReportError, cell, load_run, write_block
+from spec_tests.harness import cell, load_run, write_block
+from spec_tests.harness.report import cli, run_target
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
 START_MARKER = "<!-- faults:start -->"
 END_MARKER = "<!-- faults:end -->"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 from fault_injection.faults import PHASES  # noqa: E402  (one list of phases, the fault suite's)
 FAULTS = (
     ("FI-RANK", "killed rank"),
@@ -134,23 +134,12 @@ def render(runs: Sequence[TargetRun], cores: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pytest_command(target: str, json_path: Path) -> list[str]:
-    return [sys.executable, "-m", "pytest", "fault_injection", "-n", "auto", "-q", "-p", "no:randomly",
-            "--impl", target, "--conformance-json", str(json_path)]
-
-
-def run_target(target: str, out_dir: Path) -> tuple[Path, float]:
-    """Run the fault suite against `target` (output to stderr); return its JSON file and wall time."""
-    json_path = (out_dir / f"faults-{target}.json").resolve()
-    json_path.unlink(missing_ok=True)
-    command = pytest_command(target, json_path)
-    print("$ " + " ".join(command), file=sys.stderr, flush=True)
-    start = time.monotonic()
-    code = subprocess.run(command, cwd=REPO_ROOT, stdout=sys.stderr, check=False).returncode
-    wall = time.monotonic() - start
-    if code not in (0, 1):
-        raise ReportError(f"target {target!r}: pytest exited with code {code} (the run did not complete)")
-    return json_path, wall
+def _matrix(args: argparse.Namespace) -> None:
+    runs = [load(path) for path in args.files]
+    for target in args.run:
+        json_path = (args.out / f"faults-{target}.json").resolve()
+        runs.append(load(json_path, run_target(target, json_path, suite="fault_injection")))
+    write_block(render(runs, os.cpu_count() if args.run else None), args.update, START_MARKER, END_MARKER)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,21 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where --run writes faults-TARGET.json (default: conformance/)")
     parser.add_argument("--update", type=Path, metavar="FILE",
                         help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE")
-    args = parser.parse_args(argv)
-    if not args.files and not args.run:
-        parser.error("give JSON files, --run TARGET ..., or both")
-    try:
-        runs = [load(path) for path in args.files]
-        if args.run:
-            args.out.mkdir(parents=True, exist_ok=True)
-            for target in args.run:
-                path, wall = run_target(target, args.out)
-                runs.append(load(path, wall))
-        write_block(render(runs, os.cpu_count() if args.run else None), args.update, START_MARKER, END_MARKER)
-    except ReportError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return cli(parser, argv, _matrix)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""The clause registry: the TOML files of this package parsed into {id: {"statement", "source", "decision"?}}.
+"""The clause registry: the TOML files of `spec_tests/clauses/` parsed into {id: {"statement", "source", "decision"?}}.
 
-One file per area, loaded in the order of FILES (the order of the conformance table):
-async_ckpt (async core), storage (writer, saver, metadata cache, MSC), local (local checkpointing),
-faults (FI-*, the fault-injection suite).
+Every `*.toml` file of that directory but `areas.toml` is one clause area, named by its stem (today: async_ckpt,
+the async core; storage, the writer, saver, metadata cache and MSC; local, local checkpointing; faults, the FI-*
+clauses of the fault-injection suite). A new area is a new file there: nothing here changes.
+
+Order (the order of the conformance table): the areas listed in `areas.toml` (`areas = [...]`) first, in that
+order, then any area file it does not list, by name. A listed area without its file is an error.
 """
 
 from __future__ import annotations
@@ -11,27 +14,54 @@ import functools
 import tomllib
 from pathlib import Path
 
-__all__ = ["AREAS", "FILES", "load"]
+__all__ = ["AREAS", "DIRECTORY", "FILES", "ClauseError", "discover", "load"]
 
-AREAS = ("async_ckpt", "storage", "local", "faults")
 DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
-FILES = tuple(DIRECTORY / f"{area}.toml" for area in AREAS)
+INDEX = "areas.toml"
 _FIELDS = {"id", "statement", "source", "decision"}
+
+
+class ClauseError(ValueError):
+    """A clause file or the area index is malformed; the message names the file."""
+
+
+def _read(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ClauseError(f"{path}: {exc}") from None
+
+
+def discover(directory: Path = DIRECTORY) -> tuple[Path, ...]:
+    """The area files of `directory`, in table order (see the module docstring)."""
+    files = {path.stem: path for path in directory.glob("*.toml") if path.name != INDEX}
+    index = directory / INDEX
+    listed = _read(index).get("areas", []) if index.exists() else []
+    if not isinstance(listed, list) or not all(isinstance(a, str) for a in listed):
+        raise ClauseError(f"{index}: `areas` must be a list of area names")
+    missing = [area for area in listed if area not in files]
+    if missing:
+        raise ClauseError(f"{index}: no clause file for the listed area(s) {', '.join(missing)} in {directory}")
+    return tuple(files[a] for a in listed) + tuple(files[a] for a in sorted(set(files) - set(listed)))
+
+
+FILES = discover()
+AREAS = tuple(path.stem for path in FILES)
 
 
 @functools.cache
 def load(areas: tuple[str, ...] = AREAS) -> dict[str, dict[str, str]]:
-    """The clauses of `areas` (all by default), in FILES order."""
+    """The clauses of `areas` (all by default), in table order. Raises ClauseError on a malformed file."""
     unknown = set(areas) - set(AREAS)
     if unknown:
-        raise ValueError(f"unknown clause areas {sorted(unknown)}; the areas are {', '.join(AREAS)}")
+        raise ClauseError(f"unknown clause areas {sorted(unknown)}; the areas are {', '.join(AREAS)}")
     registry: dict[str, dict[str, str]] = {}
     for path in (f for f in FILES if f.stem in areas):
-        for entry in tomllib.loads(path.read_text()).get("clause", []):
+        for entry in _read(path).get("clause", []):
             extra = set(entry) - _FIELDS
             if extra or not {"id", "statement", "source"} <= set(entry):
-                raise ValueError(f"{path}: clause {entry.get('id')!r} has bad fields {sorted(set(entry) ^ _FIELDS)}")
+                raise ClauseError(f"{path}: clause {entry.get('id')!r} has bad fields {sorted(set(entry) ^ _FIELDS)}")
             if entry["id"] in registry:
-                raise ValueError(f"{path}: duplicate clause id {entry['id']!r}")
+                raise ClauseError(f"{path}: duplicate clause id {entry['id']!r}")
             registry[entry["id"]] = {k: v for k, v in entry.items() if k != "id"}
     return registry

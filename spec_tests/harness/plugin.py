@@ -1,30 +1,43 @@
-"""The pytest plugin every suite of this project loads (from the root conftest, or `-p spec_tests.harness.plugin`).
+"""The pytest plugin every suite of this project loads (`-p spec_tests.harness.plugin` in the addopts of
+pyproject.toml, so that its options are known before pytest reads the command line's paths; the root conftest
+loads it too, for a run with another ini file).
 
 - `--impl NAME` (or $CKPTSPEC_IMPL) selects the target; the name is written back to the environment.
 - `@pytest.mark.spec("AQ-3", ...)` cites clauses of `spec_tests/clauses/*.toml`. In spec_tests/ (but harness/) and
-  fault_injection/ every test must cite at least one; an unknown id is a usage error.
-- `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability;
-  `@pytest.mark.gpu` skips without CUDA.
-- The target's expectations file turns listed tests into strict xfails, with clause and reason.
+  fault_injection/ every test must cite at least one; an unknown id is an error.
+- `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability (an unknown capability is an
+  error); `@pytest.mark.gpu` skips without CUDA.
+- The target's expectations file turns listed tests into xfails, with clause and reason
+  (spec_tests.harness.expectations: strict, but for hypothesis tests under a randomized profile). An entry that
+  matches no test of a file the run collected whole is listed in the terminal summary; an error when $CI is set.
+- A failing test's traceback ends with the statement of every clause it cites (exception notes).
 - `--conformance-json PATH` records every test's outcome with its clauses (see spec_tests.harness.report).
-- Hypothesis profiles `ci`, `dev`, `nightly`, chosen by $HYPOTHESIS_PROFILE (default `ci` when $CI
-  is set, else `dev`).
+- Hypothesis profiles `ci` (derandomized), `dev`, `nightly`, chosen by --hypothesis-profile, else
+  $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`.
+
+Bad input is one line, never a traceback: a bad option value or environment variable, a malformed clause or
+expectations file, or a target whose package is missing is a usage error at start (exit status 4); a wrong
+citation, an unknown capability or an expectation entry that does not fit its test is a collection error naming
+the test file (reported the same way by xdist workers, where raising would be an INTERNALERROR).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tomllib
+from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from _pytest.reports import CollectReport
 from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
 
 from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness import expectations
 from spec_tests.harness.ranks import RankPool
-from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, load_target
+from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, TargetError, TargetUnavailable, load_target
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
 settings.register_profile("ci", derandomize=True, database=None, max_examples=10,
@@ -34,9 +47,15 @@ settings.register_profile("dev", max_examples=25, stateful_step_count=15,
                           deadline=timedelta(seconds=60), suppress_health_check=_SUPPRESS)
 settings.register_profile("nightly", max_examples=300, stateful_step_count=40, deadline=None,
                           suppress_health_check=_SUPPRESS)
+PROFILES = ("ci", "dev", "nightly")
 
 _CITING_DIRS = ("spec_tests", "fault_injection")
 _EXEMPT_DIRS = ("spec_tests/harness",)
+MARKERS = ("spec(*ids): clauses of spec_tests/clauses/*.toml that the test checks",
+           "needs(*capabilities): skip unless the target has these capabilities",
+           "gpu: needs a CUDA device")
+# Exceptions of a test that are not failures: no clause notes for them.
+_NOT_FAILURES = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt)
 
 
 def pytest_addoption(parser):
@@ -47,19 +66,61 @@ def pytest_addoption(parser):
                     help="write each test's outcome and clauses to PATH")
 
 
+def in_ci() -> bool:
+    """Whether $CI asks for CI behaviour (the `ci` profile, errors for stale expectations)."""
+    return bool(os.environ.get("CI"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before hypothesis's own pytest plugin loads --hypothesis-profile
 def pytest_configure(config):
-    name = config.getoption("--impl") or os.environ.get(ENV_VAR) or "impl"
-    os.environ[ENV_VAR] = name
-    config.ckptspec_target = load_target(name)
-    profile = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
-    settings.load_profile(profile)
-    config.ckptspec_profile = profile
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    try:
+        name = config.getoption("--impl") or os.environ.get(ENV_VAR) or "impl"
+        os.environ[ENV_VAR] = name
+        config.ckptspec_target = load_target(name)
+        config.ckptspec_profile = _load_profile(config)
+        clause_registry.load()
+        expectations.load(config.ckptspec_target.expectations_path)
+        if not hasattr(config, "workerinput"):
+            _check_writable(config.getoption("--conformance-json"))
+    except (TargetError, TargetUnavailable, clause_registry.ClauseError, expectations.ExpectationsError) as exc:
+        raise pytest.UsageError(str(exc)) from None
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(_Recorder(config), "ckptspec-recorder")
-    for line in ("spec(*ids): clauses of spec_tests/clauses/*.toml that the test checks",
-                 "needs(*capabilities): skip unless the target has these capabilities",
-                 "gpu: needs a CUDA device"):
-        config.addinivalue_line("markers", line)
+
+
+def _load_profile(config) -> str:
+    profile = (config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE")
+               or ("ci" if in_ci() else "dev"))
+    try:
+        settings.load_profile(profile)
+    except InvalidArgument:
+        raise pytest.UsageError(f"hypothesis profile {profile!r} (from --hypothesis-profile or $HYPOTHESIS_PROFILE) "
+                                f"is not one of this suite's profiles: {', '.join(PROFILES)}") from None
+    return profile
+
+
+def _check_writable(path: str | None) -> None:
+    """Refuse a --conformance-json PATH that the end of the run could not write."""
+    if path is None:
+        return
+    target = Path(path).absolute()
+    problem = None
+    if target.is_dir():
+        problem = "is a directory; give the path of a file"
+    elif target.exists():
+        problem = None if os.access(target, os.W_OK) else "is not writable"
+    else:
+        ancestor = target.parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            problem = f"cannot be created: {ancestor} is not a directory"
+        elif not os.access(ancestor, os.W_OK | os.X_OK):
+            problem = f"cannot be created: directory {ancestor} is not writable"
+    if problem:
+        raise pytest.UsageError(f"--conformance-json {path} {problem}")
 
 
 def pytest_report_header(config):
@@ -78,38 +139,70 @@ def _cited(item) -> list[str]:
 
 
 def _must_cite(item, rootdir: Path) -> bool:
-    rel = Path(str(item.path)).resolve().relative_to(rootdir).as_posix()
+    path = Path(str(item.path)).resolve()
+    if rootdir not in path.parents:
+        return False
+    rel = path.relative_to(rootdir).as_posix()
     return rel.startswith(_CITING_DIRS) and not rel.startswith(_EXEMPT_DIRS)
+
+
+def _item_problems(item, known, rootdir: Path) -> list[str]:
+    cited = _cited(item)
+    problems = []
+    unknown = [str(c) for c in cited if c not in known]
+    if unknown:
+        problems.append(f"{item.nodeid}: unknown clause id(s) {', '.join(unknown)}")
+    elif not cited and _must_cite(item, rootdir):
+        problems.append(f"{item.nodeid}: cites no clause (add @pytest.mark.spec(...))")
+    needed = [c for mark in item.iter_markers("needs") for c in mark.args]
+    unknown = [str(c) for c in needed if c not in CAPABILITY_DOCS]
+    if unknown:
+        problems.append(f"{item.nodeid}: needs unknown capability {', '.join(unknown)} "
+                        f"(the capabilities: {', '.join(CAPABILITY_DOCS)})")
+    return problems
+
+
+def _narrowed_files(config) -> list[Path]:
+    """The files the command line asked for by node id (path::name): only some of their tests were collected."""
+    invocation = config.invocation_params.dir
+    return [invocation / arg.split("::", 1)[0] for arg in config.args if "::" in arg]
 
 
 def pytest_collection_modifyitems(session, config, items):
     known, rootdir = clause_registry.load(), Path(str(config.rootpath)).resolve()
-    problems = []
+    problems: dict[str, list[str]] = defaultdict(list)
     for item in items:
-        cited = _cited(item)
-        unknown = [c for c in cited if c not in known]
-        if unknown:
-            problems.append(f"{item.nodeid}: unknown clause id(s) {', '.join(unknown)}")
-        elif not cited and _must_cite(item, rootdir):
-            problems.append(f"{item.nodeid}: cites no clause (add @pytest.mark.spec(...))")
-        item.user_properties.append(("spec_clauses", cited))
+        for problem in _item_problems(item, known, rootdir):
+            problems[item.nodeid.split("::", 1)[0]].append(problem)
+        item.user_properties.append(("spec_clauses", _cited(item)))
         item.user_properties.append(("impl", config.ckptspec_target.name))
+    path = config.ckptspec_target.expectations_path
+    entries = expectations.load(path)
+    randomized = None if settings.get_profile(config.ckptspec_profile).derandomize else config.ckptspec_profile
+    for problem in expectations.apply(path, entries, items, _cited, randomized):
+        problems[path].append(problem)
+    stale = [f"{path}: {e.test} [{e.clause}] matches no collected test"
+             for e in expectations.unmatched(entries, items, rootdir, _narrowed_files(config))]
+    if stale and in_ci():
+        problems[path].extend(stale + ["(remove or fix these entries; outside CI this is a warning)"])
+    elif stale:
+        config.ckptspec_stale = stale
+        if hasattr(config, "workeroutput"):
+            config.workeroutput["ckptspec_stale"] = stale
     if problems:
-        raise pytest.UsageError("clause citations are wrong:\n  " + "\n  ".join(problems))
-    _apply_expectations(config, items)
+        _fail_collection(config, items, problems)
 
 
-def _apply_expectations(config, items):
-    target = config.ckptspec_target
-    path = target.expectations_path
-    entries = tomllib.loads(Path(path).read_text()).get("xfail", []) if path else []
-    for entry in entries:
-        test, clause, reason = entry["test"], entry["clause"], entry["reason"]
-        matched = [i for i in items if i.nodeid == test or i.nodeid.startswith(test + "[")]
-        for item in matched:
-            if clause not in _cited(item):
-                raise pytest.UsageError(f"{path}: {test} does not cite clause {clause}")
-            item.add_marker(pytest.mark.xfail(strict=True, reason=f"[{clause}] {reason}"))
+def _fail_collection(config, items, problems: dict[str, list[str]]) -> None:
+    """Report each file's problems as a collection error of that file and run nothing.
+
+    A collection report (rather than raising) is what an xdist worker can pass on to the controller.
+    """
+    for nodeid, lines in problems.items():
+        config.hook.pytest_collectreport(
+            report=CollectReport(nodeid, "failed", "ckptspec: " + "\n  ".join(lines), []))
+    config.hook.pytest_deselected(items=list(items))
+    items[:] = []
 
 
 def pytest_runtest_setup(item):
@@ -117,13 +210,27 @@ def pytest_runtest_setup(item):
     for mark in item.iter_markers("needs"):
         missing = [c for c in mark.args if not target.has(c)]
         if missing:
-            docs = "; ".join(f"{c}: {CAPABILITY_DOCS.get(c, '?')}" for c in missing)
+            docs = "; ".join(f"{c}: {CAPABILITY_DOCS[c]}" for c in missing)
             pytest.skip(f"target {target.name!r} lacks {docs}")
     if item.get_closest_marker("gpu"):
         import torch
 
         if not torch.cuda.is_available():
             pytest.skip("needs a CUDA device; this machine has none")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's exception gets a note per cited clause, `[AQ-3] <statement>`, before it is reported."""
+    excinfo = call.excinfo
+    if call.when == "call" and excinfo is not None and not excinfo.errisinstance(_NOT_FAILURES):
+        known = clause_registry.load()
+        present = getattr(excinfo.value, "__notes__", [])
+        for cid in dict.fromkeys(_cited(item)):
+            note = f"[{cid}] {known[cid]['statement']}" if cid in known else f"[{cid}] (unknown clause)"
+            if note not in present:
+                excinfo.value.add_note(note)
+    return (yield)
 
 
 # ------------------------------------------------------------------------------------ fixtures
@@ -201,7 +308,16 @@ class _Recorder:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(payload, indent=1, sort_keys=True))
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        """An xdist worker's stale expectation entries (the controller collects nothing itself)."""
+        stale = getattr(node, "workeroutput", {}).get("ckptspec_stale")
+        if stale:
+            self.config.ckptspec_stale = stale
+
     def pytest_terminal_summary(self, terminalreporter):
+        for line in getattr(self.config, "ckptspec_stale", []):
+            terminalreporter.write_line(f"ckptspec: warning: expectations entry {line}", yellow=True)
         cited = {c for r in self.records for c in r["clauses"]}
         uncovered = [c for c in clause_registry.load() if c not in cited]
         if cited and uncovered:

@@ -10,11 +10,13 @@ spec_tests.harness.plugin): {"target", "version", "clauses": {id: {...}}, "tests
                                                          <!-- conformance:end --> in FILE
     python -m spec_tests.harness.report A.json --areas async_ckpt storage
                                                          only the rows of those clause areas
-                                                         (spec_tests.harness.clauses.AREAS; default all)
+                                                         (spec_tests.harness.clauses.AREAS, discovered
+                                                         from spec_tests/clauses/; default all)
     python -m spec_tests.harness.report --run impl nvrx mcore [--out DIR] [--update FILE]
         first run the suite once per target (`python -m pytest spec_tests -n auto -q -p no:randomly
         --impl T --conformance-json DIR/T.json`, DIR defaulting to conformance/), then report on
-        those files. Pytest exit codes 0 and 1 are data; any other code is an error.
+        those files. Pytest exit codes 0 and 1 are data; any other code is an error. `run_target` and
+        `cli` serve fault_injection.matrix too (its --run runs fault_injection the same way).
 
 The README is refreshed with `python -m spec_tests.harness.report --run impl nvrx mcore --areas async_ckpt storage
 local --update README.md` (the FI-* clauses of the faults area have the fault matrix instead).
@@ -42,15 +44,16 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from spec_tests.harness import clauses as clause_registry
 
 __all__ = [
-    "END_MARKER", "OUTCOMES", "START_MARKER", "ReportError", "Run", "cell", "load_run", "main",
+    "END_MARKER", "OUTCOMES", "START_MARKER", "ReportError", "Run", "cell", "cli", "load_run", "main",
     "pytest_command", "render", "replace_block", "run_target", "update_file", "verdict", "write_block",
 ]
 
@@ -249,23 +252,48 @@ def write_block(block: str, update: Path | None, start: str = START_MARKER, end:
 # ---------------------------------------------------------------------------------- --run
 
 
-def pytest_command(target: str, json_path: Path) -> list[str]:
-    """The command that runs the suite against `target`, recording to `json_path`."""
-    return [sys.executable, "-m", "pytest", "spec_tests", "-n", "auto", "-q", "-p", "no:randomly",
+def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> list[str]:
+    """The command that runs `suite` (a directory of the repository) against `target`, recording to `json_path`."""
+    return [sys.executable, "-m", "pytest", suite, "-n", "auto", "-q", "-p", "no:randomly",
             "--impl", target, "--conformance-json", str(json_path)]
 
 
-def run_target(target: str, out_dir: Path) -> Path:
-    """Run the suite against `target` (output to stderr); return the JSON file it wrote."""
-    json_path = (out_dir / f"{target}.json").resolve()
-    json_path.unlink(missing_ok=True)  # never report on a previous run's file
-    command = pytest_command(target, json_path)
+def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float:
+    """Run `suite` against `target` (its output to stderr), recording to `json_path`; return the wall time in s.
+
+    A previous file at `json_path` is removed first: never report on an old run. Pytest exit codes 0 and 1
+    are data; any other means the run did not complete (a ReportError naming the target). Used by this
+    module's --run (spec_tests) and by fault_injection.matrix --run (fault_injection).
+    """
+    json_path.unlink(missing_ok=True)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    command = pytest_command(target, json_path, suite)
     print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    start = time.monotonic()
     code = subprocess.run(command, cwd=REPO_ROOT, stdout=sys.stderr, check=False).returncode
+    wall = time.monotonic() - start
     if code not in (0, 1):
         raise ReportError(f"target {target!r}: pytest exited with code {code} "
                           "(0 and 1 are expected; anything else means the run did not complete)")
-    return json_path
+    return wall
+
+
+def cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+        action: Callable[[argparse.Namespace], None]) -> int:
+    """Parse `argv` (JSON files and/or --run TARGET ... required), run `action(args)`; the exit status.
+
+    A ReportError is one line `PROG: error: ...` on stderr and status 1 (shared by this module and
+    fault_injection.matrix).
+    """
+    args = parser.parse_args(argv)
+    if not args.files and not args.run:
+        parser.error("give JSON files, --run TARGET ..., or both")
+    try:
+        action(args)
+    except ReportError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -290,19 +318,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report(args: argparse.Namespace) -> None:
+    runs = []
+    for target in args.run:
+        json_path = (args.out / f"{target}.json").resolve()
+        run_target(target, json_path)
+        runs.append(json_path)
+    paths = [*args.files, *runs]
+    write_block(render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas))), args.update)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if not args.files and not args.run:
-        parser.error("give JSON files, --run TARGET ..., or both")
-    try:
-        paths = [*args.files, *(run_target(target, args.out) for target in args.run)]
-        write_block(render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas))),
-                    args.update)
-    except ReportError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return cli(_parser(), argv, _report)
 
 
 if __name__ == "__main__":

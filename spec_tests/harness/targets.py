@@ -6,37 +6,43 @@ capabilities. An adapter module defines:
 
     NAME: str                      short name used with --impl
     DISTRIBUTION: str | None       pip distribution, for the version in reports
+    INSTALL: str | None            optional; the command that installs the target (shown when it is missing)
     MODULES: dict[str, str]        spec module path (e.g. "async_ckpt.core") -> importable module
-    CAPABILITIES: frozenset[str]   features the target provides (see CAPABILITY_DOCS)
+    CAPABILITIES: frozenset[str]   features the target provides (keys of CAPABILITY_DOCS)
     EXPECTATIONS: str | None       path of its expectations file (known failures, strict xfail)
     def install() -> None          optional; called once per process before first use
 
 Resolution order of the target name: `--impl NAME`, then the environment variable
 `CKPTSPEC_IMPL`, then "impl". The plugin writes the resolved name back into the environment
-so xdist workers, rank processes and their children resolve the same target. NAME is a
-built-in, a name registered under the entry-point group "ckptspec.targets" (value: the adapter
-module), or the dotted path of an adapter module.
+so xdist workers, rank processes and their children resolve the same target. NAME is
+- a built-in: a module of the package `spec_tests.targets` whose name does not start with `_`
+  (discovered, so a new adapter there needs no change here),
+- a name registered under the entry-point group "ckptspec.targets" (value: the adapter module),
+- or the (dotted) name of an importable adapter module.
+
+Errors (one line each, for the plugin to show as a usage error): an unknown name or an adapter
+that breaks the contract above is a `TargetError` (a ValueError); a target whose package cannot be
+imported is a `TargetUnavailable` (an ImportError), naming the package and the adapter's INSTALL.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import pkgutil
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
 
 __all__ = [
-    "CAPABILITY_DOCS", "ENV_VAR", "MissingCapability", "SPEC_MODULES", "Target", "current_target", "load_target",
+    "CAPABILITY_DOCS", "ENV_VAR", "MissingCapability", "SPEC_MODULES", "Target", "TargetError", "TargetUnavailable",
+    "builtin_targets", "current_target", "known_targets", "load_target",
 ]
 
 ENV_VAR = "CKPTSPEC_IMPL"
 ENTRY_POINT_GROUP = "ckptspec.targets"
-BUILTIN = {
-    "impl": "spec_tests.targets.impl",
-    "nvrx": "spec_tests.targets.nvrx",
-    "mcore": "spec_tests.targets.mcore",
-}
+BUILTIN_PACKAGE = "spec_tests.targets"
 # Every spec module path, i.e. a module path below `nvidia_resiliency_ext.checkpointing`.
 SPEC_MODULES = (
     "async_ckpt.core",
@@ -63,6 +69,14 @@ CAPABILITY_DOCS = {
 
 class MissingCapability(LookupError):
     """The target does not provide a module or feature a test needs."""
+
+
+class TargetError(ValueError):
+    """An unknown target name, or an adapter that breaks the adapter contract."""
+
+
+class TargetUnavailable(ImportError):
+    """The target's package cannot be imported here (not installed, or broken)."""
 
 
 @dataclass(frozen=True)
@@ -107,26 +121,76 @@ class Target:
 _loaded: dict[str, Target] = {}
 
 
-def _adapter_module_name(name: str) -> str:
-    if name in BUILTIN:
-        return BUILTIN[name]
+def builtin_targets() -> dict[str, str]:
+    """Name -> adapter module of the adapters in the package `spec_tests.targets` (names not starting with `_`)."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    return {info.name: f"{BUILTIN_PACKAGE}.{info.name}" for info in pkgutil.iter_modules(package.__path__)
+            if not info.ispkg and not info.name.startswith("_")}
+
+
+def known_targets() -> dict[str, str]:
+    """Name -> adapter module of every target known by name: the built-ins, then the entry points."""
+    known = builtin_targets()
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return ep.value
-    if "." in name:
-        return name
-    known = sorted(set(BUILTIN) | {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
-    raise ValueError(f"unknown target {name!r}; known targets: {', '.join(known)}, "
-                     "or the dotted path of an adapter module")
+        known.setdefault(ep.name, ep.value)
+    return known
+
+
+def _unknown(name: str, known) -> TargetError:
+    return TargetError(f"unknown target {name!r}; known targets: {', '.join(sorted(known))}, "
+                       "or the dotted path of an adapter module")
+
+
+def _unavailable(name: str, adapter: ModuleType, exc: ImportError) -> TargetUnavailable:
+    package = getattr(adapter, "DISTRIBUTION", None) or f"the package of target {name!r}"
+    hint = getattr(adapter, "INSTALL", None)
+    how = f"; install it with: {hint}" if hint else ""
+    return TargetUnavailable(f"target {name!r} needs {package}, which cannot be imported ({exc}){how}",
+                             name=exc.name)
+
+
+def _check_contract(name: str, adapter: ModuleType) -> None:
+    modules, capabilities = getattr(adapter, "MODULES", None), getattr(adapter, "CAPABILITIES", None)
+    if not isinstance(modules, dict) or not isinstance(capabilities, (set, frozenset)):
+        raise TargetError(f"adapter {adapter.__name__} of target {name!r} needs MODULES (a dict) and "
+                          "CAPABILITIES (a frozenset); see spec_tests.harness.targets")
+    unknown = sorted(set(capabilities) - set(CAPABILITY_DOCS))
+    if unknown:
+        raise TargetError(f"adapter {adapter.__name__} of target {name!r} declares unknown capabilities "
+                          f"{', '.join(unknown)}; known: {', '.join(CAPABILITY_DOCS)}")
+
+
+def _import_adapter(name: str) -> ModuleType:
+    known = known_targets()
+    dotted = known.get(name, name)
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (dotted + ".").startswith(exc.name + "."):
+            raise TargetUnavailable(f"target {name!r}: its adapter {dotted} cannot be imported ({exc})",
+                                    name=exc.name) from exc
+        if name in known or "." in name:
+            raise TargetError(f"target {name!r}: no adapter module {dotted!r}") from None
+        raise _unknown(name, known) from None
 
 
 def load_target(name: str) -> Target:
-    """Import the adapter of `name`, run its install() once in this process, return the Target."""
+    """Import the adapter of `name`, run its install() once in this process, return the Target.
+
+    Raises TargetError (unknown name, broken adapter) or TargetUnavailable (the target's package is missing).
+    """
     if name not in _loaded:
-        adapter = importlib.import_module(_adapter_module_name(name))
-        install = getattr(adapter, "install", None)
-        if install is not None:
-            install()
+        adapter = _import_adapter(name)
+        _check_contract(name, adapter)
+        try:
+            for root in sorted({dotted.split(".")[0] for dotted in adapter.MODULES.values()}):
+                if importlib.util.find_spec(root) is None:
+                    raise ModuleNotFoundError(f"No module named {root!r}", name=root)
+            install = getattr(adapter, "install", None)
+            if install is not None:
+                install()
+        except ImportError as exc:
+            raise _unavailable(name, adapter, exc) from exc
         _loaded[name] = Target(name=name, adapter=adapter)
     return _loaded[name]
 

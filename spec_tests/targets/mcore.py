@@ -11,6 +11,7 @@ from spec_tests.targets import _cpu_cuda
 
 NAME = "mcore"
 DISTRIBUTION = "megatron-core"
+INSTALL = 'pip install "torch==2.13.0" -e ".[test,mcore]"'
 MODULES = {"async_ckpt.core": "megatron.core.dist_checkpointing.strategies.async_utils"}
 CAPABILITIES = frozenset({"persistent_caller", "temporal_caller"})
 EXPECTATIONS = str(Path(__file__).with_name("mcore.expectations.toml"))

@@ -24,6 +24,7 @@ from spec_tests.harness.targets import SPEC_MODULES
 
 NAME = "nvrx"
 DISTRIBUTION = "nvidia-resiliency-ext"
+INSTALL = 'pip install "torch==2.13.0" -e ".[test,nvrx]"'
 _ROOT = "nvidia_resiliency_ext.checkpointing."
 MODULES = {path: _ROOT + path for path in SPEC_MODULES}
 # Every NVRx module that calls torch.cuda (found with grep), public or internal.

@@ -1,0 +1,76 @@
+"""A new target or clause area needs no change inside the harness: both are discovered (issue 14).
+
+Targets: the adapter modules of `spec_tests.targets` (names not starting with `_`), entry points of the group
+`ckptspec.targets`, and dotted paths. Clause areas: the files of `spec_tests/clauses/`, in the order of its
+`areas.toml`, unlisted ones after them by name.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+
+import pytest
+
+from spec_tests.harness import clauses, targets
+
+
+def test_builtin_targets_are_the_adapter_modules():
+    assert targets.builtin_targets() == {name: f"spec_tests.targets.{name}" for name in ("impl", "mcore", "nvrx")}
+
+
+def test_a_new_adapter_module_is_a_builtin_target(tmp_path, monkeypatch):
+    package = tmp_path / "more_targets"
+    package.mkdir()
+    for name in ("__init__", "extra", "_private"):
+        (package / f"{name}.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(targets, "BUILTIN_PACKAGE", "more_targets")
+    assert targets.builtin_targets() == {"extra": "more_targets.extra"}
+    sys.modules.pop("more_targets", None)
+
+
+def test_entry_points_and_dotted_paths_name_targets(monkeypatch):
+    point = metadata.EntryPoint(name="plugged", value="spec_tests.targets.impl", group=targets.ENTRY_POINT_GROUP)
+    real = metadata.entry_points
+    monkeypatch.setattr(metadata, "entry_points",
+                        lambda **kw: [point] if kw.get("group") == targets.ENTRY_POINT_GROUP else real(**kw))
+    assert targets.known_targets()["plugged"] == "spec_tests.targets.impl"
+    assert targets.load_target("plugged").capabilities == targets.load_target("impl").capabilities
+    assert targets.load_target("spec_tests.targets.impl").adapter is targets.load_target("impl").adapter
+
+
+def test_an_unknown_target_lists_the_known_ones():
+    with pytest.raises(targets.TargetError, match="unknown target 'nope'; known targets: impl, mcore, nvrx"):
+        targets.load_target("nope")
+
+
+def test_a_missing_package_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "megatron", None)
+    monkeypatch.setattr(targets, "_loaded", {})
+    with pytest.raises(targets.TargetUnavailable) as info:
+        targets.load_target("mcore")
+    assert str(info.value) == ("target 'mcore' needs megatron-core, which cannot be imported (No module named "
+                               "'megatron'); install it with: pip install \"torch==2.13.0\" -e \".[test,mcore]\"")
+    assert isinstance(info.value, ImportError)  # benchmarks' peers catch ImportError to skip a missing target
+
+
+def test_clause_areas_keep_the_table_order():
+    assert clauses.AREAS == ("async_ckpt", "storage", "local", "faults")
+    assert [path.name for path in clauses.FILES] == [f"{area}.toml" for area in clauses.AREAS]
+
+
+def test_an_area_not_listed_comes_after_the_listed_ones(tmp_path):
+    for name in ("b", "a", "z"):
+        (tmp_path / f"{name}.toml").write_text("")
+    (tmp_path / "areas.toml").write_text('areas = ["z", "b"]\n')
+    assert [path.stem for path in clauses.discover(tmp_path)] == ["z", "b", "a"]
+    (tmp_path / "areas.toml").unlink()
+    assert [path.stem for path in clauses.discover(tmp_path)] == ["a", "b", "z"]
+
+
+def test_a_listed_area_without_its_file_is_an_error(tmp_path):
+    (tmp_path / "a.toml").write_text("")
+    (tmp_path / "areas.toml").write_text('areas = ["a", "gone"]\n')
+    with pytest.raises(clauses.ClauseError, match="no clause file for the listed area.s. gone"):
+        clauses.discover(tmp_path)
