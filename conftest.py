@@ -22,20 +22,42 @@ BENCH_JSON = ".benchmarks/ckptspec.json"
 
 def pytest_addoption(parser):
     group = parser.getgroup("ckptspec benchmarks")
-    group.addoption("--bench-size-mib", type=float, default=8.0,
-                    help="state dict size in MiB (default 8: smoke and CI; 1024 for a full run)")
+    group.addoption(
+        "--bench-size-mib",
+        type=float,
+        default=8.0,
+        help="state dict size in MiB (default 8: smoke and CI; 1024 for a full run)",
+    )
     group.addoption("--bench-rounds", type=int, default=5, help="timed rounds per benchmark (default 5)")
-    group.addoption("--bench-saves", type=int, default=20,
-                    help="consecutive saves per memory probe (default 20; 2 without --benchmark-enable)")
-    group.addoption("--bench-dir", default=None,
-                    help="directory on the filesystem to measure (default: pytest's temporary directory)")
-    group.addoption("--bench-sweep-mib", default="64,256,1024,4096,8192",
-                    help="D2H sizes in MiB, comma-separated (only the smallest without --benchmark-enable)")
-    group.addoption("--bench-device", default=None, choices=["cpu", "cuda"],
-                    help="device of the state dict (default: cuda if available)")
-    group.addoption("--bench-threads", type=int, default=None,
-                    help="torch intra-op threads of the trainer (default: torch's). 1 steadies timings on a "
-                         "shared machine, where a parallel copy waits for a descheduled OpenMP thread")
+    group.addoption(
+        "--bench-saves",
+        type=int,
+        default=20,
+        help="consecutive saves per memory probe (default 20; 2 without --benchmark-enable)",
+    )
+    group.addoption(
+        "--bench-dir",
+        default=None,
+        help="directory on the filesystem to measure (default: pytest's temporary directory)",
+    )
+    group.addoption(
+        "--bench-sweep-mib",
+        default="64,256,1024,4096,8192",
+        help="D2H sizes in MiB, comma-separated (only the smallest without --benchmark-enable)",
+    )
+    group.addoption(
+        "--bench-device",
+        default=None,
+        choices=["cpu", "cuda"],
+        help="device of the state dict (default: cuda if available)",
+    )
+    group.addoption(
+        "--bench-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of the trainer (default: torch's). 1 steadies timings on a "
+        "shared machine, where a parallel copy waits for a descheduled OpenMP thread",
+    )
 
 
 def benchmarks_enabled(config) -> bool:
@@ -47,8 +69,11 @@ def benchmarks_enabled(config) -> bool:
 def pytest_configure(config):
     config.ckptspec_benchmarks_enabled = benchmarks_enabled(config)
     # Before pytest-benchmark builds its session, so that it sees the default JSON path.
-    if config.ckptspec_benchmarks_enabled and not config.getoption("benchmark_json") \
-            and not hasattr(config, "workerinput"):
+    if (
+        config.ckptspec_benchmarks_enabled
+        and not config.getoption("benchmark_json")
+        and not hasattr(config, "workerinput")
+    ):
         Path(config.rootpath, BENCH_JSON).parent.mkdir(exist_ok=True)
         # pytest-benchmark takes an open file here (as from its own --benchmark-json) and closes it.
         config.option.benchmark_json = open(Path(config.rootpath, BENCH_JSON), "wb")  # noqa: SIM115

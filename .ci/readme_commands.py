@@ -16,7 +16,7 @@ def commands(readme: Path) -> list[str]:
     fences = [i for i in range(start, len(lines)) if lines[i].startswith("```")][:2]
     if len(fences) < 2:
         raise ValueError(f"{readme}: no code block under {HEADING!r}")
-    return [line.strip() for line in lines[fences[0] + 1:fences[1]] if line.strip()]
+    return [line.strip() for line in lines[fences[0] + 1 : fences[1]] if line.strip()]
 
 
 if __name__ == "__main__":

@@ -39,9 +39,11 @@ def _enabled(config) -> bool:
 
 def pytest_benchmark_update_machine_info(config, machine_info):
     machine_info["ckptspec"] = {
-        "cores": os.cpu_count(), "device": _device(config),
+        "cores": os.cpu_count(),
+        "device": _device(config),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "size_mib": config.getoption("bench_size_mib"),
+        "torch": torch.__version__,
+        "size_mib": config.getoption("bench_size_mib"),
         "threads": torch.get_num_threads(),
         "versions": {name: _version(name) for name in ("nvidia-resiliency-ext", "megatron-core")},
     }
@@ -95,9 +97,14 @@ def bench(request, tmp_path_factory):
     root = Path(tempfile.mkdtemp(prefix="ckptspec-bench-", dir=base)) if base else tmp_path_factory.mktemp("bench")
     if enabled:
         gc.freeze()  # keeps the collections between rounds short (Bench.run)
-    yield Bench(size=int(size_mib * MiB), rounds=rounds,
-                saves=config.getoption("bench_saves") if enabled else min(2, config.getoption("bench_saves")),
-                device=_device(config), enabled=enabled, root=root)
+    yield Bench(
+        size=int(size_mib * MiB),
+        rounds=rounds,
+        saves=config.getoption("bench_saves") if enabled else min(2, config.getoption("bench_saves")),
+        device=_device(config),
+        enabled=enabled,
+        root=root,
+    )
     if enabled:
         gc.unfreeze()
     if base:
@@ -113,8 +120,9 @@ def process_group(tmp_path_factory):
         yield
         return
     store = tmp_path_factory.mktemp("store") / "store"
-    dist.init_process_group("gloo", store=dist.FileStore(str(store), 1), rank=0, world_size=1,
-                            timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(store), 1), rank=0, world_size=1, timeout=timedelta(seconds=600)
+    )
     yield
     dist.destroy_process_group()
 
@@ -157,8 +165,12 @@ def s3_endpoint(tmp_path_factory):
     """An S3 endpoint on loopback (moto server in a process of its own): its URL."""
     log = tmp_path_factory.mktemp("moto") / "server.log"
     with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         while not (match := re.search(r"Running on (http://127\.0\.0\.1:\d+)", log.read_text())):
@@ -169,4 +181,3 @@ def s3_endpoint(tmp_path_factory):
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
-

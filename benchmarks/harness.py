@@ -14,14 +14,31 @@ import pytest
 from benchmarks import peers as peer_registry
 from spec_tests.harness import bounded
 
-__all__ = ["REGRESSION", "SMOKE_PEERS", "Bench", "Paths", "PeerCache", "median", "params", "phase_medians",
-           "record", "smoke_skip_reason"]
+__all__ = [
+    "REGRESSION",
+    "SMOKE_PEERS",
+    "Bench",
+    "Paths",
+    "PeerCache",
+    "median",
+    "params",
+    "phase_medians",
+    "record",
+    "smoke_skip_reason",
+]
 
 WAIT_BOUND_S = 120.0  # plus WAIT_BOUND_S_PER_GIB per GiB saved: a peer that never finishes fails the test
 WAIT_BOUND_S_PER_GIB = 60.0
 CLOSE_BOUND_S = 60.0
-SMOKE_PEERS = ("dcp:impl", "dcp:impl-temporal", "torch:impl", "torch:impl-temporal",
-               "dcp:async_save-thread", "dcp:save", "torch:save")
+SMOKE_PEERS = (
+    "dcp:impl",
+    "dcp:impl-temporal",
+    "torch:impl",
+    "torch:impl-temporal",
+    "dcp:async_save-thread",
+    "dcp:save",
+    "torch:save",
+)
 
 
 REGRESSION = pytest.mark.regression
@@ -56,14 +73,20 @@ class Bench:
         whichever peer's allocation triggered it (the `bench` fixture freezes the objects that exist
         before the benchmarks, so these collections are quick).
         """
+
         def prepare():
             if setup is not None:
                 setup()
             if self.enabled:
                 gc.collect()
 
-        result = benchmark.pedantic(target, setup=prepare, teardown=teardown, rounds=rounds or self.rounds,
-                                    warmup_rounds=warmup if self.enabled else 0)
+        result = benchmark.pedantic(
+            target,
+            setup=prepare,
+            teardown=teardown,
+            rounds=rounds or self.rounds,
+            warmup_rounds=warmup if self.enabled else 0,
+        )
         if not self.enabled and teardown is not None:
             teardown()
         return result
@@ -150,5 +173,3 @@ def median(values) -> float:
 
 def phase_medians(phases: list[dict]) -> dict[str, float]:
     return {key: median(p[key] for p in phases) for key in phases[0]} if phases else {}
-
-

@@ -160,12 +160,18 @@ def profile(peer_name: str, nbytes: int, saves: int, root: str, device: str = "c
     finally:
         sampler.stop()
         peer.close()
-    return {"staged_bytes": workload.staged_bytes(state_dict), "saves": saves,
-            "runtime_bytes": idle - base, "peak_extra_bytes": sampler.peak_pss - idle,
-            "retained_bytes": settled[-1] - idle, "growth_bytes": settled[-1] - settled[0],
-            "rss_peak_bytes": sampler.peak_rss, "shm_peak_bytes": sampler.peak_shm,
-            "pinned_peak_bytes": sampler.peak_pinned,
-            "worker_gpu_bytes": sampler.peak_gpu}
+    return {
+        "staged_bytes": workload.staged_bytes(state_dict),
+        "saves": saves,
+        "runtime_bytes": idle - base,
+        "peak_extra_bytes": sampler.peak_pss - idle,
+        "retained_bytes": settled[-1] - idle,
+        "growth_bytes": settled[-1] - settled[0],
+        "rss_peak_bytes": sampler.peak_rss,
+        "shm_peak_bytes": sampler.peak_shm,
+        "pinned_peak_bytes": sampler.peak_pinned,
+        "worker_gpu_bytes": sampler.peak_gpu,
+    }
 
 
 def _save(peer, state_dict, path: str) -> None:
@@ -191,8 +197,13 @@ def main(argv=None) -> None:
     import torch.distributed as dist
 
     store_dir = tempfile.mkdtemp(prefix="store-", dir=args.dir)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(store_dir, "store"), 1),
-                            rank=0, world_size=1, timeout=timedelta(seconds=600))
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(os.path.join(store_dir, "store"), 1),
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=600),
+    )
     try:
         figures = profile(args.peer, int(args.size_mib * (1 << 20)), args.saves, args.dir, args.device)
     finally:

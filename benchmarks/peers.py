@@ -78,7 +78,8 @@ class _WriterPeer(Peer):
     def save(self, state_dict, path):
         start = perf_counter()
         (save_fn, preload_fn, save_args), finalize = plan_write(
-            self._target_name, state_dict, path, **self._writer_kwargs)
+            self._target_name, state_dict, path, **self._writer_kwargs
+        )
         request = self._core.AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn)
         planned = perf_counter()
         self._queue.schedule_async_request(request)
@@ -107,7 +108,8 @@ class _TorchAsyncPeer(Peer):
             core = target.module("async_ckpt.core")
             queue = core.AsyncCallsQueue(persistent=persistent)
             self._schedule = lambda sd, path: queue.schedule_async_request(
-                core.AsyncRequest(torch.save, (sd, path), []))
+                core.AsyncRequest(torch.save, (sd, path), [])
+            )
             self._wait = partial(queue.maybe_finalize_async_calls, blocking=True, no_dist=True)
             self._close = queue.close
 
@@ -148,14 +150,18 @@ class _DcpAsyncSavePeer(Peer):
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
             # Kept across saves: the pinned buffer is allocated by the first save and reused.
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=True))
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+                )
+            )
         self._future: Future | None = None
 
     def save(self, state_dict, path):
         start = perf_counter()
-        response = dcp.async_save(state_dict, checkpoint_id=path, async_checkpointer_type=self._executor,
-                                  async_stager=self._stager)
+        response = dcp.async_save(
+            state_dict, checkpoint_id=path, async_checkpointer_type=self._executor, async_stager=self._stager
+        )
         # A staged save answers an AsyncSaveResponse; the others answer the upload future itself.
         self._future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
         return {"schedule": perf_counter() - start}

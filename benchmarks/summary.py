@@ -46,8 +46,11 @@ class Run:
                 self.rows.setdefault(extra["figure"], []).append(row)
 
     def get(self, figure: str, peer: str | None = None, **match) -> list[dict]:
-        return [r for r in self.rows.get(figure, [])
-                if (peer is None or r["peer"] == peer) and all(r.get(k) == v for k, v in match.items())]
+        return [
+            r
+            for r in self.rows.get(figure, [])
+            if (peer is None or r["peer"] == peer) and all(r.get(k) == v for k, v in match.items())
+        ]
 
     def one(self, figure: str, peer: str, **match) -> dict | None:
         found = self.get(figure, peer, **match)
@@ -122,8 +125,10 @@ def _floor(run: Run, nbytes: int, device: str) -> tuple[str, float | None]:
 
 
 def _ceilings(run: Run) -> list[str]:
-    rows = [[r["peer"], _bytes(r["bytes"]), _time(r["seconds"]), _rate(r["bytes"], r["seconds"])]
-            for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"]))]
+    rows = [
+        [r["peer"], _bytes(r["bytes"]), _time(r["seconds"]), _rate(r["bytes"], r["seconds"])]
+        for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"]))
+    ]
     return _table(["ceiling", "bytes", "time", "throughput"], rows)
 
 
@@ -134,8 +139,14 @@ def _stall(run: Run, figure: str) -> list[str]:
     for r in sorted(rows_in, key=lambda r: r["seconds"]):
         floor_name, floor = _floor(run, r["bytes"], r.get("device", "cpu"))
         phases = " / ".join(f"{k} {_time(v)}" for k, v in r.get("phases", {}).items())
-        row = [f"`{r['peer']}`", _time(r["seconds"]), f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
-               f"{_ratio(r['seconds'], floor)} {floor_name}", _ratio(r["seconds"], best), phases]
+        row = [
+            f"`{r['peer']}`",
+            _time(r["seconds"]),
+            f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
+            f"{_ratio(r['seconds'], floor)} {floor_name}",
+            _ratio(r["seconds"], best),
+            phases,
+        ]
         if figure == "stall":
             row.append(r.get("snapshot", "-"))
         else:
@@ -152,9 +163,16 @@ def _durable(run: Run) -> list[str]:
     for r in sorted(rows_in, key=lambda r: r["seconds"]):
         sync = run.one("durable", f"{r['family']}:save")
         ceiling = run.ceiling_seconds("write-fsync", r["bytes"])
-        rows.append([f"`{r['peer']}`", _time(r["seconds"]), _ratio(r["seconds"], ceiling),
-                     _ratio(r["seconds"], _seconds(sync)), _ratio(r["seconds"], best),
-                     "yes" if r.get("durable") else "no (no fsync)"])
+        rows.append(
+            [
+                f"`{r['peer']}`",
+                _time(r["seconds"]),
+                _ratio(r["seconds"], ceiling),
+                _ratio(r["seconds"], _seconds(sync)),
+                _ratio(r["seconds"], best),
+                "yes" if r.get("durable") else "no (no fsync)",
+            ]
+        )
     return _table(["peer", "to committed", "x write+fsync", "x sync save", "x best", "fsync'ed"], rows)
 
 
@@ -163,8 +181,15 @@ def _write(run: Run) -> list[str]:
     for r in sorted(run.get("write"), key=lambda r: (r["dest"], r["seconds"])):
         same = [o["seconds"] for o in run.get("write", dest=r["dest"])]
         ceiling = run.ceiling_seconds(r["ceiling"], r["bytes"])
-        rows.append([f"`{r['peer']}`", r["dest"], _rate(r["bytes"], r["seconds"]),
-                     f"{_ratio(ceiling, r['seconds'])} {r['ceiling']}", _ratio(min(same), r["seconds"])])
+        rows.append(
+            [
+                f"`{r['peer']}`",
+                r["dest"],
+                _rate(r["bytes"], r["seconds"]),
+                f"{_ratio(ceiling, r['seconds'])} {r['ceiling']}",
+                _ratio(min(same), r["seconds"]),
+            ]
+        )
     return _table(["writer", "destination", "throughput", "of ceiling", "of best"], rows)
 
 
@@ -172,8 +197,9 @@ def _d2h(run: Run) -> list[str]:
     rows = []
     for r in sorted(run.get("d2h"), key=lambda r: (r["peer"], r["bytes"])):
         ceiling = run.ceiling_seconds("d2h-pinned", r["bytes"])
-        rows.append([f"`{r['peer']}`", _bytes(r["bytes"]), _rate(r["bytes"], r["seconds"]),
-                     _ratio(ceiling, r["seconds"])])
+        rows.append(
+            [f"`{r['peer']}`", _bytes(r["bytes"]), _rate(r["bytes"], r["seconds"]), _ratio(ceiling, r["seconds"])]
+        )
     return _table(["path", "bytes", "throughput", "of pinned copy"], rows)
 
 
@@ -181,20 +207,46 @@ def _memory(run: Run) -> list[str]:
     rows = []
     for r in sorted(run.get("memory"), key=lambda r: r["peer"]):
         m = r["memory"]
-        rows.append([f"`{r['peer']}`", _bytes(m["staged_bytes"]), _bytes(m["peak_extra_bytes"]),
-                     _ratio(m["peak_extra_bytes"], m["staged_bytes"]), _bytes(m["retained_bytes"]),
-                     f"{_bytes(m['growth_bytes'])} ({m['saves']} saves)", _bytes(m["runtime_bytes"]),
-                     _bytes(m.get("rss_peak_bytes")), _bytes(m["shm_peak_bytes"]), _bytes(m["pinned_peak_bytes"]),
-                     _bytes(m["worker_gpu_bytes"])])
-    return _table(["peer", "staged", "peak extra", "x staged", "retained", "growth", "runtime",
-                   "RSS peak (sum)", "shm peak", "pinned peak", "worker GPU"], rows)
+        rows.append(
+            [
+                f"`{r['peer']}`",
+                _bytes(m["staged_bytes"]),
+                _bytes(m["peak_extra_bytes"]),
+                _ratio(m["peak_extra_bytes"], m["staged_bytes"]),
+                _bytes(m["retained_bytes"]),
+                f"{_bytes(m['growth_bytes'])} ({m['saves']} saves)",
+                _bytes(m["runtime_bytes"]),
+                _bytes(m.get("rss_peak_bytes")),
+                _bytes(m["shm_peak_bytes"]),
+                _bytes(m["pinned_peak_bytes"]),
+                _bytes(m["worker_gpu_bytes"]),
+            ]
+        )
+    return _table(
+        [
+            "peer",
+            "staged",
+            "peak extra",
+            "x staged",
+            "retained",
+            "growth",
+            "runtime",
+            "RSS peak (sum)",
+            "shm peak",
+            "pinned peak",
+            "worker GPU",
+        ],
+        rows,
+    )
 
 
 def _load(run: Run) -> list[str]:
     rows_in = run.get("load")
     best = min((r["seconds"] for r in rows_in), default=None)
-    rows = [[f"`{r['peer']}`", _time(r["seconds"]), _rate(r["bytes"], r["seconds"]), _ratio(r["seconds"], best)]
-            for r in sorted(rows_in, key=lambda r: r["seconds"])]
+    rows = [
+        [f"`{r['peer']}`", _time(r["seconds"]), _rate(r["bytes"], r["seconds"]), _ratio(r["seconds"], best)]
+        for r in sorted(rows_in, key=lambda r: r["seconds"])
+    ]
     return _table(["written by", "load", "throughput", "x best"], rows)
 
 
@@ -222,43 +274,80 @@ def _goals(run: Run) -> list[str]:
         limit = 1.2 if gpu else 1.5
         ratio = impl["seconds"] / floor if floor else None
         correct = impl.get("snapshot") == "correct"
-        lines.append(_goal(f"`{family}:impl` stall <= {limit}x the {floor_name} floor, snapshot correct",
-                           ratio if correct else float("inf"), limit,
-                           f"{_ratio(impl['seconds'], floor)}, snapshot {impl.get('snapshot')}"))
+        lines.append(
+            _goal(
+                f"`{family}:impl` stall <= {limit}x the {floor_name} floor, snapshot correct",
+                ratio if correct else float("inf"),
+                limit,
+                f"{_ratio(impl['seconds'], floor)}, snapshot {impl.get('snapshot')}",
+            )
+        )
         if nvrx is not None:
-            lines.append(_goal(f"`{family}:impl` stall no worse than `{family}:nvrx`",
-                               impl["seconds"] / nvrx["seconds"], 1.0,
-                               f"{_time(impl['seconds'])} vs {_time(nvrx['seconds'])} "
-                               f"(nvrx snapshot {nvrx.get('snapshot')})"))
+            lines.append(
+                _goal(
+                    f"`{family}:impl` stall no worse than `{family}:nvrx`",
+                    impl["seconds"] / nvrx["seconds"],
+                    1.0,
+                    f"{_time(impl['seconds'])} vs {_time(nvrx['seconds'])} (nvrx snapshot {nvrx.get('snapshot')})",
+                )
+            )
     impl, sync = run.one("durable", "dcp:impl"), run.one("durable", "dcp:save")
-    lines.append(_goal("`dcp:impl` time to durable <= 1.1x synchronous `dcp.save`",
-                       _quotient(impl, sync), 1.1, _ratio(_seconds(impl), _seconds(sync))))
+    lines.append(
+        _goal(
+            "`dcp:impl` time to durable <= 1.1x synchronous `dcp.save`",
+            _quotient(impl, sync),
+            1.1,
+            _ratio(_seconds(impl), _seconds(sync)),
+        )
+    )
     for executor in ("thread", "process"):
         peer = f"dcp:async_save-{executor}"
         for figure in ("stall", "durable"):
             mine, theirs = run.one(figure, "dcp:impl"), run.one(figure, peer)
-            lines.append(_goal(f"`dcp:impl` ahead of `{peer}` on {figure}",
-                               _quotient(mine, theirs), 1.0, f"{_time(_seconds(mine))} vs {_time(_seconds(theirs))}"))
+            lines.append(
+                _goal(
+                    f"`dcp:impl` ahead of `{peer}` on {figure}",
+                    _quotient(mine, theirs),
+                    1.0,
+                    f"{_time(_seconds(mine))} vs {_time(_seconds(theirs))}",
+                )
+            )
     memory = run.one("memory", "dcp:impl")
     if memory is None:
         lines.append("- [ ] `dcp:impl` memory: not measured in this run")
     else:
         m = memory["memory"]
-        lines.append(_goal("`dcp:impl` peak extra host memory <= 1.1x staged bytes",
-                           m["peak_extra_bytes"] / m["staged_bytes"], 1.1,
-                           _ratio(m["peak_extra_bytes"], m["staged_bytes"])))
+        lines.append(
+            _goal(
+                "`dcp:impl` peak extra host memory <= 1.1x staged bytes",
+                m["peak_extra_bytes"] / m["staged_bytes"],
+                1.1,
+                _ratio(m["peak_extra_bytes"], m["staged_bytes"]),
+            )
+        )
         allowance = 16 * MiB + m["staged_bytes"] // 100
-        lines.append(_goal(f"`dcp:impl` no growth over {m['saves']} saves (within 16 MiB + 1% of staged)",
-                           m["growth_bytes"] / allowance, 1.0, _bytes(m["growth_bytes"])))
+        lines.append(
+            _goal(
+                f"`dcp:impl` no growth over {m['saves']} saves (within 16 MiB + 1% of staged)",
+                m["growth_bytes"] / allowance,
+                1.0,
+                _bytes(m["growth_bytes"]),
+            )
+        )
     if gpu:
         for peer in ("preload:impl", "stage:impl"):
             rows = run.get("d2h", peer)
             if rows:
                 largest = max(rows, key=lambda r: r["bytes"])
                 ceiling = run.ceiling_seconds("d2h-pinned", largest["bytes"])
-                lines.append(_goal(f"`{peer}` D2H >= 80% of the pinned copy ({_bytes(largest['bytes'])})",
-                                   largest["seconds"] / ceiling * 0.8 if ceiling else None, 1.0,
-                                   _ratio(ceiling, largest["seconds"])))
+                lines.append(
+                    _goal(
+                        f"`{peer}` D2H >= 80% of the pinned copy ({_bytes(largest['bytes'])})",
+                        largest["seconds"] / ceiling * 0.8 if ceiling else None,
+                        1.0,
+                        _ratio(ceiling, largest["seconds"]),
+                    )
+                )
     return lines
 
 
@@ -266,8 +355,10 @@ def _goals(run: Run) -> list[str]:
 
 
 SECTIONS = [
-    ("Trainer stall, steady state (call to return; floor: same bytes through memcpy, or pinned D2H on GPU)",
-     lambda run: _stall(run, "stall")),
+    (
+        "Trainer stall, steady state (call to return; floor: same bytes through memcpy, or pinned D2H on GPU)",
+        lambda run: _stall(run, "stall"),
+    ),
     ("Trainer stall, first save (fresh instance)", lambda run: _stall(run, "stall-first")),
     ("Time to durable and committed (call to metadata visible and finalized)", _durable),
     ("Write throughput (the write alone, data fsync'ed unless the destination says page cache)", _write),
@@ -300,22 +391,63 @@ def render_compact(output_json: dict, heading: str = "####") -> str:
         first, durable = run.one("stall-first", peer), run.one("durable", peer)
         sync = durable and run.one("durable", f"{durable['family']}:save")
         memory, load = run.one("memory", peer), run.one("load", peer)
-        rows.append([f"`{peer}`", f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
-                     f"{_ratio(r['seconds'], floor)} {floor_name}", _ratio(r["seconds"], best_stall),
-                     r.get("snapshot", "-"), _time(_seconds(first)), _time(_seconds(durable)),
-                     _ratio(_seconds(durable), _seconds(sync)),
-                     memory and _ratio(memory["memory"]["peak_extra_bytes"], memory["memory"]["staged_bytes"]) or "-",
-                     _time(_seconds(load))])
-    table = _table(["peer", "stall ms/GiB", "x floor", "x best", "snapshot", "first-save stall", "to committed",
-                    "x sync save", "peak extra mem / staged", "load"], rows)
-    ceilings = ", ".join(f"{r['peer']} {_rate(r['bytes'], r['seconds'])}"
-                         for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"])))
-    return "\n".join([f"{heading} {run.label}", "", *table, "", f"Ceilings: {ceilings or '-'}.", "",
-                      "Goals for impl:", "", *_goals(run), "", _FOOTNOTE]) + "\n"
+        rows.append(
+            [
+                f"`{peer}`",
+                f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
+                f"{_ratio(r['seconds'], floor)} {floor_name}",
+                _ratio(r["seconds"], best_stall),
+                r.get("snapshot", "-"),
+                _time(_seconds(first)),
+                _time(_seconds(durable)),
+                _ratio(_seconds(durable), _seconds(sync)),
+                memory and _ratio(memory["memory"]["peak_extra_bytes"], memory["memory"]["staged_bytes"]) or "-",
+                _time(_seconds(load)),
+            ]
+        )
+    table = _table(
+        [
+            "peer",
+            "stall ms/GiB",
+            "x floor",
+            "x best",
+            "snapshot",
+            "first-save stall",
+            "to committed",
+            "x sync save",
+            "peak extra mem / staged",
+            "load",
+        ],
+        rows,
+    )
+    ceilings = ", ".join(
+        f"{r['peer']} {_rate(r['bytes'], r['seconds'])}"
+        for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"]))
+    )
+    return (
+        "\n".join(
+            [
+                f"{heading} {run.label}",
+                "",
+                *table,
+                "",
+                f"Ceilings: {ceilings or '-'}.",
+                "",
+                "Goals for impl:",
+                "",
+                *_goals(run),
+                "",
+                _FOOTNOTE,
+            ]
+        )
+        + "\n"
+    )
 
 
-_FOOTNOTE = ("Times are medians over the rounds, ceilings their fastest round; x ratios divide a time by the "
-             "reference time (lower is better), `of ...` columns divide throughputs (1.00x is the reference).")
+_FOOTNOTE = (
+    "Times are medians over the rounds, ceilings their fastest round; x ratios divide a time by the "
+    "reference time (lower is better), `of ...` columns divide throughputs (1.00x is the reference)."
+)
 
 
 def noise(runs: list[dict], margin: float = 1.5) -> tuple[str, int]:
@@ -334,7 +466,9 @@ def noise(runs: list[dict], margin: float = 1.5) -> tuple[str, int]:
         rows.append([f"`{name}`", " / ".join(_time(v) for v in values), f"{spread:.2f}x"])
     threshold = 50 * -(-round((worst * margin - 1) * 100) // 50)
     table = _table(["benchmark", "fastest round per run", "max / min"], rows)
-    return "\n".join(table + ["", f"Worst spread {worst:.2f}x; suggested threshold: min:{threshold}%"]) + "\n", threshold
+    return "\n".join(
+        table + ["", f"Worst spread {worst:.2f}x; suggested threshold: min:{threshold}%"]
+    ) + "\n", threshold
 
 
 def update(path: Path, text: str) -> None:
@@ -348,10 +482,14 @@ def update(path: Path, text: str) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
-    parser.add_argument("--update", type=Path, metavar="README",
-                        help="write the compact tables between the markers of this file")
-    parser.add_argument("--noise", action="store_true",
-                        help="the runs repeat one pass: print each benchmark's run-to-run spread and a threshold")
+    parser.add_argument(
+        "--update", type=Path, metavar="README", help="write the compact tables between the markers of this file"
+    )
+    parser.add_argument(
+        "--noise",
+        action="store_true",
+        help="the runs repeat one pass: print each benchmark's run-to-run spread and a threshold",
+    )
     args = parser.parse_args(argv)
     runs = [json.loads(path.read_text()) for path in args.runs]
     if args.noise:

@@ -33,7 +33,7 @@ def write_file(path: str, data: memoryview, fsync: bool) -> None:
     try:
         offset = 0
         while offset < len(data):
-            offset += os.write(fd, data[offset:offset + CHUNK])
+            offset += os.write(fd, data[offset : offset + CHUNK])
         if fsync:
             os.fsync(fd)
     finally:
@@ -46,8 +46,14 @@ def _bench_write(benchmark, bench, paths, fsync: bool) -> None:
     def setup():
         box["path"] = paths.new()
 
-    bench.run(benchmark, lambda: write_file(box["path"], data, fsync), setup=setup,
-              teardown=lambda: paths.remove(box["path"]), warmup=1, rounds=ROUNDS_FACTOR * bench.rounds)
+    bench.run(
+        benchmark,
+        lambda: write_file(box["path"], data, fsync),
+        setup=setup,
+        teardown=lambda: paths.remove(box["path"]),
+        warmup=1,
+        rounds=ROUNDS_FACTOR * bench.rounds,
+    )
 
 
 def test_write_pagecache(benchmark, bench, paths):

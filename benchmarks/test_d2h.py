@@ -90,8 +90,11 @@ def test_d2h_stage_dcp_pinned(benchmark, bench, d2h_mib):
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     state = tensors(make_state_dict(d2h_mib * MiB, "cuda"))
-    stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
-                                          use_async_staging=False, use_non_blocking_copy=True))
+    stager = DefaultStager(
+        StagingOptions(
+            use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+        )
+    )
     try:
         bench.run(benchmark, lambda: stager.stage(state), warmup=1)
     finally:

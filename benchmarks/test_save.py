@@ -61,8 +61,15 @@ def test_first_save_stall(benchmark, bench, peers, state_dict, paths, peer_name)
         paths.remove(box["path"])
 
     bench.run(benchmark, save, setup=setup, teardown=finish)
-    record(benchmark, bench, "stall-first", peer_name, family=box["peer"].family,
-           bytes=staged_bytes(state_dict), phases=phase_medians(rounds[-bench.rounds:]))
+    record(
+        benchmark,
+        bench,
+        "stall-first",
+        peer_name,
+        family=box["peer"].family,
+        bytes=staged_bytes(state_dict),
+        phases=phase_medians(rounds[-bench.rounds :]),
+    )
 
 
 @pytest.mark.parametrize("peer_name", params(ALL, regression=IMPL))
@@ -90,8 +97,16 @@ def test_stall(benchmark, bench, peers, state_dict, paths, peer_name):
     negate_(state_dict)
     bench.wait(peer)
     correct = saved_before_update(peer.family, path, state_dict)
-    record(benchmark, bench, "stall", peer_name, family=peer.family, bytes=staged_bytes(state_dict),
-           phases=phase_medians(rounds[-bench.rounds:]), snapshot="correct" if correct else "INCORRECT")
+    record(
+        benchmark,
+        bench,
+        "stall",
+        peer_name,
+        family=peer.family,
+        bytes=staged_bytes(state_dict),
+        phases=phase_medians(rounds[-bench.rounds :]),
+        snapshot="correct" if correct else "INCORRECT",
+    )
 
 
 @pytest.mark.parametrize("peer_name", params(ALL, regression=IMPL))
@@ -116,8 +131,9 @@ def test_time_to_durable(benchmark, bench, peers, state_dict, paths, peer_name):
         paths.remove(box["path"])
 
     bench.run(benchmark, save_and_wait, setup=setup, teardown=check_and_remove, warmup=1)
-    record(benchmark, bench, "durable", peer_name, family=peer.family, bytes=staged_bytes(state_dict),
-           durable=peer.durable)
+    record(
+        benchmark, bench, "durable", peer_name, family=peer.family, bytes=staged_bytes(state_dict), durable=peer.durable
+    )
 
 
 @pytest.mark.parametrize("peer_name", params(LOADABLE, regression=IMPL))
@@ -132,8 +148,9 @@ def test_load(benchmark, bench, peers, state_dict, paths, peer_name):
 
 def run_in_own_group(command: list[str], cwd, timeout: float) -> tuple[int, str]:
     """Run command in a new process group; on timeout kill the whole group (workers included)."""
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         _, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -157,8 +174,23 @@ def test_memory(benchmark, bench, request, peer_name):
         pytest.skip(reason)
     workdir = tempfile.mkdtemp(prefix="memory-", dir=bench.root)
     out = os.path.join(workdir, "figures.json")
-    command = [sys.executable, "-m", "benchmarks.memory", "--peer", peer_name, "--size-mib", str(bench.size / MiB),
-               "--saves", str(bench.saves), "--dir", workdir, "--device", bench.device, "--json", out]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.memory",
+        "--peer",
+        peer_name,
+        "--size-mib",
+        str(bench.size / MiB),
+        "--saves",
+        str(bench.saves),
+        "--dir",
+        workdir,
+        "--device",
+        bench.device,
+        "--json",
+        out,
+    ]
     timeout = 300 + bench.saves * 60 * bench.size / (1 << 30)
 
     def probe():

@@ -9,8 +9,11 @@ MiB = 1 << 20
 
 def _bench(figure, peer, median, nbytes=8 * MiB, fastest=None, **extra):
     stats = {"median": median, "min": median if fastest is None else fastest, "rounds": 5}
-    return {"name": f"{figure}[{peer}]", "stats": stats,
-            "extra_info": {"figure": figure, "peer": peer, "bytes": nbytes, "device": "cpu", **extra}}
+    return {
+        "name": f"{figure}[{peer}]",
+        "stats": stats,
+        "extra_info": {"figure": figure, "peer": peer, "bytes": nbytes, "device": "cpu", **extra},
+    }
 
 
 RUN = {
@@ -24,10 +27,22 @@ RUN = {
         _bench("durable", "dcp:impl", 0.011, family="dcp", durable=True),
         _bench("durable", "dcp:save", 0.010, family="dcp", durable=True),
         _bench("write", "dcp:impl", 0.020, dest="durable", ceiling="write-fsync"),
-        _bench("memory", "dcp:impl", 1.0, memory={
-            "staged_bytes": 8 * MiB, "saves": 20, "runtime_bytes": 0, "peak_extra_bytes": 8 * MiB,
-            "retained_bytes": 8 * MiB, "growth_bytes": 0, "shm_peak_bytes": 8 * MiB, "pinned_peak_bytes": 0,
-            "worker_gpu_bytes": None}),
+        _bench(
+            "memory",
+            "dcp:impl",
+            1.0,
+            memory={
+                "staged_bytes": 8 * MiB,
+                "saves": 20,
+                "runtime_bytes": 0,
+                "peak_extra_bytes": 8 * MiB,
+                "retained_bytes": 8 * MiB,
+                "growth_bytes": 0,
+                "shm_peak_bytes": 8 * MiB,
+                "pinned_peak_bytes": 0,
+                "worker_gpu_bytes": None,
+            },
+        ),
     ],
 }
 
@@ -58,8 +73,10 @@ def test_update_replaces_only_the_marked_block(tmp_path):
 
 
 def test_noise_suggests_a_threshold_above_the_worst_spread():
-    runs = [{"benchmarks": [{"name": "a", "stats": {"min": m}}, {"name": "b", "stats": {"min": 1.0}}]}
-            for m in (0.010, 0.030, 0.020)]
+    runs = [
+        {"benchmarks": [{"name": "a", "stats": {"min": m}}, {"name": "b", "stats": {"min": 1.0}}]}
+        for m in (0.010, 0.030, 0.020)
+    ]
     text, threshold = summary.noise(runs)
     assert "| `a` | 10 ms / 30 ms / 20 ms | 3.00x |" in text
     assert threshold == 350  # 3.00 x 1.5 = 4.5, i.e. 350% slower

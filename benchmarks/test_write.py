@@ -26,11 +26,20 @@ from benchmarks.workload import random_bytes, staged_bytes
 
 PROFILES = {"msc-posix": "ckptspec-bench-posix", "msc-s3": "ckptspec-bench-s3"}
 BUCKET = "ckptspec-bench"
-CEILING = {"pagecache": "write-pagecache", "durable": "write-fsync", "msc-posix": "msc-posix-raw",
-           "msc-s3": "msc-s3-raw"}
-CASES = [pytest.param("dcp:impl", "durable", marks=REGRESSION), ("dcp:nvrx", "durable"), ("dcp:save", "durable"), ("dcp:save", "pagecache"),
-         ("torch:save", "durable"), ("torch:save", "pagecache")] + [
-    (writer, dest) for dest in ("msc-posix", "msc-s3") for writer in ("dcp:impl", "dcp:nvrx", "dcp:save")]
+CEILING = {
+    "pagecache": "write-pagecache",
+    "durable": "write-fsync",
+    "msc-posix": "msc-posix-raw",
+    "msc-s3": "msc-s3-raw",
+}
+CASES = [
+    pytest.param("dcp:impl", "durable", marks=REGRESSION),
+    ("dcp:nvrx", "durable"),
+    ("dcp:save", "durable"),
+    ("dcp:save", "pagecache"),
+    ("torch:save", "durable"),
+    ("torch:save", "pagecache"),
+] + [(writer, dest) for dest in ("msc-posix", "msc-s3") for writer in ("dcp:impl", "dcp:nvrx", "dcp:save")]
 
 
 class Storage:
@@ -38,16 +47,26 @@ class Storage:
 
     def __init__(self, root, endpoint: str):
         self.posix_root = root / "posix"
-        self.s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                               aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
         self.s3.create_bucket(Bucket=BUCKET)
         credentials = {"type": "S3Credentials", "options": {"access_key": "testing", "secret_key": "testing"}}
         profiles = {
-            PROFILES["msc-posix"]: {"storage_provider": {"type": "file",
-                                                         "options": {"base_path": str(self.posix_root)}}},
-            PROFILES["msc-s3"]: {"storage_provider": {"type": "s3", "options": {
-                "base_path": BUCKET, "endpoint_url": endpoint, "region_name": "us-east-1"}},
-                "credentials_provider": credentials},
+            PROFILES["msc-posix"]: {
+                "storage_provider": {"type": "file", "options": {"base_path": str(self.posix_root)}}
+            },
+            PROFILES["msc-s3"]: {
+                "storage_provider": {
+                    "type": "s3",
+                    "options": {"base_path": BUCKET, "endpoint_url": endpoint, "region_name": "us-east-1"},
+                },
+                "credentials_provider": credentials,
+            },
         }
         self.config = root / "msc_config.json"
         self.config.write_text(json.dumps({"profiles": profiles}))
@@ -118,8 +137,15 @@ def test_write(benchmark, bench, process_group, state_dict, writer, destination)
     if writer.startswith("dcp:") and writer != "dcp:save" and (reason := unavailable(writer)):
         pytest.skip(reason)
     bench.run(benchmark, lambda: box["write"](), setup=setup, teardown=teardown, warmup=1)
-    record(benchmark, bench, "write", writer, dest=destination.dest, ceiling=CEILING[destination.dest],
-           bytes=staged_bytes(state_dict))
+    record(
+        benchmark,
+        bench,
+        "write",
+        writer,
+        dest=destination.dest,
+        ceiling=CEILING[destination.dest],
+        bytes=staged_bytes(state_dict),
+    )
 
 
 def _prepare(writer: str, dest: str, state_dict, path: str):
@@ -135,8 +161,9 @@ def _prepare(writer: str, dest: str, state_dict, path: str):
         return lambda: dcp.save(state_dict, storage_writer=storage_writer), lambda: None
     if writer == "torch:save":
         return lambda: _torch_save(state_dict, path, fsync=dest == "durable"), lambda: None
-    (save_fn, preload_fn, save_args), finalize = plan_write(writer.split(":")[1], state_dict, path,
-                                                            **({"use_msc": True} if msc else {}))
+    (save_fn, preload_fn, save_args), finalize = plan_write(
+        writer.split(":")[1], state_dict, path, **({"use_msc": True} if msc else {})
+    )
     save_args = list(save_args)
     if preload_fn is not None:
         save_args[1] = preload_fn()

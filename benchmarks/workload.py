@@ -5,7 +5,18 @@ from __future__ import annotations
 import torch
 import torch.distributed.checkpoint as dcp
 
-__all__ = ["GiB", "MiB", "clone_state_dict", "load_checkpoint", "make_state_dict", "negate_", "random_bytes", "saved_before_update", "staged_bytes", "tensors"]
+__all__ = [
+    "GiB",
+    "MiB",
+    "clone_state_dict",
+    "load_checkpoint",
+    "make_state_dict",
+    "negate_",
+    "random_bytes",
+    "saved_before_update",
+    "staged_bytes",
+    "tensors",
+]
 
 MiB = 1 << 20
 GiB = 1 << 30

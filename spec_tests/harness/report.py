@@ -49,12 +49,27 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
 
 __all__ = [
-    "END_MARKER", "OUTCOMES", "START_MARKER", "ReportError", "Run", "cell", "cli", "load_run", "main",
-    "pytest_command", "render", "replace_block", "run_target", "update_file", "verdict", "write_block",
+    "END_MARKER",
+    "OUTCOMES",
+    "START_MARKER",
+    "ReportError",
+    "Run",
+    "cell",
+    "cli",
+    "load_run",
+    "main",
+    "pytest_command",
+    "render",
+    "replace_block",
+    "run_target",
+    "update_file",
+    "verdict",
+    "write_block",
 ]
 
 START_MARKER = "<!-- conformance:start -->"
@@ -63,15 +78,23 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STATEMENT_WIDTH = 70
 
 # Recorded outcome -> verdict; verdicts in precedence order (the first present wins).
-_VERDICT_OF = {"failed": "fail", "error": "fail", "xpass": "fail", "xfail": "xfail",
-               "passed": "pass", "skipped": "skip"}
+_VERDICT_OF = {
+    "failed": "fail",
+    "error": "fail",
+    "xpass": "fail",
+    "xfail": "xfail",
+    "passed": "pass",
+    "skipped": "skip",
+}
 _PRECEDENCE = ("fail", "xfail", "pass", "skip")
 OUTCOMES = frozenset(_VERDICT_OF)
 NOT_COVERED = "not covered"
-LEGEND = ("Legend: **fail** = a citing test failed, errored or passed unexpectedly; **xfail** = "
-          "a known failure from the target's expectations file, none failed; **pass** = none "
-          "failed, some passed; **skip** = all skipped; **not covered** = no test cites the "
-          "clause; (n) = all n citing tests, (k/n) = k of the n citing tests.")
+LEGEND = (
+    "Legend: **fail** = a citing test failed, errored or passed unexpectedly; **xfail** = "
+    "a known failure from the target's expectations file, none failed; **pass** = none "
+    "failed, some passed; **skip** = all skipped; **not covered** = no test cites the "
+    "clause; (n) = all n citing tests, (k/n) = k of the n citing tests."
+)
 
 
 class ReportError(Exception):
@@ -107,8 +130,8 @@ def _worse(a: str, b: str) -> str:
 class Run:
     """One target's recorded run: each test's worst outcome and the clauses it cites."""
 
-    label: str                                    # "target version", the column header
-    clauses: Mapping[str, Mapping[str, str]]      # the registry the run was recorded against
+    label: str  # "target version", the column header
+    clauses: Mapping[str, Mapping[str, str]]  # the registry the run was recorded against
     tests: Mapping[str, tuple[str, frozenset[str]]]  # nodeid -> (outcome, cited clause ids)
 
     def outcomes(self, clause_id: str) -> list[str]:
@@ -120,7 +143,7 @@ def _check(ok: bool, path: Path, problem: str) -> None:
         raise ReportError(f"{path}: {problem}")
 
 
-def _read_json(path: Path) -> object:
+def _read_json(path: Path) -> Any:  # JSON: validated by the callers
     try:
         return json.loads(Path(path).read_text())
     except OSError as exc:
@@ -129,15 +152,21 @@ def _read_json(path: Path) -> object:
         raise ReportError(f"{path}: not valid JSON: {exc}") from None
 
 
-def _check_test(path: Path, index: int, test: object) -> None:
+def _check_test(path: Path, index: int, test: Any) -> None:
     where = f"tests[{index}]"
     _check(isinstance(test, dict), path, f"{where} is not an object")
     _check(isinstance(test.get("nodeid"), str), path, f"{where}.nodeid is not a string")
-    _check(test.get("outcome") in OUTCOMES, path,
-           f"{where}.outcome {test.get('outcome')!r} is not one of {', '.join(sorted(OUTCOMES))}")
+    _check(
+        test.get("outcome") in OUTCOMES,
+        path,
+        f"{where}.outcome {test.get('outcome')!r} is not one of {', '.join(sorted(OUTCOMES))}",
+    )
     cited = test.get("clauses")
-    _check(isinstance(cited, list) and all(isinstance(c, str) for c in cited), path,
-           f"{where}.clauses is not a list of clause ids")
+    _check(
+        isinstance(cited, list) and all(isinstance(c, str) for c in cited),
+        path,
+        f"{where}.clauses is not a list of clause ids",
+    )
 
 
 def load_run(path: Path | str) -> Run:
@@ -147,8 +176,11 @@ def load_run(path: Path | str) -> Run:
     _check(isinstance(data, dict), path, "expected a JSON object written by --conformance-json")
     for key, kind in (("target", str), ("version", str), ("clauses", dict), ("tests", list)):
         _check(isinstance(data.get(key), kind), path, f"missing or malformed field {key!r}")
-    _check(all(isinstance(v, dict) for v in data["clauses"].values()), path,
-           "field 'clauses' must map clause ids to objects")
+    _check(
+        all(isinstance(v, dict) for v in data["clauses"].values()),
+        path,
+        "field 'clauses' must map clause ids to objects",
+    )
     tests: dict[str, tuple[str, frozenset[str]]] = {}
     for index, test in enumerate(data["tests"]):
         _check_test(path, index, test)
@@ -167,7 +199,7 @@ def _shorten(text: str, width: int = STATEMENT_WIDTH) -> str:
     text = " ".join(text.split())
     if len(text) <= width:
         return text
-    cut = text[:width - 1].rsplit(" ", 1)[0]
+    cut = text[: width - 1].rsplit(" ", 1)[0]
     return cut.rstrip(",;:") + "…"
 
 
@@ -195,17 +227,18 @@ def _rows(runs: Sequence[Run], registry: Mapping[str, Mapping[str, str]]) -> dic
 def _summary(run: Run, clause_ids: Iterable[str]) -> str:
     counts = Counter(_VERDICT_OF[outcome] for outcome, _ in run.tests.values())
     uncovered = [cid for cid in clause_ids if not run.outcomes(cid)]
-    return (f"- **{_md(run.label)}**: {counts['pass']} passed, {counts['fail']} failed, "
-            f"{counts['xfail']} xfail, {counts['skip']} skipped; clauses not covered: "
-            f"{', '.join(uncovered) or 'none'}")
+    return (
+        f"- **{_md(run.label)}**: {counts['pass']} passed, {counts['fail']} failed, "
+        f"{counts['xfail']} xfail, {counts['skip']} skipped; clauses not covered: "
+        f"{', '.join(uncovered) or 'none'}"
+    )
 
 
 def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """The Markdown table, legend and per-target summaries (ends with a newline)."""
     rows = _rows(runs, clause_registry.load() if registry is None else registry)
     header = ["clause", "statement", *(run.label for run in runs)]
-    lines = ["| " + " | ".join(_md(h) for h in header) + " |",
-             "| " + " | ".join("---" for _ in header) + " |"]
+    lines = ["| " + " | ".join(_md(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     for cid, statement in rows.items():
         cells = [cid, _shorten(statement), *(cell(run.outcomes(cid)) for run in runs)]
         lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
@@ -217,19 +250,20 @@ def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, str]] | None
 # ---------------------------------------------------------------------------------- --update
 
 
-def replace_block(text: str, block: str, name: str = "input",
-                  start: str = START_MARKER, end: str = END_MARKER) -> str:
+def replace_block(text: str, block: str, name: str = "input", start: str = START_MARKER, end: str = END_MARKER) -> str:
     """`text` with the lines between the `start` and `end` marker lines replaced by `block`."""
     lines = text.splitlines(keepends=True)
     stripped = [line.strip() for line in lines]
     starts = [i for i, s in enumerate(stripped) if s == start]
     ends = [i for i, s in enumerate(stripped) if s == end]
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        raise ReportError(f"{name}: needs exactly one line {start} followed later by one "
-                          f"line {end} (found {len(starts)} start, {len(ends)} end)")
+        raise ReportError(
+            f"{name}: needs exactly one line {start} followed later by one "
+            f"line {end} (found {len(starts)} start, {len(ends)} end)"
+        )
     if not block.endswith("\n"):
         block += "\n"
-    return "".join(lines[:starts[0] + 1]) + block + "".join(lines[ends[0]:])
+    return "".join(lines[: starts[0] + 1]) + block + "".join(lines[ends[0] :])
 
 
 def update_file(path: Path, block: str, start: str = START_MARKER, end: str = END_MARKER) -> None:
@@ -254,8 +288,21 @@ def write_block(block: str, update: Path | None, start: str = START_MARKER, end:
 
 def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> list[str]:
     """The command that runs `suite` (a directory of the repository) against `target`, recording to `json_path`."""
-    return [sys.executable, "-m", "pytest", suite, "-n", "auto", "-q", "-p", "no:randomly",
-            "--impl", target, "--conformance-json", str(json_path)]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        suite,
+        "-n",
+        "auto",
+        "-q",
+        "-p",
+        "no:randomly",
+        "--impl",
+        target,
+        "--conformance-json",
+        str(json_path),
+    ]
 
 
 def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float:
@@ -273,13 +320,16 @@ def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float
     code = subprocess.run(command, cwd=REPO_ROOT, stdout=sys.stderr, check=False).returncode
     wall = time.monotonic() - start
     if code not in (0, 1):
-        raise ReportError(f"target {target!r}: pytest exited with code {code} "
-                          "(0 and 1 are expected; anything else means the run did not complete)")
+        raise ReportError(
+            f"target {target!r}: pytest exited with code {code} "
+            "(0 and 1 are expected; anything else means the run did not complete)"
+        )
     return wall
 
 
-def cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
-        action: Callable[[argparse.Namespace], None]) -> int:
+def cli(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, action: Callable[[argparse.Namespace], None]
+) -> int:
     """Parse `argv` (JSON files and/or --run TARGET ... required), run `action(args)`; the exit status.
 
     A ReportError is one line `PROG: error: ...` on stderr and status 1 (shared by this module and
@@ -302,19 +352,39 @@ def cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m spec_tests.harness.report",
-        description="Render the clause-by-target conformance table from --conformance-json files.")
-    parser.add_argument("files", nargs="*", type=Path, metavar="JSON",
-                        help="files written by pytest --conformance-json")
-    parser.add_argument("--run", nargs="+", default=[], metavar="TARGET",
-                        help="first run the suite against each TARGET, then report on its JSON")
-    parser.add_argument("--out", type=Path, default=Path("conformance"), metavar="DIR",
-                        help="where --run writes TARGET.json (default: conformance/)")
-    parser.add_argument("--areas", nargs="+", choices=clause_registry.AREAS, default=list(clause_registry.AREAS),
-                        metavar="AREA", help="the clause areas whose rows to show (default: all): "
-                        + ", ".join(clause_registry.AREAS))
-    parser.add_argument("--update", type=Path, metavar="FILE",
-                        help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE "
-                             "instead of printing")
+        description="Render the clause-by-target conformance table from --conformance-json files.",
+    )
+    parser.add_argument(
+        "files", nargs="*", type=Path, metavar="JSON", help="files written by pytest --conformance-json"
+    )
+    parser.add_argument(
+        "--run",
+        nargs="+",
+        default=[],
+        metavar="TARGET",
+        help="first run the suite against each TARGET, then report on its JSON",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("conformance"),
+        metavar="DIR",
+        help="where --run writes TARGET.json (default: conformance/)",
+    )
+    parser.add_argument(
+        "--areas",
+        nargs="+",
+        choices=clause_registry.AREAS,
+        default=list(clause_registry.AREAS),
+        metavar="AREA",
+        help="the clause areas whose rows to show (default: all): " + ", ".join(clause_registry.AREAS),
+    )
+    parser.add_argument(
+        "--update",
+        type=Path,
+        metavar="FILE",
+        help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE instead of printing",
+    )
     return parser
 
 

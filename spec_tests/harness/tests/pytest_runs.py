@@ -56,8 +56,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_pytest(args: list[str], cwd: Path = REPO_ROOT, *, script: bool = False, probe: bool = False,
-               env: dict[str, str] | None = None, timeout: float = TIMEOUT_S) -> Run:
+def run_pytest(
+    args: list[str],
+    cwd: Path = REPO_ROOT,
+    *,
+    script: bool = False,
+    probe: bool = False,
+    env: dict[str, str] | None = None,
+    timeout: float = TIMEOUT_S,
+) -> Run:
     """Run pytest with `args` in `cwd`; see the module docstring."""
     command = [str(PYTEST_SCRIPT)] if script else [sys.executable, "-m", "pytest"]
     env = dict(env or clean_env())
@@ -65,7 +72,8 @@ def run_pytest(args: list[str], cwd: Path = REPO_ROOT, *, script: bool = False, 
         if probe:
             env[collect_probe.ENV_VAR] = out
             args = [*args, "-p", collect_probe.__name__]
-        done = subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        done = subprocess.run(
+            [*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
         collected = {path.stem: path.read_text().splitlines() for path in Path(out).glob("*.txt")}
     return Run(args, done.returncode, done.stdout + done.stderr, collected)

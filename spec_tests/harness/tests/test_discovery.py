@@ -33,8 +33,9 @@ def test_a_new_adapter_module_is_a_builtin_target(tmp_path, monkeypatch):
 def test_entry_points_and_dotted_paths_name_targets(monkeypatch):
     point = metadata.EntryPoint(name="plugged", value="spec_tests.targets.impl", group=targets.ENTRY_POINT_GROUP)
     real = metadata.entry_points
-    monkeypatch.setattr(metadata, "entry_points",
-                        lambda **kw: [point] if kw.get("group") == targets.ENTRY_POINT_GROUP else real(**kw))
+    monkeypatch.setattr(
+        metadata, "entry_points", lambda **kw: [point] if kw.get("group") == targets.ENTRY_POINT_GROUP else real(**kw)
+    )
     assert targets.known_targets()["plugged"] == "spec_tests.targets.impl"
     assert targets.load_target("plugged").capabilities == targets.load_target("impl").capabilities
     assert targets.load_target("spec_tests.targets.impl").adapter is targets.load_target("impl").adapter
@@ -50,8 +51,10 @@ def test_a_missing_package_names_the_install_command(monkeypatch):
     monkeypatch.setattr(targets, "_loaded", {})
     with pytest.raises(targets.TargetUnavailable) as info:
         targets.load_target("mcore")
-    assert str(info.value) == ("target 'mcore' needs megatron-core, which cannot be imported (No module named "
-                               "'megatron'); install it with: pip install \"torch==2.13.0\" -e \".[test,mcore]\"")
+    assert str(info.value) == (
+        "target 'mcore' needs megatron-core, which cannot be imported (No module named "
+        '\'megatron\'); install it with: pip install "torch==2.13.0" -e ".[test,mcore]"'
+    )
     assert isinstance(info.value, ImportError)  # benchmarks' peers catch ImportError to skip a missing target
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
 from spec_tests.harness.processes import alive
+from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
 
 
 def _sum_of_ranks():

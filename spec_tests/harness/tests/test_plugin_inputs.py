@@ -67,8 +67,12 @@ def test_plain_listed():
 """
 _TINY_EXPECTATIONS = "".join(
     f'[[xfail]]\ntest = "test_tiny.py::{test}"\nclause = "{clause}"\nreason = "listed"\n\n'
-    for test, clause in (("test_hypothesis_listed", "AR-1"), ("test_machine_listed", "AR-2"),
-                         ("test_plain_listed", "AR-3")))
+    for test, clause in (
+        ("test_hypothesis_listed", "AR-1"),
+        ("test_machine_listed", "AR-2"),
+        ("test_plain_listed", "AR-3"),
+    )
+)
 _BAD_TESTS = """\
 import pytest
 
@@ -90,12 +94,17 @@ def project(tmp_path_factory):
     """A directory on PYTHONPATH with adapters, expectations files, a package blocker and tiny test files."""
     root = tmp_path_factory.mktemp("project")
     files = {
-        "stale_adapter.py": _ADAPTER.format(name="stale_adapter"), "stale_adapter.toml": _STALE,
-        "tiny_adapter.py": _ADAPTER.format(name="tiny_adapter"), "tiny_adapter.toml": _TINY_EXPECTATIONS,
-        "broken_adapter.py": _ADAPTER.format(name="broken_adapter"), "broken_adapter.toml": "[[xfail]]\ntest = 1\n",
+        "stale_adapter.py": _ADAPTER.format(name="stale_adapter"),
+        "stale_adapter.toml": _STALE,
+        "tiny_adapter.py": _ADAPTER.format(name="tiny_adapter"),
+        "tiny_adapter.toml": _TINY_EXPECTATIONS,
+        "broken_adapter.py": _ADAPTER.format(name="broken_adapter"),
+        "broken_adapter.toml": "[[xfail]]\ntest = 1\n",
         "odd_adapter.py": _ADAPTER.format(name="odd_adapter") + 'CAPABILITIES = frozenset({"teleport"})\n',
         "block_packages.py": 'import sys\nsys.modules["nvidia_resiliency_ext"] = None\nsys.modules["megatron"] = None\n',
-        "test_tiny.py": _TINY_TESTS, "test_bad.py": _BAD_TESTS, "a_file": "",
+        "test_tiny.py": _TINY_TESTS,
+        "test_bad.py": _BAD_TESTS,
+        "a_file": "",
     }
     for name, text in files.items():
         (root / name).write_text(text)
@@ -115,22 +124,44 @@ def _env(project, **extra):
 BAD_INPUTS = {
     "unknown --impl": (["--impl", "bogus"], {}, ["unknown target 'bogus'", "known targets: impl, mcore, nvrx"]),
     "unknown $CKPTSPEC_IMPL": ([], {"CKPTSPEC_IMPL": "bogus"}, ["unknown target 'bogus'"]),
-    "--impl nvrx not installed": (["-p", "block_packages", "--impl", "nvrx"], {},
-                                  ["target 'nvrx' needs nvidia-resiliency-ext, which cannot be imported",
-                                   'install it with: pip install "torch==2.13.0" -e ".[test,nvrx]"']),
-    "--impl mcore not installed": (["-p", "block_packages", "--impl", "mcore"], {},
-                                   ["target 'mcore' needs megatron-core, which cannot be imported",
-                                    'install it with: pip install "torch==2.13.0" -e ".[test,mcore]"']),
-    "--impl of a missing adapter module": (["--impl", "no_such_package.adapter"], {},
-                                           ["no adapter module 'no_such_package.adapter'"]),
+    "--impl nvrx not installed": (
+        ["-p", "block_packages", "--impl", "nvrx"],
+        {},
+        [
+            "target 'nvrx' needs nvidia-resiliency-ext, which cannot be imported",
+            'install it with: pip install "torch==2.13.0" -e ".[test,nvrx]"',
+        ],
+    ),
+    "--impl mcore not installed": (
+        ["-p", "block_packages", "--impl", "mcore"],
+        {},
+        [
+            "target 'mcore' needs megatron-core, which cannot be imported",
+            'install it with: pip install "torch==2.13.0" -e ".[test,mcore]"',
+        ],
+    ),
+    "--impl of a missing adapter module": (
+        ["--impl", "no_such_package.adapter"],
+        {},
+        ["no adapter module 'no_such_package.adapter'"],
+    ),
     "adapter with an unknown capability": (["--impl", "odd_adapter"], {}, ["declares unknown capabilities teleport"]),
-    "malformed expectations file": (["--impl", "broken_adapter"], {},
-                                    ["broken_adapter.toml", "xfail entry 1 needs exactly"]),
-    "bad $HYPOTHESIS_PROFILE": ([], {"HYPOTHESIS_PROFILE": "bogus"},
-                                ["hypothesis profile 'bogus'", "ci, dev, nightly"]),
+    "malformed expectations file": (
+        ["--impl", "broken_adapter"],
+        {},
+        ["broken_adapter.toml", "xfail entry 1 needs exactly"],
+    ),
+    "bad $HYPOTHESIS_PROFILE": (
+        [],
+        {"HYPOTHESIS_PROFILE": "bogus"},
+        ["hypothesis profile 'bogus'", "ci, dev, nightly"],
+    ),
     "bad --hypothesis-profile": (["--hypothesis-profile=bogus"], {}, ["hypothesis profile 'bogus'"]),
-    "--conformance-json under a file": (["--conformance-json", "{project}/a_file/out.json"], {},
-                                        ["cannot be created", "a_file is not a directory"]),
+    "--conformance-json under a file": (
+        ["--conformance-json", "{project}/a_file/out.json"],
+        {},
+        ["cannot be created", "a_file is not a directory"],
+    ),
     "--conformance-json a directory": (["--conformance-json", "{project}"], {}, ["is a directory"]),
 }
 
@@ -149,8 +180,11 @@ def test_a_bad_input_is_one_clear_line(project, case):
 
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_wrong_citation_or_capability_is_a_collection_error(project, workers):
-    run = run_pytest(["-p", "spec_tests.harness.plugin", "--rootdir", str(project), "-n", workers, "-q",
-                      "test_bad.py"], project, env=_env(project))
+    run = run_pytest(
+        ["-p", "spec_tests.harness.plugin", "--rootdir", str(project), "-n", workers, "-q", "test_bad.py"],
+        project,
+        env=_env(project),
+    )
     run.assert_clean_failure("test_bad.py::test_unknown_clause: unknown clause id(s) NOPE-1")
     run.assert_clean_failure("test_bad.py::test_unknown_capability: needs unknown capability persistent_calller")
     assert "passed" not in run.output, run.describe()
@@ -160,8 +194,11 @@ _HARNESS_FILE = "spec_tests/harness/tests/test_discovery.py"
 _STALE_LINE = f"{_HARNESS_FILE}::test_no_such_test [AQ-1] matches no collected test"
 
 
-@pytest.mark.parametrize("args", [[_HARNESS_FILE, "--collect-only", "-q"], [_HARNESS_FILE, "-n", "1", "-k", "nothing"]],
-                         ids=["main", "xdist"])
+@pytest.mark.parametrize(
+    "args",
+    [[_HARNESS_FILE, "--collect-only", "-q"], [_HARNESS_FILE, "-n", "1", "-k", "nothing"]],
+    ids=["main", "xdist"],
+)
 def test_an_expectation_matching_no_test_is_reported(project, args):
     run = run_pytest(["--impl", "stale_adapter", *args], env=_env(project))
     assert run.code in (0, 5), run.describe()
@@ -171,14 +208,15 @@ def test_an_expectation_matching_no_test_is_reported(project, args):
 
 
 def test_an_expectation_matching_no_test_is_an_error_in_ci(project):
-    run = run_pytest(["--impl", "stale_adapter", _HARNESS_FILE, "--collect-only", "-q"],
-                     env=_env(project, CI="true"))
+    run = run_pytest(["--impl", "stale_adapter", _HARNESS_FILE, "--collect-only", "-q"], env=_env(project, CI="true"))
     run.assert_clean_failure(_STALE_LINE)
 
 
 def test_a_file_narrowed_to_node_ids_is_not_checked(project):
-    run = run_pytest(["--impl", "stale_adapter", f"{_HARNESS_FILE}::test_clause_areas_keep_the_table_order",
-                      "--collect-only", "-q"], env=_env(project, CI="true"))
+    run = run_pytest(
+        ["--impl", "stale_adapter", f"{_HARNESS_FILE}::test_clause_areas_keep_the_table_order", "--collect-only", "-q"],
+        env=_env(project, CI="true"),
+    )
     assert run.code == 0 and "matches no collected test" not in run.output, run.describe()
 
 
@@ -188,14 +226,31 @@ def test_a_file_narrowed_to_node_ids_is_not_checked(project):
 @pytest.mark.parametrize("profile", ["dev", "ci"])
 def test_xfail_strictness_and_clause_notes(project, profile):
     out = project / f"{profile}.json"
-    run = run_pytest(["-p", "spec_tests.harness.plugin", "--rootdir", str(project), "-p", "no:cacheprovider",
-                      "--impl", "tiny_adapter", "--conformance-json", str(out), "test_tiny.py"],
-                     project, env=_env(project, HYPOTHESIS_PROFILE=profile))
+    run = run_pytest(
+        [
+            "-p",
+            "spec_tests.harness.plugin",
+            "--rootdir",
+            str(project),
+            "-p",
+            "no:cacheprovider",
+            "--impl",
+            "tiny_adapter",
+            "--conformance-json",
+            str(out),
+            "test_tiny.py",
+        ],
+        project,
+        env=_env(project, HYPOTHESIS_PROFILE=profile),
+    )
     assert run.code == 1 and "INTERNALERROR" not in run.output, run.describe()
     outcomes = {t["nodeid"].split("::")[1]: t for t in json.loads(out.read_text())["tests"]}
     randomized = "xpass" if profile == "dev" else "failed"  # dev is not derandomized: a pass may be luck
     assert {name: t["outcome"] for name, t in outcomes.items()} == {
-        "test_fails": "failed", "test_hypothesis_listed": randomized, "test_machine_listed": randomized,
-        "test_plain_listed": "failed"}, run.describe()
+        "test_fails": "failed",
+        "test_hypothesis_listed": randomized,
+        "test_machine_listed": randomized,
+        "test_plain_listed": "failed",
+    }, run.describe()
     note = f"[AQ-3] {clause_registry.load()['AQ-3']['statement']}"
     assert note in run.output and note in outcomes["test_fails"]["message"], run.describe()

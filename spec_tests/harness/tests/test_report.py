@@ -9,25 +9,44 @@ from hypothesis import strategies as st
 
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import report
-from spec_tests.harness.report import (END_MARKER, OUTCOMES, START_MARKER, ReportError, cell, load_run,
-                               main, render, replace_block, verdict)
+from spec_tests.harness.report import (
+    END_MARKER,
+    OUTCOMES,
+    START_MARKER,
+    ReportError,
+    cell,
+    load_run,
+    main,
+    render,
+    replace_block,
+    verdict,
+)
 
 outcome_lists = st.lists(st.sampled_from(sorted(OUTCOMES)), max_size=12)
-REGISTRY = {"X-1": {"statement": "first clause", "source": "s"},
-            "X-2": {"statement": "second | clause with a pipe", "source": "s"},
-            "X-3": {"statement": "a " * 60 + "long one", "source": "s"}}
+REGISTRY = {
+    "X-1": {"statement": "first clause", "source": "s"},
+    "X-2": {"statement": "second | clause with a pipe", "source": "s"},
+    "X-3": {"statement": "a " * 60 + "long one", "source": "s"},
+}
 
 
 def _write(tmp_path, name, tests, target="impl", version="(source tree)", clauses=REGISTRY):
     path = tmp_path / name
-    path.write_text(json.dumps({"target": target, "version": version, "capabilities": [],
-                                "clauses": clauses, "tests": tests}))
+    path.write_text(
+        json.dumps({"target": target, "version": version, "capabilities": [], "clauses": clauses, "tests": tests})
+    )
     return path
 
 
 def _test(nodeid, outcome, *clauses, when="call"):
-    return {"nodeid": nodeid, "outcome": outcome, "when": when, "clauses": list(clauses),
-            "duration": 0.1, "message": ""}
+    return {
+        "nodeid": nodeid,
+        "outcome": outcome,
+        "when": when,
+        "clauses": list(clauses),
+        "duration": 0.1,
+        "message": "",
+    }
 
 
 def _rows(markdown):
@@ -48,10 +67,17 @@ def test_any_failure_error_or_xpass_is_fail(outcomes):
 @given(outcome_lists)
 def test_verdict_follows_precedence(outcomes):
     present = set(outcomes)
-    expected = ("fail" if present & {"failed", "error", "xpass"} else
-                "xfail" if "xfail" in present else
-                "pass" if "passed" in present else
-                "skip" if "skipped" in present else "not covered")
+    expected = (
+        "fail"
+        if present & {"failed", "error", "xpass"}
+        else "xfail"
+        if "xfail" in present
+        else "pass"
+        if "passed" in present
+        else "skip"
+        if "skipped" in present
+        else "not covered"
+    )
     assert verdict(outcomes) == expected
 
 
@@ -85,9 +111,17 @@ def test_cell_examples():
 
 
 def test_a_test_counts_once_with_its_worst_phase(tmp_path):
-    run = load_run(_write(tmp_path, "a.json", [
-        _test("t::a", "passed", "X-1"), _test("t::a", "error", "X-1", when="teardown"),
-        _test("t::b", "passed", "X-1")]))
+    run = load_run(
+        _write(
+            tmp_path,
+            "a.json",
+            [
+                _test("t::a", "passed", "X-1"),
+                _test("t::a", "error", "X-1", when="teardown"),
+                _test("t::b", "passed", "X-1"),
+            ],
+        )
+    )
     assert sorted(run.outcomes("X-1")) == ["error", "passed"]
     assert cell(run.outcomes("X-1")) == "fail (1/2)"
 
@@ -96,20 +130,30 @@ def test_a_test_counts_once_with_its_worst_phase(tmp_path):
 
 
 def test_one_row_per_registry_clause_one_column_per_target(tmp_path):
-    impl = load_run(_write(tmp_path, "impl.json", [
-        _test("t::a", "passed", "X-1"), _test("t::b", "failed", "X-1", "X-2")]))
-    nvrx = load_run(_write(tmp_path, "nvrx.json", [
-        _test("t::a", "xfail", "X-1"), _test("t::b", "skipped", "X-2")],
-        target="nvrx", version="0.4.1", clauses={}))
+    impl = load_run(
+        _write(tmp_path, "impl.json", [_test("t::a", "passed", "X-1"), _test("t::b", "failed", "X-1", "X-2")])
+    )
+    nvrx = load_run(
+        _write(
+            tmp_path,
+            "nvrx.json",
+            [_test("t::a", "xfail", "X-1"), _test("t::b", "skipped", "X-2")],
+            target="nvrx",
+            version="0.4.1",
+            clauses={},
+        )
+    )
     rows = _rows(render([impl, nvrx], REGISTRY))
     header, separator, body = rows[0], rows[1], rows[2:]
     assert header == ["clause", "statement", "impl (source tree)", "nvrx 0.4.1"]
     assert len(separator) == len(header)
     assert [r[0] for r in body] == ["X-1", "X-2", "X-3"]
     assert all(len(r) == 4 for r in body)
-    assert [r[2:] for r in body] == [["fail (1/2)", "xfail (1)"],
-                                     ["fail (1)", "skip (1)"],
-                                     ["not covered", "not covered"]]
+    assert [r[2:] for r in body] == [
+        ["fail (1/2)", "xfail (1)"],
+        ["fail (1)", "skip (1)"],
+        ["not covered", "not covered"],
+    ]
 
 
 def test_statements_are_shortened_and_escaped(tmp_path):
@@ -121,15 +165,23 @@ def test_statements_are_shortened_and_escaped(tmp_path):
 
 
 def test_legend_and_summary_lines(tmp_path):
-    run = load_run(_write(tmp_path, "a.json", [
-        _test("t::a", "passed", "X-1"), _test("t::b", "xpass", "X-1"),
-        _test("t::c", "xfail", "X-2"), _test("t::d", "skipped", "X-2"),
-        _test("t::meta", "passed")]))
+    run = load_run(
+        _write(
+            tmp_path,
+            "a.json",
+            [
+                _test("t::a", "passed", "X-1"),
+                _test("t::b", "xpass", "X-1"),
+                _test("t::c", "xfail", "X-2"),
+                _test("t::d", "skipped", "X-2"),
+                _test("t::meta", "passed"),
+            ],
+        )
+    )
     text = render([run], REGISTRY)
     below = text.split("\n\n", 1)[1]
     assert below.startswith("Legend:")
-    assert ("- **impl (source tree)**: 2 passed, 1 failed, 1 xfail, 1 skipped; "
-            "clauses not covered: X-3") in below
+    assert ("- **impl (source tree)**: 2 passed, 1 failed, 1 xfail, 1 skipped; clauses not covered: X-3") in below
 
 
 def test_registry_defaults_to_clauses_toml(tmp_path):
@@ -159,7 +211,7 @@ def test_update_replaces_only_the_marked_block(tmp_path):
     assert text.startswith(before + START_MARKER + "\n")
     assert text.endswith(END_MARKER + after)
     assert "old table" not in text
-    assert text[start:text.index(END_MARKER)] == render([load_run(source)])
+    assert text[start : text.index(END_MARKER)] == render([load_run(source)])
 
 
 def test_update_is_idempotent():
@@ -168,10 +220,16 @@ def test_update_is_idempotent():
     assert replace_block(once, "| t |\n") == once == f"a\n{START_MARKER}\n| t |\n{END_MARKER}\nb\n"
 
 
-@pytest.mark.parametrize("text", [
-    "no markers\n", f"{START_MARKER}\nonly a start\n", f"only an end\n{END_MARKER}\n",
-    f"{END_MARKER}\nreversed\n{START_MARKER}\n",
-    f"{START_MARKER}\n{END_MARKER}\n{START_MARKER}\n{END_MARKER}\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "no markers\n",
+        f"{START_MARKER}\nonly a start\n",
+        f"only an end\n{END_MARKER}\n",
+        f"{END_MARKER}\nreversed\n{START_MARKER}\n",
+        f"{START_MARKER}\n{END_MARKER}\n{START_MARKER}\n{END_MARKER}\n",
+    ],
+)
 def test_update_without_a_single_marked_block_fails_clearly(tmp_path, capsys, text):
     readme = tmp_path / "README.md"
     readme.write_text(text)
@@ -190,21 +248,32 @@ def test_stdout_without_update(tmp_path, capsys):
 # ---------------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("content, problem", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    (json.dumps({"version": "1", "clauses": {}, "tests": []}), "'target'"),
-    (json.dumps({"target": "impl", "version": "1", "clauses": {}, "tests": {}}), "'tests'"),
-    (json.dumps({"target": "impl", "version": "1", "clauses": {"X-1": "s"}, "tests": []}),
-     "'clauses'"),
-    (json.dumps({"target": "impl", "version": "1", "clauses": {},
-                 "tests": [_test("t::a", "weird")]}), "tests[0].outcome 'weird'"),
-    (json.dumps({"target": "impl", "version": "1", "clauses": {},
-                 "tests": [{"nodeid": "t::a", "outcome": "passed", "clauses": "X-1"}]}),
-     "tests[0].clauses"),
-    (json.dumps({"target": "impl", "version": "1", "clauses": {}, "tests": ["t::a"]}),
-     "tests[0] is not an object"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        (json.dumps({"version": "1", "clauses": {}, "tests": []}), "'target'"),
+        (json.dumps({"target": "impl", "version": "1", "clauses": {}, "tests": {}}), "'tests'"),
+        (json.dumps({"target": "impl", "version": "1", "clauses": {"X-1": "s"}, "tests": []}), "'clauses'"),
+        (
+            json.dumps({"target": "impl", "version": "1", "clauses": {}, "tests": [_test("t::a", "weird")]}),
+            "tests[0].outcome 'weird'",
+        ),
+        (
+            json.dumps(
+                {
+                    "target": "impl",
+                    "version": "1",
+                    "clauses": {},
+                    "tests": [{"nodeid": "t::a", "outcome": "passed", "clauses": "X-1"}],
+                }
+            ),
+            "tests[0].clauses",
+        ),
+        (json.dumps({"target": "impl", "version": "1", "clauses": {}, "tests": ["t::a"]}), "tests[0] is not an object"),
+    ],
+)
 def test_bad_json_is_an_error_naming_the_file(tmp_path, capsys, content, problem):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -235,7 +304,8 @@ def test_no_input_is_a_usage_error(capsys):
 @pytest.fixture
 def fake_pytest(monkeypatch):
     """Replace the suite run: record each command and write a JSON file, exiting with `codes`."""
-    calls, codes = [], {}
+    calls: list = []
+    codes: dict[str, int] = {}
 
     def fake_run(command, **kwargs):
         target = command[command.index("--impl") + 1]
@@ -243,8 +313,16 @@ def fake_pytest(monkeypatch):
         calls.append((command, kwargs))
         outcome = "failed" if target == "nvrx" else "passed"
         with open(json_path, "w") as f:
-            json.dump({"target": target, "version": "v", "capabilities": [], "clauses": {},
-                       "tests": [_test("t::a", outcome, "X-1")]}, f)
+            json.dump(
+                {
+                    "target": target,
+                    "version": "v",
+                    "capabilities": [],
+                    "clauses": {},
+                    "tests": [_test("t::a", outcome, "X-1")],
+                },
+                f,
+            )
         return subprocess.CompletedProcess(command, codes.get(target, 0))
 
     monkeypatch.setattr(report.subprocess, "run", fake_run)
@@ -260,10 +338,21 @@ def test_run_runs_each_target_then_reports(tmp_path, fake_pytest, capsys, monkey
     assert main(["--run", "impl", "nvrx", "--out", str(out)]) == 0
     commands = [command for command, _ in calls]
     assert [c[c.index("--impl") + 1] for c in commands] == ["impl", "nvrx"]
-    for command, target in zip(commands, ["impl", "nvrx"]):
-        assert command[1:] == ["-m", "pytest", "spec_tests", "-n", "auto", "-q", "-p",
-                               "no:randomly", "--impl", target, "--conformance-json",
-                               str((out / f"{target}.json").resolve())]
+    for command, target in zip(commands, ["impl", "nvrx"], strict=True):
+        assert command[1:] == [
+            "-m",
+            "pytest",
+            "spec_tests",
+            "-n",
+            "auto",
+            "-q",
+            "-p",
+            "no:randomly",
+            "--impl",
+            target,
+            "--conformance-json",
+            str((out / f"{target}.json").resolve()),
+        ]
     assert all(kwargs["cwd"] == report.REPO_ROOT for _, kwargs in calls)
     rows = _rows(capsys.readouterr().out)
     assert rows[0][2:] == ["impl v", "nvrx v"]

@@ -47,9 +47,13 @@ FORMS = [
     Form("pytest -k K", ("-k", K), "k", script=True),
     *(Form(f"pytest {area}", (area,), (area,), script=True) for area in AREAS),
     Form("pytest --impl impl (in benchmarks/)", ("--impl", "impl"), ("benchmarks",), cwd="benchmarks", script=True),
-    Form("pytest --rootdir ROOT -c ROOT/pyproject.toml ROOT/fault_injection ROOT/benchmarks (elsewhere)",
-         ("--rootdir", _ROOT, "-c", f"{_ROOT}/pyproject.toml", f"{_ROOT}/fault_injection", f"{_ROOT}/benchmarks"),
-         ("fault_injection", "benchmarks"), cwd="<elsewhere>", script=True),
+    Form(
+        "pytest --rootdir ROOT -c ROOT/pyproject.toml ROOT/fault_injection ROOT/benchmarks (elsewhere)",
+        ("--rootdir", _ROOT, "-c", f"{_ROOT}/pyproject.toml", f"{_ROOT}/fault_injection", f"{_ROOT}/benchmarks"),
+        ("fault_injection", "benchmarks"),
+        cwd="<elsewhere>",
+        script=True,
+    ),
 ]
 if importlib.util.find_spec("pytest_randomly") is not None:
     FORMS.append(Form("pytest -p no:randomly", ("-p", "no:randomly"), "all", script=True))
@@ -58,8 +62,7 @@ if importlib.util.find_spec("pytest_randomly") is not None:
 def _problems(form: Form, run) -> tuple[list[str], list[str]]:
     """What is wrong with the run (beyond its node ids), and its node ids."""
     problems = []
-    if run.code not in (0, 5) or "INTERNALERROR" in run.output or "Traceback" in run.output \
-            or "ERROR" in run.output:
+    if run.code not in (0, 5) or "INTERNALERROR" in run.output or "Traceback" in run.output or "ERROR" in run.output:
         problems.append("exit status or output shows an error")
     expected_processes = {f"gw{i}" for i in range(form.workers)} or {"main"}
     if set(run.collected) != expected_processes:
@@ -74,7 +77,7 @@ def test_every_form_collects_the_same_tests_without_errors(tmp_path):
     with ThreadPoolExecutor(PARALLEL) as pool:
         runs = list(pool.map(lambda form: form.run(tmp_path), FORMS))
     report, ids_of = [], {}
-    for form, run in zip(FORMS, runs):
+    for form, run in zip(FORMS, runs, strict=True):
         problems, ids = _problems(form, run)
         ids_of[form.name] = ids
         if problems:
@@ -91,8 +94,10 @@ def test_every_form_collects_the_same_tests_without_errors(tmp_path):
             want = [i for area in form.scope for i in by_area[area]]
         if sorted(got) != sorted(want):
             missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-            report.append(f"{form.name}: {len(got)} tests, expected {len(want)} (scope {form.scope}); "
-                          f"missing {missing[:5]}, extra {extra[:5]}")
+            report.append(
+                f"{form.name}: {len(got)} tests, expected {len(want)} (scope {form.scope}); "
+                f"missing {missing[:5]}, extra {extra[:5]}"
+            )
     print("\n".join(f"{form.name}: {len(ids_of[form.name])} tests" for form in FORMS))
     assert not report, "\n\n".join(report)
     assert all(by_area.values()) and sum(map(len, by_area.values())) == len(everything), everything[:10]
