@@ -3,6 +3,11 @@
     tests-3.11 / tests-3.12 / tests-3.13   the README's two set-up commands, verbatim, on that Python
     lowest                                 the suite on the lowest declared version of every dependency
     lint                                   ruff (lint, format), mypy, deptry: what .ci/run checks
+    spec(nvrx-0.4.1) / spec(nvrx-0.7.0) /  spec_tests against one release of a target, on the Python that
+    spec(mcore-0.16.1) / spec(mcore-0.19.2) release needs; writes conformance/<target>-<release>.json
+                                           (`nox -s "spec(nvrx-0.7.0)" -- -n 2` passes pytest options on)
+
+The conformance table of every release: `python -m spec_tests.harness.report conformance/*.json`.
 """
 
 from __future__ import annotations
@@ -53,3 +58,39 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
     session.run("deptry", ".")
+
+
+# target -> its pip distribution; (target, release, Python): the releases the README reports on.
+DISTRIBUTIONS = {"nvrx": "nvidia-resiliency-ext", "mcore": "megatron-core"}
+RELEASES = [("nvrx", "0.4.1", "3.11"), ("nvrx", "0.7.0", "3.12"), ("mcore", "0.16.1", "3.11"), ("mcore", "0.19.2", "3.12")]
+# NVRx 0.7.0 ships only manylinux_2_39 cp312 wheels (pip refuses them on an older glibc); its checkpointing package
+# needs none of its declared dependencies but these (torch and numpy come with the project).
+NVRX_070_WHEEL = ["--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_39_x86_64"]
+NVRX_070_NEEDS = ["psutil", "packaging", "pyyaml"]
+
+
+@nox.session
+@nox.parametrize(
+    ("python", "target", "release"),
+    [nox.param(python, target, release, id=f"{target}-{release}") for target, release, python in RELEASES],
+)
+def spec(session: nox.Session, target: str, release: str) -> None:
+    """spec_tests against one release of a target; its expectations entries for that release apply (strict)."""
+    session.install(TORCH, "-e", ".[test]")
+    dist = DISTRIBUTIONS[target]
+    if (target, release) == ("nvrx", "0.7.0"):
+        session.install(*NVRX_070_NEEDS)
+        site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True)
+        session.run("python", "-m", "pip", "install", *NVRX_070_WHEEL, "--target", str(site).strip(),
+                    f"{dist}=={release}")
+    else:
+        session.install(f"{dist}=={release}")
+    # The report names the version the run imported; refuse to label a run with a release it did not test.
+    imported = session.run("python", "-c", f"from spec_tests.harness.targets import load_target; "
+                           f"print(load_target({target!r}).version)", silent=True)
+    imported = str(imported).strip().splitlines()[-1]
+    if imported != release:
+        session.error(f"{target}: imported version {imported}, expected {release}")
+    out = ROOT / "conformance" / f"{target}-{release}.json"
+    session.run("python", "-m", "pytest", "spec_tests", "-n", "auto", "-q", "-p", "no:randomly", "--impl", target,
+                "--conformance-json", str(out), *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})

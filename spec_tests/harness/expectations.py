@@ -6,6 +6,13 @@ The file (named by the adapter's EXPECTATIONS) is TOML:
     test = "spec_tests/<file>.py::<test name>"   the exact node id, or the name of a parametrized family
     clause = "AQ-1"                              one of the clauses the test cites
     reason = "why it fails"
+    versions = "<0.5"                            optional: only for these releases of the target (a
+                                                 `packaging` specifier set, matched against the version
+                                                 actually imported; an entry without it applies to all)
+
+One file per target, its entries for every release (array-api-tests' per-library xfail files, with
+versions): `for_version` keeps the entries that apply to the release under test; the others are neither
+applied nor reported as stale.
 
 - `load` reads and checks the file (ExpectationsError names the file and the entry).
 - `apply` marks the matching tests xfail. Strict (a fixed bug shows up as XPASS, a failure) unless the test
@@ -27,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
 
-__all__ = ["Entry", "ExpectationsError", "apply", "is_hypothesis_test", "load", "unmatched"]
+__all__ = ["Entry", "ExpectationsError", "apply", "for_version", "is_hypothesis_test", "load", "unmatched"]
 
 # Functions that run a hypothesis state machine: a test calling one draws examples too.
 _MACHINE_RUNNERS = frozenset({"run_machine", "run_state_machine_as_test"})
@@ -43,6 +52,7 @@ class Entry:
     test: str
     clause: str
     reason: str
+    versions: str | None = None  # a packaging specifier set, e.g. "<0.5"; None: every release
 
     @property
     def file(self) -> str:
@@ -51,6 +61,15 @@ class Entry:
 
     def matches(self, nodeid: str) -> bool:
         return nodeid == self.test or nodeid.startswith(self.test + "[")
+
+    def applies_to(self, version: str) -> bool:
+        """Whether the entry is for this release: always without `versions`; never for an unparsable version."""
+        if self.versions is None:
+            return True
+        try:
+            return SpecifierSet(self.versions).contains(Version(version), prereleases=True)
+        except InvalidVersion:
+            return False
 
 
 @functools.cache
@@ -65,11 +84,25 @@ def load(path: str | None) -> tuple[Entry, ...]:
     entries = []
     for index, entry in enumerate(data.get("xfail", [])):
         fields = {"test", "clause", "reason"}
-        if not isinstance(entry, dict) or set(entry) != fields or not all(isinstance(entry[f], str) for f in fields):
+        if (not isinstance(entry, dict) or not fields <= set(entry) <= fields | {"versions"}
+                or not all(isinstance(value, str) for value in entry.values())):
             raise ExpectationsError(f"expectations file {path}: xfail entry {index + 1} needs exactly the string "
-                                    f"fields test, clause, reason (has {sorted(entry) if isinstance(entry, dict) else entry})")
-        entries.append(Entry(entry["test"], entry["clause"], entry["reason"]))
+                                    f"fields test, clause, reason and optionally versions "
+                                    f"(has {sorted(entry) if isinstance(entry, dict) else entry})")
+        if "versions" in entry:
+            try:
+                SpecifierSet(entry["versions"])
+            except InvalidSpecifier:
+                raise ExpectationsError(f"expectations file {path}: xfail entry {index + 1} ({entry['test']}): "
+                                        f"versions {entry['versions']!r} is not a version specifier "
+                                        "such as \"<0.5\" or \">=0.5,<0.7\"") from None
+        entries.append(Entry(entry["test"], entry["clause"], entry["reason"], entry.get("versions")))
     return tuple(entries)
+
+
+def for_version(entries: Iterable[Entry], version: str) -> tuple[Entry, ...]:
+    """The entries that apply to release `version` of the target (see Entry.applies_to)."""
+    return tuple(entry for entry in entries if entry.applies_to(version))
 
 
 def is_hypothesis_test(item: pytest.Item) -> bool:

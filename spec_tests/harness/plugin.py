@@ -8,7 +8,8 @@ loads it too, for a run with another ini file).
 - `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability (an unknown capability is an
   error); `@pytest.mark.gpu` skips without CUDA.
 - The target's expectations file turns listed tests into xfails, with clause and reason
-  (spec_tests.harness.expectations: strict, but for hypothesis tests under a randomized profile). An entry that
+  (spec_tests.harness.expectations: strict, but for hypothesis tests under a randomized profile); an entry with
+  `versions` only for the releases it names, matched against the version the run imported. An entry that
   matches no test of a file the run collected whole is listed in the terminal summary; an error when $CI is set.
 - A failing test's traceback ends with the statement of every clause it cites (exception notes).
 - `--conformance-json PATH` records every test's outcome with its clauses (see spec_tests.harness.report).
@@ -177,7 +178,7 @@ def pytest_collection_modifyitems(session, config, items):
         item.user_properties.append(("spec_clauses", _cited(item)))
         item.user_properties.append(("impl", config.ckptspec_target.name))
     path = config.ckptspec_target.expectations_path
-    entries = expectations.load(path)
+    entries = expectations.for_version(expectations.load(path), config.ckptspec_target.version)
     randomized = None if settings.get_profile(config.ckptspec_profile).derandomize else config.ckptspec_profile
     for problem in expectations.apply(path, entries, items, _cited, randomized):
         problems[path].append(problem)

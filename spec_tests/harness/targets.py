@@ -90,13 +90,11 @@ class Target:
 
     @property
     def version(self) -> str:
+        """The version of the installed DISTRIBUTION whose files this process imports (never an assumed one)."""
         dist = getattr(self.adapter, "DISTRIBUTION", None)
         if dist is None:
             return "(source tree)"
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "(not installed)"
+        return _imported_version(dist, self.adapter.MODULES.values())
 
     @property
     def expectations_path(self) -> str | None:
@@ -116,6 +114,25 @@ class Target:
     def __reduce__(self):
         # Rank processes receive the name and resolve (and install) the adapter themselves.
         return (load_target, (self.name,))
+
+
+def _imported_version(dist: str, modules) -> str:
+    """The version of the copy of `dist` that provides the top-level packages of `modules` on this sys.path.
+
+    With two copies installed (a venv's and one on PYTHONPATH), the one imported wins, not the first metadata found.
+    """
+    roots = {dotted.split(".")[0] for dotted in modules}
+    locations = set()
+    for root in roots:
+        spec = importlib.util.find_spec(root)
+        locations.update(os.path.realpath(p) for p in (spec.submodule_search_locations or []) if spec)
+    for distribution in metadata.distributions(name=dist):
+        if any(os.path.realpath(str(distribution.locate_file(root))) in locations for root in roots):
+            return distribution.version
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 _loaded: dict[str, Target] = {}

@@ -1,4 +1,4 @@
-"""Neutralise the few `torch.cuda` calls of NVRx 0.4.1 and Megatron-Core 0.16.1 on CPU-only machines.
+"""Neutralise the few `torch.cuda` calls of NVRx (0.4.1, 0.7.0) and Megatron-Core (0.16.1, 0.19.2) without a GPU.
 
 Only when `torch.cuda.is_available()` is False, and only inside the modules an adapter names (never
 in `torch` itself), the name `torch` is rebound to a proxy whose `cuda` differs in exactly these calls:
@@ -8,17 +8,23 @@ in `torch` itself), the name `torch` is rebound to a proxy whose `cuda` differs 
 - `torch.cuda.synchronize()` does nothing: it waits for device-to-host copies, and there are none.
 - `torch.cuda.set_device()` does nothing and `torch.cuda.device_count()` returns 1: Megatron's
   persistent worker selects device `rank % device_count()`.
+- The tensor factories `tensor`, `empty`, `empty_like`, `zeros`, `ones` and `full` given a CUDA device
+  allocate on the CPU (NVRx 0.7.0: the persistent worker's start-up tensor, the collective tensor of
+  `state_dict_saver`).
 
 Every other attribute of `torch` and `torch.cuda` is the real one. Spawned persistent workers import
-the target afresh, so adapters also route `PersistentAsyncCaller.async_loop` through a module-level
-wrapper that installs the same proxy in the worker before running the original loop unchanged.
+the target afresh, so adapters also route the worker entries of `PersistentAsyncCaller` (`async_loop`, and
+`async_loop_for_daemon_worker` where the release has it) through a module-level wrapper that installs the
+same proxy in the worker before running the original entry unchanged.
 """
 
 from __future__ import annotations
 
 import importlib
 import types
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -56,28 +62,40 @@ class _TorchProxy(types.ModuleType):
         self.__dict__["cuda"] = _CpuCuda(real.cuda)
 
     def __getattr__(self, name):
-        return getattr(self._real, name)
+        real = getattr(self._real, name)
+        return partial(_on_cpu, real) if name in _FACTORIES else real
 
 
-_original_loops: dict[str, object] = {}
+_FACTORIES = frozenset({"tensor", "empty", "empty_like", "zeros", "ones", "full"})
+
+
+def _on_cpu(factory, *args, device=None, **kwargs):
+    if device is not None and torch.device(device).type == "cuda":
+        device = "cpu"
+    return factory(*args, device=device, **kwargs)
+
+
+_original_loops: dict[tuple[str, str], Callable[..., Any]] = {}
+_WORKER_ENTRIES = ("async_loop", "async_loop_for_daemon_worker")
 
 
 def install_for(target_name: str, module_names, caller_cls) -> None:
-    """Apply the proxy to `module_names` and route `caller_cls.async_loop` through it (idempotent)."""
+    """Apply the proxy to `module_names` and route `caller_cls`'s worker entries through it (idempotent)."""
     if torch.cuda.is_available():
         return
     proxy = _TorchProxy(torch)
     for name in module_names:
-        module = importlib.import_module(name)
+        module: Any = importlib.import_module(name)  # its torch attribute is replaced
         if getattr(module, "torch", None) is torch:
             module.torch = proxy
-    if target_name not in _original_loops:
-        _original_loops[target_name] = caller_cls.__dict__["async_loop"].__func__
-        caller_cls.async_loop = staticmethod(partial(_worker_loop, target_name))
+    for entry in _WORKER_ENTRIES:
+        if entry in caller_cls.__dict__ and (target_name, entry) not in _original_loops:
+            _original_loops[target_name, entry] = caller_cls.__dict__[entry].__func__
+            setattr(caller_cls, entry, staticmethod(partial(_worker_loop, target_name, entry)))
 
 
-def _worker_loop(target_name, *args, **kwargs):
+def _worker_loop(target_name, entry, *args, **kwargs):
     from spec_tests.harness.targets import load_target
 
     load_target(target_name)  # runs the adapter's install() in this fresh worker process
-    return _original_loops[target_name](*args, **kwargs)
+    return _original_loops[target_name, entry](*args, **kwargs)

@@ -1,4 +1,4 @@
-"""Adapter for Megatron-Core 0.16.1 (`megatron.core.dist_checkpointing.strategies.async_utils`).
+"""Adapter for Megatron-Core 0.16.1 and 0.19.2 (`megatron.core.dist_checkpointing.strategies.async_utils`).
 
 Megatron-Core provides the async core only (no TorchAsyncCheckpoint). On a machine without a GPU,
 `install()` applies `_cpu_cuda` to `async_utils`, in this process and in spawned persistent workers

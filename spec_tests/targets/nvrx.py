@@ -1,4 +1,4 @@
-"""Adapter for NVIDIA Resiliency Extension 0.4.1 (`nvidia_resiliency_ext.checkpointing`).
+"""Adapter for NVIDIA Resiliency Extension 0.4.1 and 0.7.0 (`nvidia_resiliency_ext.checkpointing`).
 
 On a machine without a GPU, `install()` applies `_cpu_cuda` to the NVRx modules that call
 `torch.cuda` (listed in `_CUDA_MODULES`), in this process and in spawned persistent workers. Nothing else
@@ -16,11 +16,12 @@ gloo sends and receives CPU tensors; the values, their order and the protocol ar
 import importlib
 import types
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from spec_tests.targets import _cpu_cuda
 from spec_tests.harness.targets import SPEC_MODULES
+from spec_tests.targets import _cpu_cuda
 
 NAME = "nvrx"
 DISTRIBUTION = "nvidia-resiliency-ext"
@@ -28,11 +29,20 @@ INSTALL = 'pip install "torch==2.13.0" -e ".[test,nvrx]"'
 _ROOT = "nvidia_resiliency_ext.checkpointing."
 MODULES = {path: _ROOT + path for path in SPEC_MODULES}
 # Every NVRx module that calls torch.cuda (found with grep), public or internal.
-_CUDA_MODULES = [MODULES[p] for p in ("async_ckpt.core", "async_ckpt.torch_ckpt", "async_ckpt.filesystem_async",
-                                      "local.ckpt_managers.base_manager", "local.replication.strategies")] + [
-    _ROOT + "local.replication." + m for m in ("_torch_future", "group_utils", "torch_device_utils")]
-CAPABILITIES = frozenset({"persistent_caller", "temporal_caller", "torch_async_checkpoint",
-                          "storage_writer", "msc", "local_checkpointing"})
+_CUDA_MODULES = [
+    MODULES[p]
+    for p in (
+        "async_ckpt.core",
+        "async_ckpt.torch_ckpt",
+        "async_ckpt.filesystem_async",
+        "async_ckpt.state_dict_saver",  # 0.7.0: torch.tensor(..., device="cuda") for a collective
+        "local.ckpt_managers.base_manager",
+        "local.replication.strategies",
+    )
+] + [_ROOT + "local.replication." + m for m in ("_torch_future", "group_utils", "torch_device_utils")]
+CAPABILITIES = frozenset(
+    {"persistent_caller", "temporal_caller", "torch_async_checkpoint", "storage_writer", "msc", "local_checkpointing"}
+)
 EXPECTATIONS = str(Path(__file__).with_name("nvrx.expectations.toml"))
 
 
@@ -67,7 +77,7 @@ def _cpu_replica_transfers() -> None:
     """Without a GPU, let NVRx send local-checkpoint replicas over gloo (see the module docstring)."""
     if torch.cuda.is_available():
         return
-    group_utils = importlib.import_module(_ROOT + "local.replication.group_utils")
+    group_utils: Any = importlib.import_module(_ROOT + "local.replication.group_utils")
     wrapper = group_utils.GroupWrapper
     if getattr(wrapper.isend_state_dict, "_ckptspec_original", None) is not None:
         return
@@ -75,11 +85,12 @@ def _cpu_replica_transfers() -> None:
     original = wrapper.isend_state_dict
 
     def isend_state_dict(self, state_dict, dst):
-        torch.Tensor.cuda = _tensor_itself
+        # Patched on purpose, for the duration of the call (mypy forbids assigning to a method).
+        torch.Tensor.cuda = _tensor_itself  # type: ignore[method-assign, assignment]
         try:
             return original(self, state_dict, dst)
         finally:
             del torch.Tensor.cuda  # uncovers torch's own Tensor.cuda again
 
-    isend_state_dict._ckptspec_original = original
+    isend_state_dict._ckptspec_original = original  # type: ignore[attr-defined]  # marks the patch (read above)
     wrapper.isend_state_dict = isend_state_dict
