@@ -22,6 +22,7 @@ then the test fails with a list, and leftover processes are killed by pid so lat
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -31,7 +32,6 @@ import time
 from dataclasses import dataclass, field
 
 import psutil
-
 
 __all__ = ["Audit", "GRACE"]
 
@@ -61,7 +61,7 @@ def _harness_pids() -> set[int]:
 
 def _owned_children() -> set[int]:
     """Direct children that some object here will wait for (never reap those behind its back)."""
-    owned = {p.pid for p in multiprocessing.active_children()} | _harness_pids()
+    owned = {p.pid for p in multiprocessing.active_children() if p.pid is not None} | _harness_pids()
     owned |= {p.pid for p in getattr(subprocess, "_active", None) or []}
     return owned
 
@@ -156,11 +156,11 @@ class Audit:
             time.sleep(0.05)
         found = [f"process {_describe(p)}" for p in procs]
         found += [f"shared memory {_SHM}/{name}" for name in shm]
-        found += [f"temporary file {os.path.join(self.tmpdir, name)}" for name in tmp]
+        if tmp:
+            assert self.tmpdir is not None  # leftovers are only looked for in a tmpdir
+            found += [f"temporary file {os.path.join(self.tmpdir, name)}" for name in tmp]
         for proc in procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGKILL)  # only processes that appeared during this test
-            except ProcessLookupError:
-                pass
         _reap_orphans()
         return found

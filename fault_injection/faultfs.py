@@ -41,6 +41,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["Fault", "Plan", "Point", "errno_of", "fired", "installed", "read_log"]
 
@@ -104,7 +106,7 @@ def read_log(log: str) -> list[Point]:
         data = f.read()
     points = []
     for i in range(len(data) // _RECORD):
-        fields = data[i * _RECORD:(i + 1) * _RECORD].rstrip(b" \n").decode().split("\t")
+        fields = data[i * _RECORD : (i + 1) * _RECORD].rstrip(b" \n").decode().split("\t")
         if len(fields) == 6:
             points.append(Point(int(fields[0]), int(fields[1]), fields[2], fields[3], int(fields[4]), fields[5]))
     return points
@@ -117,11 +119,21 @@ def fired(log: str, outcome: str) -> list[Point]:
 
 # ------------------------------------------------------------------------------------ the layer
 
-_real = {
-    "open": builtins.open, "os.open": os.open, "os.write": os.write, "os.pwrite": os.pwrite,
-    "os.fsync": os.fsync, "os.fdatasync": os.fdatasync, "os.rename": os.rename, "os.replace": os.replace,
-    "os.mkdir": os.mkdir, "os.unlink": os.unlink, "os.remove": os.remove, "os.rmdir": os.rmdir,
-    "os.truncate": os.truncate, "os.ftruncate": os.ftruncate,
+_real: dict[str, Callable[..., Any]] = {
+    "open": builtins.open,
+    "os.open": os.open,
+    "os.write": os.write,
+    "os.pwrite": os.pwrite,
+    "os.fsync": os.fsync,
+    "os.fdatasync": os.fdatasync,
+    "os.rename": os.rename,
+    "os.replace": os.replace,
+    "os.mkdir": os.mkdir,
+    "os.unlink": os.unlink,
+    "os.remove": os.remove,
+    "os.rmdir": os.rmdir,
+    "os.truncate": os.truncate,
+    "os.ftruncate": os.ftruncate,
 }
 _state = threading.local()  # .busy: inside the layer (its own file operations are not points)
 
@@ -164,7 +176,7 @@ class _Layer:
                 fault = None if crashing else self._decide(index, op, rel, nbytes, previous)
                 outcome = "killed" if crashing else (fault.action if fault else "ok")
                 line = "\t".join(map(str, (index, os.getpid(), op, rel, nbytes, outcome)))
-                _real["os.write"](fd, line.encode().ljust(_RECORD - 1)[:_RECORD - 1] + b"\n")
+                _real["os.write"](fd, line.encode().ljust(_RECORD - 1)[: _RECORD - 1] + b"\n")
             finally:
                 os.close(fd)
         finally:
@@ -188,8 +200,7 @@ class _Layer:
                 if written + nbytes > fault.limit:
                     return fault
                 continue
-            earlier = sum(1 for p in previous if p.op == op
-                          and fnmatch.fnmatch(os.path.basename(p.path), fault.name))
+            earlier = sum(1 for p in previous if p.op == op and fnmatch.fnmatch(os.path.basename(p.path), fault.name))
             if earlier + 1 == fault.nth:
                 return fault
         return None
@@ -204,9 +215,10 @@ class _Layer:
         if outcome in ("killed", "die"):
             os.kill(os.getpid(), signal.SIGKILL)
         if outcome == "raise":
-            raise OSError(fault.errno, f"{os.strerror(fault.errno)} (injected on {op})",
-                          os.path.join(self.root, rel))
+            assert fault is not None  # an action other than ok/killed comes from a fault
+            raise OSError(fault.errno, f"{os.strerror(fault.errno)} (injected on {op})", os.path.join(self.root, rel))
         if outcome == "hang":
+            assert fault is not None
             deadline = time.monotonic() + _HANG_LIMIT
             while time.monotonic() < deadline and not (fault.gate and os.path.exists(fault.gate)):
                 time.sleep(0.01)
@@ -277,11 +289,13 @@ def _patched(layer: _Layer) -> dict:
     def fd_call(op, name, nbytes=lambda *a: 0):
         def call(fd, *args):
             return layer.around(op, layer.below_root(fd), lambda: _real[name](fd, *args), nbytes(fd, *args))
+
         return call
 
     def path_call(op, name):
         def call(path, *args, **kwargs):
             return layer.around(op, layer.below_root(path), lambda: _real[name](path, *args, **kwargs))
+
         return call
 
     def rename_call(name):
@@ -289,20 +303,27 @@ def _patched(layer: _Layer) -> dict:
             rel = layer.below_root(src) or layer.below_root(dst)
             shown = None if rel is None else f"{layer.below_root(src)}->{layer.below_root(dst)}"
             return layer.around("rename", shown, lambda: _real[name](src, dst, *args, **kwargs))
+
         return call
 
     def truncate(path, length):
         return layer.around("truncate", layer.below_root(path), lambda: _real["os.truncate"](path, length))
 
     return {
-        "open": traced_open, "os.open": traced_os_open,
+        "open": traced_open,
+        "os.open": traced_os_open,
         "os.write": fd_call("write", "os.write", lambda fd, data: len(data)),
         "os.pwrite": fd_call("write", "os.pwrite", lambda fd, data, offset: len(data)),
-        "os.fsync": fd_call("fsync", "os.fsync"), "os.fdatasync": fd_call("fsync", "os.fdatasync"),
-        "os.rename": rename_call("os.rename"), "os.replace": rename_call("os.replace"),
-        "os.mkdir": path_call("mkdir", "os.mkdir"), "os.unlink": path_call("unlink", "os.unlink"),
-        "os.remove": path_call("unlink", "os.remove"), "os.rmdir": path_call("rmdir", "os.rmdir"),
-        "os.truncate": truncate, "os.ftruncate": fd_call("truncate", "os.ftruncate"),
+        "os.fsync": fd_call("fsync", "os.fsync"),
+        "os.fdatasync": fd_call("fsync", "os.fdatasync"),
+        "os.rename": rename_call("os.rename"),
+        "os.replace": rename_call("os.replace"),
+        "os.mkdir": path_call("mkdir", "os.mkdir"),
+        "os.unlink": path_call("unlink", "os.unlink"),
+        "os.remove": path_call("unlink", "os.remove"),
+        "os.rmdir": path_call("rmdir", "os.rmdir"),
+        "os.truncate": truncate,
+        "os.ftruncate": fd_call("truncate", "os.ftruncate"),
     }
 
 

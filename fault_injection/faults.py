@@ -25,8 +25,17 @@ from fault_injection import faultfs
 from spec_tests.harness import alive, attempt, run_on_ranks, workloads
 
 __all__ = [
-    "BOUND", "EXIT_BOUND", "PHASES", "Hooks", "Step", "exits_within", "in_phase", "kill_pids", "kill_self_when",
-    "on_ranks", "wait_for_pids",
+    "BOUND",
+    "EXIT_BOUND",
+    "PHASES",
+    "Hooks",
+    "Step",
+    "exits_within",
+    "in_phase",
+    "kill_pids",
+    "kill_self_when",
+    "on_ranks",
+    "wait_for_pids",
 ]
 
 BOUND = 30.0
@@ -51,8 +60,9 @@ def on_ranks(world_size: int, fn, *args, timeout: float = 120, expect_exit=None,
     kill a rank pass backend="gloo" (see clause FI-GPU-2); the others run over NCCL where there is a GPU per rank.
     """
     __tracebackhide__ = True
-    return run_on_ranks(_in_test_env, world_size, (current_tmpdir, fn, *args), timeout=timeout,
-                        expect_exit=expect_exit, backend=backend)
+    return run_on_ranks(
+        _in_test_env, world_size, (current_tmpdir, fn, *args), timeout=timeout, expect_exit=expect_exit, backend=backend
+    )
 
 
 def private_tmpdir(name: str) -> None:

@@ -21,9 +21,8 @@ import os
 
 import torch
 
-from spec_tests.harness import assert_state_dict_equal
-
 from fault_injection.faults import Hooks, in_phase
+from spec_tests.harness import assert_state_dict_equal
 
 __all__ = ["CoreSave", "DcpSave", "expected", "for_target"]
 
@@ -102,9 +101,11 @@ class CoreSave(_Save):
     def request(self, path, version, rank, world_size, hooks=NO_HOOKS):
         state = expected(rank, version)
         return self.core.AsyncRequest(
-            functools.partial(in_phase, hooks.write, write_shard), (path, None, rank),
+            functools.partial(in_phase, hooks.write, write_shard),
+            (path, None, rank),
             [functools.partial(in_phase, hooks.finalize, commit, path, rank, world_size)],
-            preload_fn=functools.partial(in_phase, hooks.staging, _clone, state))
+            preload_fn=functools.partial(in_phase, hooks.staging, _clone, state),
+        )
 
     def assert_loads(self, path, version, world_size):
         for rank in range(world_size):
@@ -140,9 +141,11 @@ class DcpSave(_Save):
         if preload_fn is not None:
             preload_fn = functools.partial(in_phase, hooks.staging, preload_fn)
         return self.core.AsyncRequest(
-            functools.partial(in_phase, hooks.write, save_fn), tuple(save_args),
+            functools.partial(in_phase, hooks.write, save_fn),
+            tuple(save_args),
             [functools.partial(in_phase, hooks.finalize, self.saver.save_state_dict_async_finalize, *planned)],
-            preload_fn=preload_fn)
+            preload_fn=preload_fn,
+        )
 
     def assert_loads(self, path, version, world_size):
         import torch.distributed.checkpoint as dcp

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 
 import pytest
 
@@ -26,7 +27,17 @@ from fault_injection.faults import (
     on_ranks,
     wait_for_pids,
 )
-from spec_tests.harness import HUNG, async_core, bounded, close_quietly, current_target, outcome_of, workloads, world
+from spec_tests.harness import (
+    HUNG,
+    assert_each_rank,
+    async_core,
+    bounded,
+    close_quietly,
+    current_target,
+    outcome_of,
+    workloads,
+    world,
+)
 
 WORLD = 2
 VICTIM = 1  # the rank (or the rank whose worker) the fault hits; rank 0 is DCP's coordinator
@@ -46,8 +57,11 @@ def _paths(tmp):
 
 def _writes_hang(tmp, rank, gate=None):
     """A fault-layer plan: the first data write of the new checkpoint (any process) never returns."""
-    return faultfs.Plan(root=_paths(tmp)[1], log=os.path.join(tmp, f"fs{rank}.log"),
-                        faults=(faultfs.Fault("hang", op="write", gate=gate),))
+    return faultfs.Plan(
+        root=_paths(tmp)[1],
+        log=os.path.join(tmp, f"fs{rank}.log"),
+        faults=(faultfs.Fault("hang", op="write", gate=gate),),
+    )
 
 
 def _hung_pids(log, seconds=60):
@@ -91,8 +105,17 @@ def _killed_rank(tmp, phase):
             marker = os.path.join(tmp, "worker-in-phase")
             hooks = Hooks.at(phase, Step(marker=marker, gate=os.path.join(tmp, "never")))
             kill_self_when(marker)
-    outcome = outcome_of(save.save, queue, new, 1, rank, world_size, hooks, bound=BOUND,
-                         what=f"a save during which rank {VICTIM} is killed ({phase})")
+    outcome = outcome_of(
+        save.save,
+        queue,
+        new,
+        1,
+        rank,
+        world_size,
+        hooks,
+        bound=BOUND,
+        what=f"a save during which rank {VICTIM} is killed ({phase})",
+    )
     close_quietly(queue, abort=True, bound=EXIT_BOUND)
     return outcome
 
@@ -103,11 +126,13 @@ def _killed_rank(tmp, phase):
 def test_killed_rank(target, tmp_path, phase):
     save = saves.for_target(target)
     _skip_plan_without_writer(save, phase)
-    outcomes = on_ranks(WORLD, _killed_rank, str(tmp_path), phase, timeout=180, backend="gloo",
-                        expect_exit={VICTIM: -signal.SIGKILL})
+    outcomes = on_ranks(
+        WORLD, _killed_rank, str(tmp_path), phase, timeout=180, backend="gloo", expect_exit={VICTIM: -signal.SIGKILL}
+    )
     assert outcomes[0] not in ("returned", HUNG), (
         f"rank 0's save, during which rank {VICTIM} was killed ({phase}): {outcomes[0]}; "
-        f"it should raise within {BOUND:g}s")
+        f"it should raise within {BOUND:g}s"
+    )
     old, new = _paths(str(tmp_path))
     save.assert_loads(old, 0, WORLD)
     if save.committed(new):
@@ -115,6 +140,12 @@ def test_killed_rank(target, tmp_path, phase):
 
 
 # ------------------------------------------------------------------------------- killed worker
+
+
+@dataclass(frozen=True)
+class WorkerKilled:
+    outcome: str  # of the save whose worker (or writer process) was killed
+    recovered: str  # of a save with a new queue afterwards, or "not tried"
 
 
 def _killed_worker(tmp, phase):
@@ -127,16 +158,35 @@ def _killed_worker(tmp, phase):
         hooks = Hooks.at("write", Step(fs=plan))
     elif rank == VICTIM:
         hooks = Hooks.at(phase, Step(die=True))
-    outcome = outcome_of(save.save, queue, _paths(tmp)[1], 1, rank, world_size, hooks, bound=BOUND,
-                         what=f"a save whose worker on rank {VICTIM} is killed ({phase})")
+    outcome = outcome_of(
+        save.save,
+        queue,
+        _paths(tmp)[1],
+        1,
+        rank,
+        world_size,
+        hooks,
+        bound=BOUND,
+        what=f"a save whose worker on rank {VICTIM} is killed ({phase})",
+    )
     close_quietly(queue, abort=True, bound=EXIT_BOUND)
     if outcome == HUNG or phase != "write":
-        return outcome, "not tried"
+        return WorkerKilled(outcome, "not tried")
     again = _queue()
-    recovered = outcome_of(save.save, again, os.path.join(tmp, "again"), 2, rank, world_size, bound=BOUND,
-                           what="a save with a new queue after the worker failure")
-    close_quietly(again, abort=True, bound=EXIT_BOUND)  # how the queue ends is not this test's subject; abort is the quick way
-    return outcome, recovered
+    recovered = outcome_of(
+        save.save,
+        again,
+        os.path.join(tmp, "again"),
+        2,
+        rank,
+        world_size,
+        bound=BOUND,
+        what="a save with a new queue after the worker failure",
+    )
+    close_quietly(
+        again, abort=True, bound=EXIT_BOUND
+    )  # how the queue ends is not this test's subject; abort is the quick way
+    return WorkerKilled(outcome, recovered)
 
 
 def _victim_log(tmp):
@@ -162,16 +212,25 @@ def _check_killed_worker(target, tmp, phase):
     outcomes = on_ranks(WORLD, _killed_worker, tmp, phase, timeout=180)
     if phase == "writer" and not faultfs.fired(_victim_log(tmp), "die"):
         pytest.skip("the target wrote the data without a writer process of its own to kill")
-    assert [o[0] for o in outcomes] == ["CheckpointException"] * WORLD, (
-        f"outcome of the failed save per rank: {[o[0] for o in outcomes]}")
+    assert [o.outcome for o in outcomes] == ["CheckpointException"] * WORLD, (
+        f"outcome of the failed save per rank: {[o.outcome for o in outcomes]}"
+    )
     assert not save.committed(_paths(tmp)[1]), f"the save whose worker died was committed ({save.MARKER} exists)"
     if phase == "write":
-        assert [o[1] for o in outcomes] == ["returned"] * WORLD, (
-            f"saving again with a new queue: {[o[1] for o in outcomes]}")
+        assert [o.recovered for o in outcomes] == ["returned"] * WORLD, (
+            f"saving again with a new queue: {[o.recovered for o in outcomes]}"
+        )
         save.assert_loads(os.path.join(tmp, "again"), 2, WORLD)
 
 
 # ------------------------------------------------------------------------------ killed trainer
+
+
+@dataclass(frozen=True)
+class TrainerKilled:
+    worker: int  # pid of the trainer's worker
+    writers: list  # pids of the writer processes hung in a write, the worker excluded
+    survivors: list  # of those, the pids still running EXIT_BOUND after the trainer was killed
 
 
 def _trainer_killed(tmp, phase):
@@ -202,28 +261,38 @@ def _trainer_killed(tmp, phase):
     writers = [w for w in writers if w != worker]
     survivors = exits_within([worker, *writers], EXIT_BOUND)
     kill_pids(survivors)  # started by the trainer we started: ours to clean up
-    return worker, writers, survivors
+    return TrainerKilled(worker, writers, survivors)
 
 
 @pytest.mark.spec("FI-TRAINER-1")
 @pytest.mark.needs("persistent_caller")
 @pytest.mark.parametrize("phase", ["staging", "write"])
 def test_killed_trainer_takes_its_worker_and_writers_along(tmp_path, phase):
-    (worker, writers, survivors), = on_ranks(1, _trainer_killed, str(tmp_path), phase, timeout=90,
-                                             backend="gloo")
-    assert not survivors, (
-        f"{len(survivors)} process(es) still run {EXIT_BOUND:g}s after their trainer was killed ({phase}): "
-        f"{survivors} (worker {worker}, writer processes {writers})")
+    (killed,) = on_ranks(1, _trainer_killed, str(tmp_path), phase, timeout=90, backend="gloo")
+    assert not killed.survivors, (
+        f"{len(killed.survivors)} process(es) still run {EXIT_BOUND:g}s after their trainer was killed ({phase}): "
+        f"{killed.survivors} (worker {killed.worker}, writer processes {killed.writers})"
+    )
 
 
 # --------------------------------------------------------------------------------- hung writer
 
 
+@dataclass(frozen=True)
+class HungAborted:
+    early: list  # what a non-blocking finalize with the write hung returned
+    aborted: str  # outcome of close(abort=True)
+    survivors: list  # pids of the hung save's processes still running EXIT_BOUND after the abort
+
+
 def _hung_then_aborted(tmp):
     rank, world_size = world()
     save, queue = _save(), _queue()
-    hooks = Hooks.at("write", Step(marker=os.path.join(tmp, "worker"), fs=_writes_hang(tmp, rank))) \
-        if rank == VICTIM else Hooks()
+    hooks = (
+        Hooks.at("write", Step(marker=os.path.join(tmp, "worker"), fs=_writes_hang(tmp, rank)))
+        if rank == VICTIM
+        else Hooks()
+    )
     queue.schedule_async_request(save.request(_paths(tmp)[1], 1, rank, world_size, hooks))
     hung = []
     if rank == VICTIM:
@@ -232,18 +301,26 @@ def _hung_then_aborted(tmp):
     aborted = outcome_of(queue.close, abort=True, bound=EXIT_BOUND, what="close(abort=True) with a hung write")
     survivors = exits_within(hung, EXIT_BOUND)
     kill_pids(survivors)
-    return early, aborted, survivors
+    return HungAborted(early, aborted, survivors)
 
 
 @pytest.mark.spec("FI-HANG-1", "FI-HANG-2")
 @pytest.mark.needs("persistent_caller")
 @pytest.mark.parametrize("phase", ["write"])
 def test_abort_ends_a_hung_write(tmp_path, phase):
-    outcomes = on_ranks(WORLD, _hung_then_aborted, str(tmp_path), timeout=90)
-    for rank, (early, aborted, survivors) in enumerate(outcomes):
-        assert early == [], f"rank {rank}: a non-blocking finalize with a hung write returned {early}"
-        assert aborted == "returned", f"rank {rank}: close(abort=True) with a hung write: {aborted}"
-        assert not survivors, f"rank {rank}: processes of the hung save still run after the abort: {survivors}"
+    assert_each_rank(
+        "hung write",
+        on_ranks(WORLD, _hung_then_aborted, str(tmp_path), timeout=90),
+        HungAborted(early=[], aborted="returned", survivors=[]),
+        call=f"rank {VICTIM}'s write hangs; a non-blocking finalize, then close(abort=True)",
+    )
+
+
+@dataclass(frozen=True)
+class HungReleased:
+    early: list  # what a non-blocking finalize with the write hung returned
+    waiting: bool  # whether a blocking finalize was still waiting 0.5s into the hung write
+    result: object  # what the blocking finalize gave once the write was released (or why it did not)
 
 
 def _hung_then_released(tmp):
@@ -272,16 +349,17 @@ def _hung_then_released(tmp):
     waiter.join(BOUND)
     result = box.get("done", f"still waiting {BOUND:g}s after the write was released")
     close_quietly(queue, abort=True, bound=EXIT_BOUND)
-    return early, waiting, result
+    return HungReleased(early, waiting, result)
 
 
 @pytest.mark.spec("FI-HANG-2")
 @pytest.mark.needs("persistent_caller")
 @pytest.mark.parametrize("phase", ["write"])
 def test_blocking_finalize_waits_out_a_hung_write(target, tmp_path, phase):
-    outcomes = on_ranks(WORLD, _hung_then_released, str(tmp_path), timeout=90)
-    for rank, (early, waiting, result) in enumerate(outcomes):
-        assert early == [], f"rank {rank}: a non-blocking finalize with a hung write returned {early}"
-        assert waiting, f"rank {rank}: the blocking finalize returned while the write still hung"
-        assert result == [0], f"rank {rank}: after the write was released, the blocking finalize gave {result}"
+    assert_each_rank(
+        "hung write",
+        on_ranks(WORLD, _hung_then_released, str(tmp_path), timeout=90),
+        HungReleased(early=[], waiting=True, result=[0]),
+        call=f"rank {VICTIM}'s write hangs; a non-blocking finalize, a blocking one, then the write is released",
+    )
     saves.for_target(target).assert_loads(_paths(str(tmp_path))[1], 1, WORLD)

@@ -145,8 +145,9 @@ def durability_problems(points, marker: str, data_glob: str) -> list[str]:
         last_write = max(p.index for p in points if p.op == "write" and p.path == name)
         synced = [p.index for p in points if p.op == "fsync" and p.path == name and last_write < p.index < commit]
         if not synced:
-            problems.append(f"{name}: no fsync between its last write (point {last_write}) and the commit "
-                            f"(point {commit})")
+            problems.append(
+                f"{name}: no fsync between its last write (point {last_write}) and the commit (point {commit})"
+            )
     return problems
 
 
@@ -165,8 +166,7 @@ def _crash_points(tmp: str, save_in_child, phase: str, check) -> tuple:
     problems, crashed = [], 0
     for point in points:
         log = os.path.join(tmp, f"crash{point.index}.log")
-        _in_child(tmp, f"crash{point.index}", save_in_child, log, faultfs.Fault("crash", at=point.index),
-                  crashes=True)
+        _in_child(tmp, f"crash{point.index}", save_in_child, log, faultfs.Fault("crash", at=point.index), crashes=True)
         crashed += bool(faultfs.fired(log, "crash"))
         remove(log)
         problems += [f"crash after {_point(point)}: {p}" for p in check()]
@@ -207,8 +207,10 @@ def _dcp_crashes(tmp: str, phase: str):
 
     def check():
         problems = []
-        for what, load in (("previous", lambda: save.assert_loads(old, 0, 1)),
-                           ("new", lambda: save.committed(new) and save.assert_loads(new, 1, 1))):
+        for what, load in (
+            ("previous", lambda: save.assert_loads(old, 0, 1)),
+            ("new", lambda: save.committed(new) and save.assert_loads(new, 1, 1)),
+        ):
             try:
                 load()
             except Exception as exc:
@@ -237,7 +239,7 @@ def _dcp_durability(tmp: str):
 @pytest.mark.needs("storage_writer")
 @pytest.mark.parametrize("phase", ["finalize"])
 def test_dcp_data_is_fsynced_before_the_metadata_appears(tmp_path, phase):
-    problems, = on_ranks(1, _dcp_durability, str(tmp_path), timeout=120, backend="gloo")
+    (problems,) = on_ranks(1, _dcp_durability, str(tmp_path), timeout=120, backend="gloo")
     assert not problems, "\n".join(problems)
 
 

@@ -7,13 +7,14 @@ UNTESTED on GPU: written on a CPU-only machine.
 import functools
 import gc
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from fault_injection.faults import BOUND, on_ranks
-from fault_injection.test_storage_faults import ERRNOS, WORLD, _storage_errors
+from fault_injection.test_storage_faults import ERRNOS, WORLD, ErrnoSaves, _storage_errors
 from spec_tests.harness import async_core, bounded
 
 
@@ -28,6 +29,14 @@ def save_staged(path: str, staged: dict) -> None:
     torch.save(staged, path)
 
 
+@dataclass(frozen=True)
+class CudaIpc:
+    in_worker: bool  # preload_fn ran in another process than the trainer
+    devices: str  # device types of the tensors preload_fn received
+    saved_equal: bool  # the checkpoint holds the tensor as it was when scheduling returned
+    leaked: int  # bytes of GPU memory still allocated after close()
+
+
 def _cuda_ipc(tmp):
     core = async_core()
     torch.cuda.synchronize()
@@ -36,8 +45,9 @@ def _cuda_ipc(tmp):
     expected = state["w"].cpu()
     marker, out = os.path.join(tmp, "preloaded"), os.path.join(tmp, "saved.pt")
     queue = core.AsyncCallsQueue(persistent=True)
-    queue.schedule_async_request(core.AsyncRequest(
-        save_staged, (out, None), [], preload_fn=functools.partial(stage_to_host, marker, state)))
+    queue.schedule_async_request(
+        core.AsyncRequest(save_staged, (out, None), [], preload_fn=functools.partial(stage_to_host, marker, state))
+    )
     state["w"].add_(1)  # the next training step, right after scheduling returned
     bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
     bounded(BOUND, "close()", queue.close)
@@ -47,7 +57,7 @@ def _cuda_ipc(tmp):
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.ipc_collect()
-    return int(pid) != os.getpid(), devices, saved_equal, torch.cuda.memory_allocated() - baseline
+    return CudaIpc(int(pid) != os.getpid(), devices, saved_equal, torch.cuda.memory_allocated() - baseline)
 
 
 @pytest.mark.gpu
@@ -55,11 +65,17 @@ def _cuda_ipc(tmp):
 @pytest.mark.needs("persistent_caller")
 @pytest.mark.parametrize("phase", ["staging"])
 def test_cuda_tensors_reach_the_worker_by_ipc_and_are_staged_there(tmp_path, phase):
-    (in_worker, devices, saved_equal, leaked), = on_ranks(1, _cuda_ipc, str(tmp_path), timeout=120)
-    assert in_worker, "preload_fn ran in the trainer, not in the persistent worker"
-    assert devices == "cuda", f"preload_fn received tensors on {devices}, not CUDA tensors (IPC)"
-    assert saved_equal, "an in-place update after scheduling returned reached the checkpoint"
-    assert leaked == 0, f"{leaked} bytes of GPU memory remain allocated after close()"
+    (ipc,) = on_ranks(1, _cuda_ipc, str(tmp_path), timeout=120)
+    assert ipc.in_worker, "preload_fn ran in the trainer, not in the persistent worker"
+    assert ipc.devices == "cuda", f"preload_fn received tensors on {ipc.devices}, not CUDA tensors (IPC)"
+    assert ipc.saved_equal, "an in-place update after scheduling returned reached the checkpoint"
+    assert ipc.leaked == 0, f"{ipc.leaked} bytes of GPU memory remain allocated after close()"
+
+
+@dataclass(frozen=True)
+class DevicesAndErrors:
+    devices: list  # the CUDA device of every rank, as this rank gathered them
+    errors: dict[str, ErrnoSaves]  # per errno, as in test_storage_faults
 
 
 def _devices_then_storage_errors(tmp, phase):
@@ -68,7 +84,7 @@ def _devices_then_storage_errors(tmp, phase):
     device = torch.cuda.current_device()
     seen = [None] * dist.get_world_size()
     dist.all_gather_object(seen, device)
-    return seen, _storage_errors(tmp, phase)
+    return DevicesAndErrors(seen, _storage_errors(tmp, phase))
 
 
 @pytest.mark.gpu
@@ -77,8 +93,8 @@ def _devices_then_storage_errors(tmp, phase):
 @pytest.mark.parametrize("phase", ["write"])
 def test_storage_errors_over_nccl_with_a_gpu_per_rank(tmp_path, phase):
     results = on_ranks(WORLD, _devices_then_storage_errors, str(tmp_path), phase, timeout=150, backend="nccl")
-    devices = results[0][0]
+    devices = results[0].devices
     assert len(set(devices)) == WORLD, f"ranks share a GPU: devices per rank {devices}"
     for errno_name in ERRNOS:
-        outcomes = [r[1][errno_name][0] for r in results]
+        outcomes = [r.errors[errno_name].outcome for r in results]
         assert outcomes == ["CheckpointException"] * WORLD, f"{errno_name} over NCCL: outcome per rank {outcomes}"

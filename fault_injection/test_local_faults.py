@@ -9,11 +9,12 @@ import functools
 import itertools
 import os
 import signal
+from dataclasses import dataclass
 
 import pytest
 
 from fault_injection.faults import BOUND, on_ranks
-from spec_tests.harness import HUNG, outcome_of, world
+from spec_tests.harness import HUNG, assert_each_rank, outcome_of, world
 
 WORLD = 4
 RANKS_PER_NODE = 2
@@ -50,8 +51,14 @@ def _save_every_case(tmp):
         save_values(_case_dir(tmp, layout, node), layout, ITERATION)
 
 
-def _found_and_loaded(base, layout, iteration):
-    """A restarted rank: (what find_latest returned, None or why load() did not give `iteration`).
+@dataclass(frozen=True)
+class Restarted:
+    found: int  # what find_latest() returned
+    load_problem: str | None  # None, or why load() did not give the saved values
+
+
+def _found_and_loaded(base, layout, iteration) -> Restarted:
+    """A restarted rank: what find_latest returned, and None or why load() did not give `iteration`.
 
     Compared here: tensors do not travel back from a rank that exits right after replying."""
     from spec_tests.harness import assert_state_dict_equal
@@ -60,19 +67,20 @@ def _found_and_loaded(base, layout, iteration):
     rank, _ = world()
     found = fresh_find_then_load(base, layout)
     if found.latest != iteration:
-        return found.latest, None
+        return Restarted(found.latest, None)
     if found.load != "returned":
-        return found.latest, f"load() raised {found.load}"
+        return Restarted(found.latest, f"load() raised {found.load}")
     try:
         assert_state_dict_equal(found.state_dict, rank_value(rank, iteration), call="load()")
     except AssertionError as exc:
-        return found.latest, str(exc)
-    return found.latest, None
+        return Restarted(found.latest, str(exc))
+    return Restarted(found.latest, None)
 
 
 def _restart_every_case(tmp):
-    return {(layout, node): _found_and_loaded(_case_dir(tmp, layout, node), layout, ITERATION)
-            for layout, node in _cases()}
+    return {
+        (layout, node): _found_and_loaded(_case_dir(tmp, layout, node), layout, ITERATION) for layout, node in _cases()
+    }
 
 
 @pytest.mark.spec("FI-NODE-1")
@@ -90,12 +98,12 @@ def test_lost_node_recovers_exactly_when_a_copy_survives(tmp_path, phase):
     for layout, node in _cases():
         want = ITERATION if _recoverable(layout, node) else -1
         for rank, per_case in enumerate(results):
-            found, load_problem = per_case[layout, node]
+            restarted = per_case[layout, node]
             case = f"replication {layout}, node {node} lost, rank {rank}"
-            if found != want:
-                problems.append(f"{case}: find_latest() returned {found}, but should be {want}")
-            elif load_problem:
-                problems.append(f"{case}: {load_problem}")
+            if restarted.found != want:
+                problems.append(f"{case}: find_latest() returned {restarted.found}, but should be {want}")
+            elif restarted.load_problem:
+                problems.append(f"{case}: {restarted.load_problem}")
     assert not problems, "\n".join(problems)
 
 
@@ -118,8 +126,14 @@ def _save_then_die_in_exchange(tmp):
     mgr = manager(tmp, EXCHANGE_LAYOUT)
     if rank == VICTIM:
         mgr.repl_strategy.replicate = functools.partial(_die_then, mgr.repl_strategy.replicate)
-    return outcome_of(mgr.save, tasd(rank_value(rank, 2)), 2, is_async=False, bound=BOUND,
-                      what=f"a local save whose rank {VICTIM} dies in the replica exchange")
+    return outcome_of(
+        mgr.save,
+        tasd(rank_value(rank, 2)),
+        2,
+        is_async=False,
+        bound=BOUND,
+        what=f"a local save whose rank {VICTIM} dies in the replica exchange",
+    )
 
 
 def _restart(tmp):
@@ -131,10 +145,15 @@ def _restart(tmp):
 @pytest.mark.parametrize("phase", ["exchange"])
 def test_rank_killed_in_the_replica_exchange(tmp_path, phase):
     tmp = str(tmp_path)
-    outcomes = on_ranks(2, _save_then_die_in_exchange, tmp, timeout=90, backend="gloo",
-                        expect_exit={VICTIM: -signal.SIGKILL})
+    outcomes = on_ranks(
+        2, _save_then_die_in_exchange, tmp, timeout=90, backend="gloo", expect_exit={VICTIM: -signal.SIGKILL}
+    )
     assert outcomes[0] not in ("returned", HUNG), (
-        f"rank 0's save, whose rank {VICTIM} died in the exchange: {outcomes[0]}, should raise within {BOUND:g}s")
-    for rank, (found, load_problem) in enumerate(on_ranks(2, _restart, tmp, timeout=90, backend="gloo")):
-        assert found == 1, f"rank {rank}: after the restart find_latest() returned {found}, but should be 1"
-        assert load_problem is None, f"rank {rank}: {load_problem}"
+        f"rank 0's save, whose rank {VICTIM} died in the exchange: {outcomes[0]}, should raise within {BOUND:g}s"
+    )
+    assert_each_rank(
+        "restarted rank",
+        on_ranks(2, _restart, tmp, timeout=90, backend="gloo"),
+        Restarted(found=1, load_problem=None),
+        call=f"find_latest() and load() after rank {VICTIM} died in the exchange of iteration 2's save",
+    )

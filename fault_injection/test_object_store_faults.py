@@ -29,8 +29,16 @@ def _save_old_then_faulty(config, prefix):
     save = saves.DcpSave(current_target(), use_msc=True)
     queue = async_core().AsyncCallsQueue(persistent=True)
     save.save(queue, f"msc://s3/{prefix}/old", 0, rank, world_size)
-    outcome = outcome_of(save.save, queue, f"msc://s3-faulty/{prefix}/new", 1, rank, world_size, bound=BOUND,
-                         what="a save to an S3 endpoint that fails")
+    outcome = outcome_of(
+        save.save,
+        queue,
+        f"msc://s3-faulty/{prefix}/new",
+        1,
+        rank,
+        world_size,
+        bound=BOUND,
+        what="a save to an S3 endpoint that fails",
+    )
     close_quietly(queue, abort=True, bound=EXIT_BOUND)
     return outcome
 

@@ -12,6 +12,8 @@ phase in the process(es) that run it:
 """
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -21,7 +23,7 @@ from spec_tests.harness import HUNG, async_core, close_quietly, current_target, 
 
 WORLD = 2
 ERRNOS = ("ENOSPC", "EACCES", "EIO")
-_FAULTS = {  # (phase, errno) -> (ranks hit, fault)
+_FAULTS: dict[tuple[str, str], tuple[int | str, dict[str, Any]]] = {  # (phase, errno) -> (ranks hit, fault)
     ("plan", "ENOSPC"): ("all", dict(op="mkdir")),
     ("plan", "EACCES"): ("all", dict(op="mkdir")),
     ("plan", "EIO"): ("all", dict(op="mkdir")),
@@ -43,25 +45,49 @@ def _hooks(tmp, phase, errno_name, rank, new):
     return Hooks.at(phase, Step(fs=faultfs.Plan(root=new, log=log, faults=(fault,)))), log
 
 
-def _storage_errors(tmp, phase):
+@dataclass(frozen=True)
+class ErrnoSaves:
+    outcome: str  # of the save that hit the error
+    fired: bool  # whether the fault layer injected the error on this rank
+    after: str  # outcome of the next save on the same queue, or "not tried"
+
+
+def _storage_errors(tmp, phase) -> dict[str, ErrnoSaves]:
     """Per errno: the faulty save's outcome, whether the fault fired, and the next save's outcome."""
     rank, world_size = world()
     save = saves.DcpSave(current_target())
     queue = async_core().AsyncCallsQueue(persistent=True)
     save.save(queue, os.path.join(tmp, "old"), 0, rank, world_size)
-    results = {}
+    results: dict[str, ErrnoSaves] = {}
     for version, errno_name in enumerate(ERRNOS, start=1):
         new = os.path.join(tmp, f"new-{errno_name}")
         hooks, log = _hooks(tmp, phase, errno_name, rank, new)
-        outcome = outcome_of(save.save, queue, new, version, rank, world_size, hooks, bound=BOUND,
-                             what=f"a save hitting {errno_name} in {phase}")
+        outcome = outcome_of(
+            save.save,
+            queue,
+            new,
+            version,
+            rank,
+            world_size,
+            hooks,
+            bound=BOUND,
+            what=f"a save hitting {errno_name} in {phase}",
+        )
         fired = log is not None and bool(faultfs.fired(log, "raise"))
         if outcome == HUNG:
-            results[errno_name] = (outcome, fired, "not tried")
+            results[errno_name] = ErrnoSaves(outcome, fired, "not tried")
             break
-        after = outcome_of(save.save, queue, os.path.join(tmp, f"after-{errno_name}"), 10 + version, rank,
-                           world_size, bound=BOUND, what=f"the save after {errno_name}")
-        results[errno_name] = (outcome, fired, after)
+        after = outcome_of(
+            save.save,
+            queue,
+            os.path.join(tmp, f"after-{errno_name}"),
+            10 + version,
+            rank,
+            world_size,
+            bound=BOUND,
+            what=f"the save after {errno_name}",
+        )
+        results[errno_name] = ErrnoSaves(outcome, fired, after)
         if after == HUNG:
             break
     else:
@@ -80,14 +106,14 @@ def test_storage_error_fails_the_save_on_every_rank(target, tmp_path, phase):
         if not all(errno_name in r for r in results):
             problems.append(f"{errno_name}: not tried (a rank hung before)")
             continue
-        outcomes = [r[errno_name][0] for r in results]
-        if not any(r[errno_name][1] for r in results):
+        outcomes = [r[errno_name].outcome for r in results]
+        if not any(r[errno_name].fired for r in results):
             problems.append(f"{errno_name}: the fault layer saw no matching operation in {phase} (not injected)")
         elif outcomes != ["CheckpointException"] * WORLD:
             problems.append(f"{errno_name} in {phase}: outcome per rank {outcomes}, should be CheckpointException")
         if save.committed(os.path.join(tmp, f"new-{errno_name}")):
             problems.append(f"{errno_name} in {phase}: the failed save wrote {save.MARKER}")
-        after = [r[errno_name][2] for r in results]
+        after = [r[errno_name].after for r in results]
         if after != ["returned"] * WORLD:
             problems.append(f"{errno_name} in {phase}: the next save on the same queue: {after}")
         else:

@@ -23,8 +23,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_gather", "all_reduce", "collective_device", "dist_rank", "dist_ready", "errors_by_rank",
-           "picklable_error", "tree_map"]
+__all__ = [
+    "all_gather",
+    "all_reduce",
+    "collective_device",
+    "dist_rank",
+    "dist_ready",
+    "errors_by_rank",
+    "picklable_error",
+    "tree_map",
+]
 
 
 def dist_ready() -> bool:
@@ -44,8 +52,12 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def all_reduce(values: list[int], op: dist.ReduceOp.RedOpType, dtype: torch.dtype = torch.int32,
-               group: dist.ProcessGroup | None = None) -> list[int]:
+def all_reduce(
+    values: list[int],
+    op: dist.ReduceOp.RedOpType,
+    dtype: torch.dtype = torch.int32,
+    group: dist.ProcessGroup | None = None,
+) -> list[int]:
     """Collective: ``values`` reduced elementwise with ``op`` over ``group``, in one all-reduce."""
     tensor = torch.tensor(values, dtype=dtype, device=collective_device(group))
     dist.all_reduce(tensor, op=op, group=group)
@@ -80,7 +92,10 @@ def tree_map(fn: Callable[[Any], Any], obj: Any) -> Any:
         values = [tree_map(fn, value) for value in obj]
         if type(obj) is tuple:
             return tuple(values)
-        return obj._make(values) if hasattr(obj, "_fields") else type(obj)(values)
+        if hasattr(obj, "_fields"):  # a NamedTuple: built from its fields, not from one iterable
+            named: Any = obj
+            return named._make(values)
+        return type(obj)(values)
     return fn(obj)
 
 

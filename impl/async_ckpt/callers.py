@@ -19,6 +19,7 @@ Contract (signature-compatible with NVRx ``async_ckpt.core``):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing import connection, get_context
 from multiprocessing import util as mp_util
+from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any
 
@@ -60,10 +62,8 @@ def _signal_group(process, sig: int) -> None:
         # No group: the child has not called setpgid yet, or the whole group is gone.
         # Only signal the pid while it is unreaped, so it cannot belong to someone else.
         if process.exitcode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, sig)
-            except ProcessLookupError:
-                pass
 
 
 def _kill_group(process) -> None:
@@ -87,14 +87,14 @@ _LIVE_CALLERS_PID: int | None = None
 
 def _track_live(caller: AsyncCaller) -> None:
     global _LIVE_CALLERS, _LIVE_CALLERS_PID
-    if _LIVE_CALLERS_PID != os.getpid():
+    if os.getpid() != _LIVE_CALLERS_PID:
         _LIVE_CALLERS, _LIVE_CALLERS_PID = weakref.WeakSet(), os.getpid()
         mp_util.Finalize(None, _abort_live_callers, exitpriority=10)
     _LIVE_CALLERS.add(caller)
 
 
 def _abort_live_callers() -> None:
-    if _LIVE_CALLERS_PID == os.getpid():
+    if os.getpid() == _LIVE_CALLERS_PID:
         for caller in list(_LIVE_CALLERS):
             caller.close(abort=True)
 
@@ -149,7 +149,7 @@ class AsyncCaller(ABC):
         while blocking and head is not None and head not in self._results:
             self._poll(_POLL_S)
         done = head is None or head in self._results
-        err = self._results.get(head)
+        err = None if head is None else self._results.get(head)
         failed = err is not None
         collective = not no_dist and dist_ready()
         if collective:
@@ -271,7 +271,8 @@ class PersistentAsyncCaller(AsyncCaller):
 
     def __init__(self):
         super().__init__()
-        self._process = None
+        # The worker: process, its pipe and the lifeline's write end are all set, or all None.
+        self._process: BaseProcess | None = None
         self._conn: connection.Connection | None = None
         self._lifeline: connection.Connection | None = None  # write end, held only here
         self._pool = SlabPool()
@@ -344,21 +345,22 @@ class PersistentAsyncCaller(AsyncCaller):
 
     def _release_worker(self) -> None:
         """Close our ends of the pipes once the worker has exited (or been killed)."""
+        assert self._conn is not None and self._lifeline is not None  # only called with a worker
         self._conn.close()
         self._lifeline.close()
         self._process = self._conn = self._lifeline = None
 
     def _shutdown_worker(self) -> None:
+        assert self._process is not None  # only called with a worker
         self._send(None)
         while self._process.is_alive():
             self._poll(_POLL_S)  # keep reading, so the worker never blocks on a full pipe
         self._process.join()
 
     def _send(self, message) -> None:
-        try:
+        assert self._conn is not None  # only called with a worker (_ensure_worker ran)
+        with contextlib.suppress(OSError):  # the worker is dead; _poll reports its in-flight requests as failed
             self._conn.send(message)
-        except OSError:
-            pass  # the worker is dead; _poll reports its in-flight requests as failed
 
     def _wait_for_preload(self, idx: int) -> None:
         while idx in self._in_flight and idx not in self._preloaded:
@@ -368,6 +370,7 @@ class PersistentAsyncCaller(AsyncCaller):
     def _poll(self, timeout: float) -> None:
         if self._process is None:
             return
+        assert self._conn is not None  # set together with _process
         connection.wait([self._conn, self._process.sentinel], timeout)
         alive = self._process.is_alive()  # read before draining: a dead worker's messages are in
         self._drain()
@@ -375,6 +378,7 @@ class PersistentAsyncCaller(AsyncCaller):
             self._fail_in_flight(f"worker exited with code {self._process.exitcode}")
 
     def _drain(self) -> None:
+        assert self._conn is not None  # only called by _poll, with a worker
         try:
             while self._conn.poll():
                 kind, idx, err = self._conn.recv()

@@ -166,7 +166,8 @@ class AsyncCallsQueue:
         failed = err is not None
         if collective:
             values = [entry.idx, -entry.idx, int(failed)]
-            top, neg_bottom, failed = all_reduce(values, dist.ReduceOp.MAX, torch.int64)
+            top, neg_bottom, any_failed = all_reduce(values, dist.ReduceOp.MAX, torch.int64)
+            failed = bool(any_failed)
             if (top, -neg_bottom) != (entry.idx, entry.idx):
                 raise RuntimeError(
                     f"ranks finalized different calls: this rank finalized {entry.idx}, "

@@ -46,6 +46,7 @@ synchronous ``dcp.save`` path) is not supported.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import io
@@ -58,7 +59,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from math import prod
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo, _StoragePrefix
@@ -211,6 +212,7 @@ class FileSystemWriterAsync(StorageWriter):
 
         CPU tensors are copied too, so that every tensor is snapshotted at the same point.
         """
+
         # UNTESTED on GPU: written on a CPU-only machine.
         def stage(t: torch.Tensor) -> torch.Tensor:
             if not t.is_cuda:
@@ -254,9 +256,16 @@ class FileSystemWriterAsync(StorageWriter):
         for group, items, bins in self._groups(plan.items):
             for bucket_items in _split_by_size_and_type(bins, items):
                 name = f"{group}{prefix}{len(buckets)}{DATA_SUFFIX}"
-                bytes_data = [(i, planner.resolve_data(i)) for i in bucket_items if i.type == WriteItemType.BYTE_IO]
+                # resolve_data gives a BytesIO for a BYTE_IO item and a tensor for any other.
+                bytes_data = [
+                    (i, cast(io.BytesIO, planner.resolve_data(i)))
+                    for i in bucket_items
+                    if i.type == WriteItemType.BYTE_IO
+                ]
                 tensor_data = [
-                    (i, planner.resolve_data(i).detach()) for i in bucket_items if i.type != WriteItemType.BYTE_IO
+                    (i, cast(torch.Tensor, planner.resolve_data(i)).detach())
+                    for i in bucket_items
+                    if i.type != WriteItemType.BYTE_IO
                 ]
                 path = self._storage.concat_path(self.checkpoint_dir, name)
                 buckets.append(WriteBucket(path, name, (bytes_data, tensor_data)))
@@ -289,12 +298,13 @@ def _write_all(storage: Storage, rank: int, buckets: list[WriteBucket], results_
     with ThreadPoolExecutor(max_workers=len(buckets), thread_name_prefix="ckpt-write") as pool:
         outcomes = list(pool.map(functools.partial(_try_write_bucket, storage, rank), buckets))
     errors = [o for o in outcomes if isinstance(o, BaseException)]
+    written = [o for o in outcomes if not isinstance(o, BaseException)]
     if not errors:
         try:
             storage.sync_dir(os.path.dirname(buckets[0].path))
         except OSError as exc:
             errors.append(RuntimeError(f"rank {rank}: syncing the checkpoint directory failed: {exc!r}"))
-    outcome = errors[0] if errors else [result for results in outcomes for result in results]
+    outcome = errors[0] if errors else [result for results in written for result in results]
     tmp = results_path + ".tmp"
     with open(tmp, "wb") as f:
         pickle.dump(outcome, f)
@@ -314,7 +324,9 @@ def _write_bucket(storage: Storage, bucket: WriteBucket) -> list[WriteResult]:
     results = []
     # torch.save's CRC32 of each record is CPU-bound (~1.6 GB/s, more than a page-cache write) and buys
     # nothing: torch.load, and so DCP's reader, never checks it. The setting is per thread.
-    with serialization_config.patch("save.compute_crc32", False), storage.create_stream(bucket.path) as stream:
+    # patch() is installed at import by install_config_module; this config module does not declare it for mypy.
+    crc_off = serialization_config.patch("save.compute_crc32", False)  # type: ignore[attr-defined]
+    with crc_off, storage.create_stream(bucket.path) as stream:
         for item, data in bytes_data:
             results.append(_write_item(stream, item, bucket.relative_path, data))
         for item, tensor in tensor_data:
@@ -355,6 +367,7 @@ def _split_by_size_and_type(bins: int, items: list[WriteItem]) -> list[list[Writ
 
 
 def _item_size(item: WriteItem) -> int:
+    assert item.tensor_data is not None  # only tensor items are sized
     return prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
 
 
@@ -377,7 +390,5 @@ def _with_prefix(plan: SavePlan, rank: int) -> SavePlan:
 
 def _remove_quietly(path: str) -> None:
     for name in (path, path + ".tmp"):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(name)
-        except FileNotFoundError:
-            pass

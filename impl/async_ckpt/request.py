@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
@@ -29,7 +29,7 @@ class AsyncRequest(NamedTuple):
 
     async_fn: Callable | None
     async_fn_args: tuple
-    finalize_fns: list[Callable]
+    finalize_fns: list[Callable] | tuple[Callable, ...]  # the caller's list; a tuple once frozen
     async_fn_kwargs: dict | None = None
     preload_fn: Callable | None = None
     is_frozen: bool = False
@@ -41,7 +41,7 @@ class AsyncRequest(NamedTuple):
             raise RuntimeError("cannot add a finalize function to a frozen AsyncRequest")
         if not callable(fn):
             raise TypeError(f"finalize function must be callable, got {type(fn).__name__}")
-        self.finalize_fns.append(fn)
+        cast(list, self.finalize_fns).append(fn)  # not frozen: still the caller's list
 
     def freeze(self) -> AsyncRequest:
         """Return a frozen copy whose finalize functions no longer follow this request's list."""
@@ -67,6 +67,7 @@ def run_guarded(fn: Callable, *args, **kwargs) -> tuple[Any, BaseException | Non
     except Exception as exc:
         err = picklable_error(exc)
         if err is exc:
+            assert exc.__traceback__ is not None  # it was raised
             tb_text = "".join(traceback.format_tb(exc.__traceback__.tb_next))
             exc.add_note(f"Traceback in process {os.getpid()}:\n{tb_text}")
         # Drop the frames (and the tensors they reference) now; tracebacks do not pickle anyway.
@@ -77,8 +78,10 @@ class CheckpointFailure(CheckpointException):
     """CheckpointException with plain exceptions as ``failures`` values, and a matching str()."""
 
     def __str__(self) -> str:
-        lines = [f"{self.args[0]} failed on rank(s) {sorted(self.failures)}"]
-        for rank, exc in sorted(self.failures.items()):
+        # Plain exceptions, not the (exception, stack summary) pairs CheckpointException's annotation names.
+        failures = cast("dict[int, BaseException]", self.failures)
+        lines = [f"{self.args[0]} failed on rank(s) {sorted(failures)}"]
+        for rank, exc in sorted(failures.items()):
             text = "".join(traceback.format_exception_only(exc)).rstrip()
             lines.append(f"[rank {rank}] {text}")
         return "\n".join(lines)
@@ -86,5 +89,10 @@ class CheckpointFailure(CheckpointException):
 
 def raise_failure(what: str, local_err: BaseException | None, collective: bool) -> None:
     """Raise CheckpointFailure with every failing rank's error (gathered if ``collective``)."""
-    failures = errors_by_rank(all_gather(local_err)) if collective else {dist_rank(): local_err}
+    failures: dict[int, Any]  # plain exceptions (see CheckpointFailure)
+    if collective:
+        failures = errors_by_rank(all_gather(local_err))
+    else:
+        assert local_err is not None  # callers raise a local failure only with its error
+        failures = {dist_rank(): local_err}
     raise CheckpointFailure(what, failures) from local_err

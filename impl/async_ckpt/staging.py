@@ -126,10 +126,11 @@ def stage(req: AsyncRequest, pool: SlabPool) -> tuple[AsyncRequest, Slab | None]
     kwargs = dict(req.async_fn_kwargs or {})
     (args, kwargs), layout, size = _stage_layout((tuple(args), kwargs))
     slab = pool.take(size) if size else None
-    if any(t.is_cuda for t, _ in layout):
-        slab.pin()
-    for t, place in layout:
-        slab.write(place, t)
+    if slab is not None:  # else the layout is empty: every staged tensor adds to size
+        if any(t.is_cuda for t, _ in layout):
+            slab.pin()
+        for t, place in layout:
+            slab.write(place, t)
     return req._replace(async_fn_args=args, async_fn_kwargs=kwargs), slab
 
 

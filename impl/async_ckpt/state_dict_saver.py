@@ -82,7 +82,9 @@ class CheckpointMetadataCache:
         if self.loaded_all_plans is None:
             logger.debug("metadata has no all_local_plans: its reuse cannot be verified")
 
-    def set_cache_metadata(self, central_plan: SavePlan, local_plan: SavePlan, global_md_verify_reuse: bool) -> None:
+    def set_cache_metadata(
+        self, central_plan: SavePlan, local_plan: SavePlan | None, global_md_verify_reuse: bool
+    ) -> None:
         """Record this save's plans; the plan counts as reused iff it equals the previous save's."""
         self.validated_loaded_metadata_reuse = global_md_verify_reuse
         self.validated_cache_reuse = self.cached_central_plan is not None and central_plan == self.cached_central_plan

@@ -36,13 +36,10 @@ class TorchAsyncCheckpoint:
         request = AsyncRequest(self.async_fn, (state_dict, *args), [], kwargs)
         return self._async_calls_queue.schedule_async_request(request)
 
-    def finalize_async_save(
-        self, blocking: bool = False, no_dist: bool = True, terminate: bool = False
-    ) -> list[int]:
+    def finalize_async_save(self, blocking: bool = False, no_dist: bool = True, terminate: bool = False) -> list[int]:
         """Finalize finished saves (all of them if ``blocking``); close the queue if ``terminate``."""
-        if blocking and self._async_calls_queue.get_num_unfinalized_calls() > 0:
-            if dist_rank() == 0:
-                logger.info("Waiting for unfinalized async checkpoint saves to finish")
+        if blocking and self._async_calls_queue.get_num_unfinalized_calls() > 0 and dist_rank() == 0:
+            logger.info("Waiting for unfinalized async checkpoint saves to finish")
         finalized = self._async_calls_queue.maybe_finalize_async_calls(blocking, no_dist)
         if terminate:
             self._async_calls_queue.close()

@@ -15,6 +15,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -38,10 +39,8 @@ def _start_lifeline_watchdog(lifeline: connection.Connection) -> None:
     """Kill this process group once the trainer holding the lifeline's write end is gone."""
 
     def watch() -> None:
-        try:
+        with contextlib.suppress(EOFError, OSError):
             lifeline.recv()  # the trainer never writes: this only ends with EOF
-        except (EOFError, OSError):
-            pass
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
     threading.Thread(target=watch, name="ckpt-lifeline", daemon=True).start()

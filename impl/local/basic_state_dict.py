@@ -67,7 +67,8 @@ class BasicTensorAwareStateDict(TensorAwareStateDict):
             if isinstance(value, torch.Tensor) and not value.is_cuda:
                 raise ValueError(
                     f"{path} is a tensor on {value.device}, but BasicTensorAwareStateDict needs CUDA "
-                    "tensors; move it to the GPU or use a custom TensorAwareStateDict")
+                    "tensors; move it to the GPU or use a custom TensorAwareStateDict"
+                )
         self.state_dict = state_dict
         self._is_hollow = False
 
@@ -110,13 +111,15 @@ class BasicTensorAwareStateDict(TensorAwareStateDict):
 
     def copy_tensors_to_cpu(self, non_blocking: bool = False) -> None:
         self._require(False, "copy_tensors_to_cpu")
-        _map_leaves(lambda v: v.to("cpu", non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v,
-                    self.state_dict)
+        _map_leaves(
+            lambda v: v.to("cpu", non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v, self.state_dict
+        )
 
     def restore_tensor_device(self, non_blocking: bool = True) -> None:
         self._require(False, "restore_tensor_device")
         if not any(True for _ in self.tensors):
             return
         device = torch.device("cuda", torch.cuda.current_device())
-        _map_leaves(lambda v: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v,
-                    self.state_dict)
+        _map_leaves(
+            lambda v: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v, self.state_dict
+        )

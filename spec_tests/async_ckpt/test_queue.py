@@ -4,14 +4,28 @@ import functools
 import os
 import pickle
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from hypothesis import given
+from torch.distributed.checkpoint import CheckpointException
 
+from spec_tests.async_ckpt.collective_counter import CollectiveCounter
+from spec_tests.async_ckpt.queue_results import (
+    Aborted,
+    BadInput,
+    CallerAnswers,
+    Closed,
+    DefaultQueue,
+    EveryRankFinished,
+    FailedCallDropped,
+    HeadOfLine,
+    PollCosts,
+    TwoQueues,
+    Unpicklable,
+)
 from spec_tests.harness import strategies, workloads
 from spec_tests.harness.asserts import assert_each_rank, assert_equal, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.processes import CALLERS, async_core, close_quietly, exists, remove, wait_for_file
@@ -24,41 +38,20 @@ def _request(gate=None, fail_with=None, log=None, tag=None):
 
 
 def _finalize(queue, blocking=True, no_dist=False, bound=60):
-    return bounded(bound, f"maybe_finalize_async_calls(blocking={blocking}, no_dist={no_dist})",
-                   queue.maybe_finalize_async_calls, blocking, no_dist)
+    return bounded(
+        bound,
+        f"maybe_finalize_async_calls(blocking={blocking}, no_dist={no_dist})",
+        queue.maybe_finalize_async_calls,
+        blocking,
+        no_dist,
+    )
 
 
 def _lines(path):
     return Path(path).read_text().split() if os.path.exists(path) else []
 
 
-class _CollectiveCounter:
-    """Counts calls of torch.distributed.all_reduce (and the element counts) while active."""
-
-    def __init__(self):
-        self.calls, self._real = [], dist.all_reduce
-
-    def __enter__(self):
-        def counting(tensor, *args, **kwargs):
-            self.calls.append(tensor.numel())
-            return self._real(tensor, *args, **kwargs)
-
-        dist.all_reduce = counting
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_reduce = self._real
-
-
 # ------------------------------------------------------------------------ indices and order
-
-
-@dataclass(frozen=True)
-class DefaultQueue:
-    indices: list  # of two requests on AsyncCallsQueue()
-    second_queue_first_index: int
-    worker_processes: int  # that ran the two requests
-    ran_in_trainer: bool
 
 
 def _indices_and_default_caller(tmp):
@@ -78,18 +71,12 @@ def _indices_and_default_caller(tmp):
 
 @pytest.mark.spec("AQ-1", "AQ-2", "PC-1")
 def test_default_queue_is_persistent_and_counts_from_zero(rank_pool, tmp_path):
-    assert_equal("default queue", rank_pool(1).run(_indices_and_default_caller, str(tmp_path))[0],
-                 DefaultQueue(indices=[0, 1], second_queue_first_index=0, worker_processes=1, ran_in_trainer=False),
-                 call="two requests on AsyncCallsQueue(), one on a second queue")
-
-
-@dataclass(frozen=True)
-class HeadOfLine:
-    poll_with_call0_unfinished: list
-    pending_then: int
-    blocking_finalize: list
-    pending_after: int
-    finalize_fns_run: list
+    assert_equal(
+        "default queue",
+        rank_pool(1).run(_indices_and_default_caller, str(tmp_path))[0],
+        DefaultQueue(indices=[0, 1], second_queue_first_index=0, worker_processes=1, ran_in_trainer=False),
+        call="two requests on AsyncCallsQueue(), one on a second queue",
+    )
 
 
 def _head_of_line(tmp, persistent):
@@ -109,17 +96,18 @@ def _head_of_line(tmp, persistent):
 @pytest.mark.spec("AQ-3", "AQ-5", "AQ-6")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_finalize_keeps_schedule_order_and_returns_what_it_finalized(rank_pool, tmp_path, persistent):
-    assert_equal("queue", rank_pool(1).run(_head_of_line, str(tmp_path), persistent)[0],
-                 HeadOfLine(poll_with_call0_unfinished=[], pending_then=2, blocking_finalize=[0, 1], pending_after=0,
-                            finalize_fns_run=["a", "b"]),
-                 call="calls a (held by its gate), b; poll; open a's gate; blocking finalize")
-
-
-@dataclass(frozen=True)
-class EveryRankFinished:
-    poll_with_rank1_unfinished: list
-    blocking_finalize: list
-    finalize_fn_saw: list  # the done-markers of every rank, once per run of the finalize function
+    assert_equal(
+        "queue",
+        rank_pool(1).run(_head_of_line, str(tmp_path), persistent)[0],
+        HeadOfLine(
+            poll_with_call0_unfinished=[],
+            pending_then=2,
+            blocking_finalize=[0, 1],
+            pending_after=0,
+            finalize_fns_run=["a", "b"],
+        ),
+        call="calls a (held by its gate), b; poll; open a's gate; blocking finalize",
+    )
 
 
 def _finalize_after_every_rank(tmp, persistent):
@@ -132,8 +120,9 @@ def _finalize_after_every_rank(tmp, persistent):
 
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(core.AsyncRequest(
-        workloads.save_when_open, (gate, {"rank": rank}, marker), [check_all_ranks_done]))
+    queue.schedule_async_request(
+        core.AsyncRequest(workloads.save_when_open, (gate, {"rank": rank}, marker), [check_all_ranks_done])
+    )
     if rank == 0:
         workloads.open_gate(gate)
     first = _finalize(queue, blocking=False)  # rank 1's call cannot be done yet
@@ -147,32 +136,27 @@ def _finalize_after_every_rank(tmp, persistent):
 @pytest.mark.spec("AQ-4", "AC-2")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_finalize_fns_run_once_after_every_rank_finished(rank_pool, tmp_path, persistent):
-    assert_each_rank("queue", rank_pool(2).run(_finalize_after_every_rank, str(tmp_path), persistent),
-                     EveryRankFinished(poll_with_rank1_unfinished=[], blocking_finalize=[0],
-                                       finalize_fn_saw=[["done0", "done1"]]),
-                     call="one call per rank, rank 1's held by its gate during the poll")
+    assert_each_rank(
+        "queue",
+        rank_pool(2).run(_finalize_after_every_rank, str(tmp_path), persistent),
+        EveryRankFinished(poll_with_rank1_unfinished=[], blocking_finalize=[0], finalize_fn_saw=[["done0", "done1"]]),
+        call="one call per rank, rank 1's held by its gate during the poll",
+    )
 
 
 # ------------------------------------------------------------------------------- collectives
-
-
-@dataclass(frozen=True)
-class PollCosts:
-    poll: list  # what a distributed poll with the call unfinished returned
-    distributed_poll_all_reduces: list  # element counts of the all-reduces it issued
-    no_dist_all_reduces: list  # of a no_dist poll and a no_dist blocking finalize
 
 
 def _poll_costs(tmp, persistent):
     gate = os.path.join(tmp, f"gate{dist.get_rank()}")
     queue = async_core().AsyncCallsQueue(persistent=persistent)
     queue.schedule_async_request(_request(gate))
-    with _CollectiveCounter() as dist_poll:
+    with CollectiveCounter() as dist_poll:
         answer = _finalize(queue, blocking=False, no_dist=False)
-    with _CollectiveCounter() as local_poll:
+    with CollectiveCounter() as local_poll:
         _finalize(queue, blocking=False, no_dist=True)
     workloads.open_gate(gate)
-    with _CollectiveCounter() as local_final:
+    with CollectiveCounter() as local_final:
         _finalize(queue, blocking=True, no_dist=True)
     queue.close()
     return PollCosts(answer, dist_poll.calls, local_poll.calls + local_final.calls)
@@ -181,18 +165,12 @@ def _poll_costs(tmp, persistent):
 @pytest.mark.spec("AC-1", "AC-3")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_a_poll_is_one_single_integer_all_reduce_and_no_dist_is_none(rank_pool, tmp_path, persistent):
-    assert_each_rank("queue", rank_pool(2).run(_poll_costs, str(tmp_path), persistent),
-                     PollCosts(poll=[], distributed_poll_all_reduces=[1], no_dist_all_reduces=[]),
-                     call="maybe_finalize_async_calls with a call held by its gate, then released")
-
-
-@dataclass(frozen=True)
-class CallerAnswers:
-    poll: bool  # is_current_async_call_done(blocking=False) while the call is held
-    blocking: bool  # is_current_async_call_done(blocking=True) after it was released
-    poll_type: str
-    blocking_type: str
-    poll_all_reduces: list  # element counts
+    assert_each_rank(
+        "queue",
+        rank_pool(2).run(_poll_costs, str(tmp_path), persistent),
+        PollCosts(poll=[], distributed_poll_all_reduces=[1], no_dist_all_reduces=[]),
+        call="maybe_finalize_async_calls with a call held by its gate, then released",
+    )
 
 
 def _caller_answers(tmp, caller_name):
@@ -200,9 +178,10 @@ def _caller_answers(tmp, caller_name):
     caller = getattr(core, caller_name)()
     gate = os.path.join(tmp, f"gate-{caller_name}")
     caller.schedule_async_call(core.AsyncRequest(workloads.gated, (gate, None), []).freeze())
-    with _CollectiveCounter() as counter:
-        answer = bounded(30, "is_current_async_call_done(blocking=False)",
-                         caller.is_current_async_call_done, False, False)
+    with CollectiveCounter() as counter:
+        answer = bounded(
+            30, "is_current_async_call_done(blocking=False)", caller.is_current_async_call_done, False, False
+        )
     workloads.open_gate(gate)
     final = bounded(60, "is_current_async_call_done(blocking=True)", caller.is_current_async_call_done, True, False)
     caller.close()
@@ -210,13 +189,20 @@ def _caller_answers(tmp, caller_name):
 
 
 @pytest.mark.spec("AC-1", "AC-4")
-@pytest.mark.parametrize("caller_name", [
-    pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
-    pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller"))])
+@pytest.mark.parametrize(
+    "caller_name",
+    [
+        pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
+        pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
+    ],
+)
 def test_caller_answers_with_a_bool_after_one_all_reduce(rank_pool, tmp_path, caller_name):
-    assert_equal(caller_name, rank_pool(1).run(_caller_answers, str(tmp_path), caller_name)[0],
-                 CallerAnswers(poll=False, blocking=True, poll_type="bool", blocking_type="bool", poll_all_reduces=[1]),
-                 call="is_current_async_call_done with the call held, then released")
+    assert_equal(
+        caller_name,
+        rank_pool(1).run(_caller_answers, str(tmp_path), caller_name)[0],
+        CallerAnswers(poll=False, blocking=True, poll_type="bool", blocking_type="bool", poll_all_reduces=[1]),
+        call="is_current_async_call_done with the call held, then released",
+    )
 
 
 # ------------------------------------------------------------------------------------ errors
@@ -231,11 +217,15 @@ def _error_on_rank1(tmp, persistent, where):
     if where == "async_fn":
         queue.schedule_async_request(_request(None, fail_with=fail, log=log, tag="fin"))
     else:
-        fns = [functools.partial(workloads.fail, fail)] if fail else [functools.partial(workloads.append_line, log, "fin")]
+        fns = (
+            [functools.partial(workloads.fail, fail)]
+            if fail
+            else [functools.partial(workloads.append_line, log, "fin")]
+        )
         queue.schedule_async_request(core.AsyncRequest(workloads.gated, (None, None), fns))
     outcome = attempt(queue.maybe_finalize_async_calls, True, False, bound=30, what="blocking finalize")
     close_quietly(queue)
-    if outcome.text == "CheckpointException":
+    if isinstance(outcome.error, CheckpointException):  # outcome.text == "CheckpointException"
         return f"CheckpointException({', '.join(map(str, sorted(outcome.error.failures)))})"
     return str(outcome)
 
@@ -243,23 +233,23 @@ def _error_on_rank1(tmp, persistent, where):
 @pytest.mark.spec("AQ-7")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_async_fn_error_on_one_rank_raises_on_every_rank(rank_pool, tmp_path, persistent):
-    assert_each_rank("finalize", rank_pool(2).run(_error_on_rank1, str(tmp_path), persistent, "async_fn"),
-                     "CheckpointException(1)", call="blocking finalize of a call whose async_fn fails on rank 1")
+    assert_each_rank(
+        "finalize",
+        rank_pool(2).run(_error_on_rank1, str(tmp_path), persistent, "async_fn"),
+        "CheckpointException(1)",
+        call="blocking finalize of a call whose async_fn fails on rank 1",
+    )
 
 
 @pytest.mark.spec("AQ-8")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_finalize_fn_error_on_one_rank_raises_on_every_rank(rank_pool, tmp_path, persistent):
-    assert_each_rank("finalize", rank_pool(2).run(_error_on_rank1, str(tmp_path), persistent, "finalize_fn"),
-                     "CheckpointException(1)", call="blocking finalize of a call whose finalize fn fails on rank 1")
-
-
-@dataclass(frozen=True)
-class FailedCallDropped:
-    first_finalize: str
-    pending_after_it: int
-    next_finalize: list
-    finalize_fns_run: list
+    assert_each_rank(
+        "finalize",
+        rank_pool(2).run(_error_on_rank1, str(tmp_path), persistent, "finalize_fn"),
+        "CheckpointException(1)",
+        call="blocking finalize of a call whose finalize fn fails on rank 1",
+    )
 
 
 def _failed_call_is_dropped(tmp, persistent):
@@ -267,7 +257,9 @@ def _failed_call_is_dropped(tmp, persistent):
     queue = async_core().AsyncCallsQueue(persistent=persistent)
     queue.schedule_async_request(_request(None, fail_with="disk full", log=log, tag="bad"))
     queue.schedule_async_request(_request(None, log=log, tag="good"))
-    first = attempt(queue.maybe_finalize_async_calls, True, False, bound=30, what="blocking finalize", hung_fails=True).text
+    first = attempt(
+        queue.maybe_finalize_async_calls, True, False, bound=30, what="blocking finalize", hung_fails=True
+    ).text
     pending = queue.get_num_unfinalized_calls()
     again = _finalize(queue, bound=30)
     close_quietly(queue)
@@ -277,19 +269,17 @@ def _failed_call_is_dropped(tmp, persistent):
 @pytest.mark.spec("AQ-9")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_a_failed_call_is_dropped_and_later_calls_still_finalize(rank_pool, tmp_path, persistent):
-    assert_equal("queue", rank_pool(1).run(_failed_call_is_dropped, str(tmp_path), persistent)[0],
-                 FailedCallDropped(first_finalize="CheckpointException", pending_after_it=1, next_finalize=[1],
-                                   finalize_fns_run=["good"]),
-                 call="calls bad (its async_fn fails) and good; finalize; finalize again")
+    assert_equal(
+        "queue",
+        rank_pool(1).run(_failed_call_is_dropped, str(tmp_path), persistent)[0],
+        FailedCallDropped(
+            first_finalize="CheckpointException", pending_after_it=1, next_finalize=[1], finalize_fns_run=["good"]
+        ),
+        call="calls bad (its async_fn fails) and good; finalize; finalize again",
+    )
 
 
 # ------------------------------------------------------------------------------------- close
-
-
-@dataclass(frozen=True)
-class Closed:
-    finalize_fns_run: list
-    pending: int
 
 
 def _close_finalizes(tmp, persistent):
@@ -304,14 +294,12 @@ def _close_finalizes(tmp, persistent):
 @pytest.mark.spec("AQ-10")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_close_finalizes_every_pending_call(rank_pool, tmp_path, persistent):
-    assert_equal("queue", rank_pool(1).run(_close_finalizes, str(tmp_path), persistent)[0],
-                 Closed(finalize_fns_run=["a", "b"], pending=0), call="calls a and b pending; close()")
-
-
-@dataclass(frozen=True)
-class Aborted:
-    finalize_fns_run: list
-    runner_exists: bool  # the process that ran the aborted call: running, or not reaped
+    assert_equal(
+        "queue",
+        rank_pool(1).run(_close_finalizes, str(tmp_path), persistent)[0],
+        Closed(finalize_fns_run=["a", "b"], pending=0),
+        call="calls a and b pending; close()",
+    )
 
 
 def _abort_in_flight(tmp, persistent):
@@ -319,8 +307,11 @@ def _abort_in_flight(tmp, persistent):
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=persistent)
     never = os.path.join(tmp, "never-opened")
-    queue.schedule_async_request(core.AsyncRequest(
-        workloads.write_pid, (pid_file, never), [functools.partial(workloads.append_line, log, "fin")]))
+    queue.schedule_async_request(
+        core.AsyncRequest(
+            workloads.write_pid, (pid_file, never), [functools.partial(workloads.append_line, log, "fin")]
+        )
+    )
     wait_for_file(pid_file)
     bounded(10, "close(abort=True)", queue.close, abort=True)
     runner = int(Path(pid_file).read_text())
@@ -330,16 +321,12 @@ def _abort_in_flight(tmp, persistent):
 @pytest.mark.spec("AQ-11")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_abort_stops_in_flight_work_without_finalizing(rank_pool, tmp_path, persistent):
-    assert_equal("queue", rank_pool(1).run(_abort_in_flight, str(tmp_path), persistent)[0],
-                 Aborted(finalize_fns_run=[], runner_exists=False),
-                 call="close(abort=True) returned while a call was in flight")
-
-
-@dataclass(frozen=True)
-class BadInput:
-    schedule_non_requests: list  # what schedule_async_request did with an object() and a plain tuple
-    pending: int
-    schedule_after_close: str
+    assert_equal(
+        "queue",
+        rank_pool(1).run(_abort_in_flight, str(tmp_path), persistent)[0],
+        Aborted(finalize_fns_run=[], runner_exists=False),
+        call="close(abort=True) returned while a call was in flight",
+    )
 
 
 def _bad_input():
@@ -355,26 +342,22 @@ def _bad_input():
 
 @pytest.mark.spec("AQ-12")
 def test_bad_input_gets_a_clear_error(rank_pool):
-    assert_equal("queue", rank_pool(1).run(_bad_input)[0],
-                 BadInput(schedule_non_requests=["TypeError", "TypeError"], pending=0,
-                          schedule_after_close="RuntimeError"),
-                 call="schedule_async_request(object()), (a tuple); close() twice; schedule_async_request(request)")
-
-
-@dataclass(frozen=True)
-class TwoQueues:
-    indices: list  # of schedules alternating x, y, x, y
-    fns_run_after_finalizing_x: list
-    pending_x: int
-    pending_y: int
-    fns_run_after_finalizing_both: list
+    assert_equal(
+        "queue",
+        rank_pool(1).run(_bad_input)[0],
+        BadInput(schedule_non_requests=["TypeError", "TypeError"], pending=0, schedule_after_close="RuntimeError"),
+        call="schedule_async_request(object()), (a tuple); close() twice; schedule_async_request(request)",
+    )
 
 
 def _two_queues(tmp, persistent):
     log = os.path.join(tmp, "log")
     q1, q2 = (async_core().AsyncCallsQueue(persistent=persistent) for _ in range(2))
-    idx = [q.schedule_async_request(_request(None, log=log, tag=f"{name}{i}"))
-           for i in range(2) for name, q in (("x", q1), ("y", q2))]
+    idx = [
+        q.schedule_async_request(_request(None, log=log, tag=f"{name}{i}"))
+        for i in range(2)
+        for name, q in (("x", q1), ("y", q2))
+    ]
     _finalize(q1)
     first = sorted(_lines(log)), q1.get_num_unfinalized_calls(), q2.get_num_unfinalized_calls()
     _finalize(q2)
@@ -385,17 +368,18 @@ def _two_queues(tmp, persistent):
 @pytest.mark.spec("AQ-13")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_two_queues_do_not_interfere(rank_pool, tmp_path, persistent):
-    assert_equal("queues", rank_pool(1).run(_two_queues, str(tmp_path), persistent)[0],
-                 TwoQueues(indices=[0, 0, 1, 1], fns_run_after_finalizing_x=["x0", "x1"], pending_x=0, pending_y=2,
-                           fns_run_after_finalizing_both=["x0", "x1", "y0", "y1"]),
-                 call="two calls on each of queues x and y, interleaved; finalize x, then y")
-
-
-@dataclass(frozen=True)
-class Unpicklable:
-    schedule_unpicklable: str  # "refused" (TypeError or PicklingError), else what it did
-    next_index: int
-    finalized: list
+    assert_equal(
+        "queues",
+        rank_pool(1).run(_two_queues, str(tmp_path), persistent)[0],
+        TwoQueues(
+            indices=[0, 0, 1, 1],
+            fns_run_after_finalizing_x=["x0", "x1"],
+            pending_x=0,
+            pending_y=2,
+            fns_run_after_finalizing_both=["x0", "x1", "y0", "y1"],
+        ),
+        call="two calls on each of queues x and y, interleaved; finalize x, then y",
+    )
 
 
 def _unpicklable(tmp):
@@ -412,9 +396,12 @@ def _unpicklable(tmp):
 @pytest.mark.spec("AQ-16")
 @pytest.mark.needs("persistent_caller")
 def test_an_unpicklable_request_is_refused_at_schedule(rank_pool, tmp_path):
-    assert_equal("queue", rank_pool(1).run(_unpicklable, str(tmp_path))[0],
-                 Unpicklable(schedule_unpicklable="refused", next_index=0, finalized=[0]),
-                 call="schedule a request holding a lock, then a good one; finalize")
+    assert_equal(
+        "queue",
+        rank_pool(1).run(_unpicklable, str(tmp_path))[0],
+        Unpicklable(schedule_unpicklable="refused", next_index=0, finalized=[0]),
+        call="schedule a request holding a lock, then a good one; finalize",
+    )
 
 
 @pytest.mark.spec("AQ-15")
@@ -446,8 +433,11 @@ def _snapshot(tmp, persistent, state_dict):
     workloads.open_gate(gate)
     _finalize(queue)
     queue.close()
-    assert_state_dict_equal(torch.load(out, weights_only=False), expected,
-                            call="data saved by an async call scheduled before an in-place update")
+    assert_state_dict_equal(
+        torch.load(out, weights_only=False),
+        expected,
+        call="data saved by an async call scheduled before an in-place update",
+    )
     remove(gate, out)
 
 

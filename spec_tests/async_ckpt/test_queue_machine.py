@@ -54,17 +54,25 @@ def _open_queue(persistent):
 def _schedule(gate, k, fail):
     rank, size = world()
     fail_with = f"call {k} fails on rank {rank}" if fail and rank == size - 1 else None
-    request = async_core().AsyncRequest(workloads.gated, (gate, fail_with),
-                                        [functools.partial(rank_state["log"].append, k)])
+    request = async_core().AsyncRequest(
+        workloads.gated, (gate, fail_with), [functools.partial(rank_state["log"].append, k)]
+    )
     return rank_state["queue"].schedule_async_request(request)
 
 
 def _finalize(blocking, no_dist):
     queue, log = rank_state["queue"], rank_state["log"]
     before = len(log)
-    done = attempt(queue.maybe_finalize_async_calls, blocking, no_dist, bound=60, hung_fails=True,
-                   what=f"maybe_finalize_async_calls(blocking={blocking}, no_dist={no_dist})")
+    done = attempt(
+        queue.maybe_finalize_async_calls,
+        blocking,
+        no_dist,
+        bound=60,
+        hung_fails=True,
+        what=f"maybe_finalize_async_calls(blocking={blocking}, no_dist={no_dist})",
+    )
     if not done.returned and done.text != "CheckpointException":
+        assert done.error is not None  # a call that did not return raised (hung_fails: a hang raises at once)
         raise done.error
     return Finalized(done.text, done.value, log[before:], queue.get_num_unfinalized_calls())
 
@@ -114,7 +122,7 @@ class QueueModel:
     def finalizable(self) -> list[Call]:
         """The finishable calls before the first failed one: what a blocking finalize must return."""
         calls = self.finishable()
-        return calls[:next((i for i, c in enumerate(calls) if c.fails), len(calls))]
+        return calls[: next((i for i, c in enumerate(calls) if c.fails), len(calls))]
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -164,11 +172,13 @@ class QueueMachine(RuleBasedStateMachine):
         finishable, ok = model.finishable(), model.finalizable()
         n = len(done.finalize_fns_run)
         assert done.finalize_fns_run == [c.k for c in model.pending[:n]], (
-            f"finalize fns ran for calls {done.finalize_fns_run}, but pending are {[c.k for c in model.pending]}")
+            f"finalize fns ran for calls {done.finalize_fns_run}, but pending are {[c.k for c in model.pending]}"
+        )
         assert n <= len(ok), f"finalized calls {done.finalize_fns_run}, but only {[c.k for c in ok]} could be [AQ-4]"
         if done.outcome == "CheckpointException":
             assert n < len(finishable) and finishable[n].fails, (
-                f"raised, but the call after {done.finalize_fns_run} did not fail [AQ-7]")
+                f"raised, but the call after {done.finalize_fns_run} did not fail [AQ-7]"
+            )
             del model.pending[: n + 1]
         else:
             want = [c.index for c in model.pending[:n]]
@@ -177,12 +187,15 @@ class QueueMachine(RuleBasedStateMachine):
                 assert n == len(ok), f"a blocking finalize left calls {[c.k for c in ok[n:]]} pending [AQ-5]"
             del model.pending[:n]
         assert done.pending == len(model.pending), (
-            f"get_num_unfinalized_calls()={done.pending}, but should be {len(model.pending)} [AQ-6]")
+            f"get_num_unfinalized_calls()={done.pending}, but should be {len(model.pending)} [AQ-6]"
+        )
 
     def _finalize(self, blocking, no_dist, exact):
         done = agreed("maybe_finalize_async_calls()", self.pool.run(_finalize, blocking, no_dist))
-        note(f"finalize(blocking={blocking}, no_dist={no_dist}): {done.outcome} {done.indices}, "
-             f"finalize fns of calls {done.finalize_fns_run}, {done.pending} pending")
+        note(
+            f"finalize(blocking={blocking}, no_dist={no_dist}): {done.outcome} {done.indices}, "
+            f"finalize fns of calls {done.finalize_fns_run}, {done.pending} pending"
+        )
         self._check_finalized(done, exact)
 
     @rule()
@@ -206,9 +219,11 @@ class QueueMachine(RuleBasedStateMachine):
         note(f"close(): finalize fns of calls {closed.finalize_fns_run}; then schedule: {closed.schedule_after_close}")
         want = [c.k for c in self.model.pending]
         assert closed.finalize_fns_run == want, (
-            f"close() finalized calls {closed.finalize_fns_run}, but should finalize {want} [AQ-10]")
+            f"close() finalized calls {closed.finalize_fns_run}, but should finalize {want} [AQ-10]"
+        )
         assert closed.schedule_after_close == "RuntimeError", (
-            f"schedule_async_request() after close()={closed.schedule_after_close}, but should be RuntimeError [AQ-12]")
+            f"schedule_async_request() after close()={closed.schedule_after_close}, but should be RuntimeError [AQ-12]"
+        )
         self.model.pending, self.model.closed = [], True
 
     @invariant()

@@ -14,8 +14,7 @@ from spec_tests.harness import workloads
 from spec_tests.harness.asserts import assert_equal, bounded
 from spec_tests.harness.processes import CALLERS, async_core, remove
 
-FIELDS = ("async_fn", "async_fn_args", "finalize_fns", "async_fn_kwargs", "preload_fn", "is_frozen",
-          "call_idx")
+FIELDS = ("async_fn", "async_fn_args", "finalize_fns", "async_fn_kwargs", "preload_fn", "is_frozen", "call_idx")
 
 
 @pytest.mark.spec("AR-1")
@@ -59,7 +58,8 @@ def test_frozen_copy_is_independent_of_the_original(core):
     req.add_finalize_fn(repr)
     assert list(frozen.finalize_fns) == [print], (
         f"frozen.finalize_fns={list(frozen.finalize_fns)}, but should stay [print] "
-        "after add_finalize_fn on the original")
+        "after add_finalize_fn on the original"
+    )
 
 
 def _run_sync(n_initial, n_added, log_dir):
@@ -78,9 +78,12 @@ def _run_sync(n_initial, n_added, log_dir):
 @given(n_initial=st.integers(0, 3), n_added=st.integers(1, 3))
 def test_finalize_fns_run_in_insertion_order(rank_pool, tmp_path_factory, n_initial, n_added):
     log_dir = str(tmp_path_factory.mktemp("order"))
-    assert_equal("finalize fns run", rank_pool(1).run(_run_sync, n_initial, n_added, log_dir)[0],
-                 [f"f{i}" for i in range(n_initial + n_added)],
-                 call=f"execute_sync() with {n_initial} finalize fns, then {n_added} added")
+    assert_equal(
+        "finalize fns run",
+        rank_pool(1).run(_run_sync, n_initial, n_added, log_dir)[0],
+        [f"f{i}" for i in range(n_initial + n_added)],
+        call=f"execute_sync() with {n_initial} finalize fns, then {n_added} added",
+    )
 
 
 def _execute_sync_effects(tmp):
@@ -90,17 +93,24 @@ def _execute_sync_effects(tmp):
         workloads.append_line(log, "preload")
         return "async"  # becomes argument 1 of async_fn: the text it appends
 
-    req = async_core().AsyncRequest(workloads.append_line, (log, "placeholder"),
-                                    [functools.partial(workloads.append_line, log, "finalize")],
-                                    preload_fn=preload)
+    req = async_core().AsyncRequest(
+        workloads.append_line,
+        (log, "placeholder"),
+        [functools.partial(workloads.append_line, log, "finalize")],
+        preload_fn=preload,
+    )
     req.execute_sync()
     return Path(log).read_text().split()
 
 
 @pytest.mark.spec("AR-6", "AR-7")
 def test_execute_sync_runs_preload_then_async_fn_then_finalize(rank_pool, tmp_path):
-    assert_equal("effects in order", rank_pool(1).run(_execute_sync_effects, str(tmp_path))[0],
-                 ["preload", "async", "finalize"], call="execute_sync() of a request with preload_fn")
+    assert_equal(
+        "effects in order",
+        rank_pool(1).run(_execute_sync_effects, str(tmp_path))[0],
+        ["preload", "async", "finalize"],
+        call="execute_sync() of a request with preload_fn",
+    )
 
 
 @dataclass(frozen=True)
@@ -114,8 +124,9 @@ def _preload_contract(tmp, persistent):
     out = os.path.join(tmp, "out.pt")
     args = (None, "placeholder", out)
     core = async_core()
-    req = core.AsyncRequest(workloads.save_when_open, args, [],
-                            preload_fn=functools.partial(_preloaded_value, "from-preload"))
+    req = core.AsyncRequest(
+        workloads.save_when_open, args, [], preload_fn=functools.partial(_preloaded_value, "from-preload")
+    )
     if persistent is None:
         req.execute_sync()
     else:
@@ -135,10 +146,13 @@ def _preloaded_value(value, *unexpected):
 @pytest.mark.spec("AR-7")
 @pytest.mark.parametrize("persistent", [pytest.param(None, id="execute_sync"), *CALLERS])
 def test_preload_fn_result_replaces_argument_one(rank_pool, tmp_path, persistent):
-    assert_equal("request", rank_pool(1).run(_preload_contract, str(tmp_path), persistent)[0],
-                 Preloaded(saved="from-preload", args_unchanged=True),
-                 call="a request whose preload_fn returns 'from-preload', run "
-                      + ("by execute_sync()" if persistent is None else f"on AsyncCallsQueue(persistent={persistent})"))
+    assert_equal(
+        "request",
+        rank_pool(1).run(_preload_contract, str(tmp_path), persistent)[0],
+        Preloaded(saved="from-preload", args_unchanged=True),
+        call="a request whose preload_fn returns 'from-preload', run "
+        + ("by execute_sync()" if persistent is None else f"on AsyncCallsQueue(persistent={persistent})"),
+    )
 
 
 @dataclass(frozen=True)
@@ -152,12 +166,18 @@ def _noop_request(tmp, persistent):
     log = os.path.join(tmp, f"noop-{persistent}")
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=persistent)
-    first = queue.schedule_async_request(core.AsyncRequest(
-        workloads.append_line, (log, "real"), [functools.partial(workloads.append_line, log, "fin0")]))
-    second = queue.schedule_async_request(core.AsyncRequest(
-        None, (), [functools.partial(workloads.append_line, log, "fin1")]))
-    bounded(30, "maybe_finalize_async_calls(blocking=True) with a no-op request pending",
-            queue.maybe_finalize_async_calls, True)
+    first = queue.schedule_async_request(
+        core.AsyncRequest(workloads.append_line, (log, "real"), [functools.partial(workloads.append_line, log, "fin0")])
+    )
+    second = queue.schedule_async_request(
+        core.AsyncRequest(None, (), [functools.partial(workloads.append_line, log, "fin1")])
+    )
+    bounded(
+        30,
+        "maybe_finalize_async_calls(blocking=True) with a no-op request pending",
+        queue.maybe_finalize_async_calls,
+        True,
+    )
     pending = queue.get_num_unfinalized_calls()
     queue.close()
     return NoopRequest((first, second), pending, Path(log).read_text().split())
@@ -166,6 +186,9 @@ def _noop_request(tmp, persistent):
 @pytest.mark.spec("AR-8")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_noop_request_gets_an_index_and_is_finalized(rank_pool, tmp_path, persistent):
-    assert_equal("queue", rank_pool(1).run(_noop_request, str(tmp_path), persistent)[0],
-                 NoopRequest(indices=(0, 1), pending=0, effects=["real", "fin0", "fin1"]),
-                 call="a request with an async_fn, then a no-op one; blocking finalize")
+    assert_equal(
+        "queue",
+        rank_pool(1).run(_noop_request, str(tmp_path), persistent)[0],
+        NoopRequest(indices=(0, 1), pending=0, effects=["real", "fin0", "fin1"]),
+        call="a request with an async_fn, then a no-op one; blocking finalize",
+    )

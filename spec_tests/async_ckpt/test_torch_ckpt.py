@@ -1,6 +1,7 @@
 """TorchAsyncCheckpoint: torch.save in the background, finalized in a training loop."""
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -28,8 +29,11 @@ def _save_mutate_load(tmp, persistent, state_dict):
     workloads.open_gate(gate)
     bounded(60, "finalize_async_save(blocking=True)", ckpt.finalize_async_save, True)
     bounded(60, "finalize_async_save(terminate=True)", ckpt.finalize_async_save, True, True, True)
-    assert_state_dict_equal(torch.load(path, weights_only=False), expected,
-                            call="torch.load of a file written by async_save before an in-place update")
+    assert_state_dict_equal(
+        torch.load(path, weights_only=False),
+        expected,
+        call="torch.load of a file written by async_save before an in-place update",
+    )
     remove(gate, path)
 
 
@@ -42,13 +46,12 @@ def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, pers
 
 def _training_loop(tmp, persistent):
     ckpt = _checkpointer(persistent)
-    model = {"w": torch.zeros(8), "step": 0}
+    model: dict[str, Any] = {"w": torch.zeros(8), "step": 0}
     saved = {}
     for step in range(6):
         gate = os.path.join(tmp, f"gate{step}")
         # Must return at once although the previous save is still held by its gate.
-        bounded(10, "finalize_async_save(blocking=False) while a save is in flight",
-                ckpt.finalize_async_save, False)
+        bounded(10, "finalize_async_save(blocking=False) while a save is in flight", ckpt.finalize_async_save, False)
         model["w"].add_(1)
         model["step"] = step
         if step % 2 == 0:
@@ -68,8 +71,12 @@ def _training_loop(tmp, persistent):
 @pytest.mark.spec("TAC-2")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_non_blocking_finalize_in_a_training_loop(rank_pool, tmp_path, persistent):
-    assert_equal("checkpoints saved and checked", rank_pool(1).run(_training_loop, str(tmp_path), persistent)[0], 3,
-                 call="six steps, async_save every second one, finalize_async_save(blocking=False) every step")
+    assert_equal(
+        "checkpoints saved and checked",
+        rank_pool(1).run(_training_loop, str(tmp_path), persistent)[0],
+        3,
+        call="six steps, async_save every second one, finalize_async_save(blocking=False) every step",
+    )
 
 
 def _two_instances(tmp):

@@ -32,9 +32,14 @@ def test_preload_runs_in_the_worker_before_schedule_returns_and_close_ends_it(tm
     marker, pid_file = str(tmp_path / "preloaded"), str(tmp_path / "worker")
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=True)
-    queue.schedule_async_request(core.AsyncRequest(
-        workloads.write_pid, (pid_file, "placeholder"), [],
-        preload_fn=functools.partial(_slow_preload, marker, None)))
+    queue.schedule_async_request(
+        core.AsyncRequest(
+            workloads.write_pid,
+            (pid_file, "placeholder"),
+            [],
+            preload_fn=functools.partial(_slow_preload, marker, None),
+        )
+    )
     assert os.path.exists(marker), "schedule_async_request returned before preload_fn completed"
     preload_pid = int(Path(marker).read_text())
     assert preload_pid != os.getpid(), "preload_fn ran in the trainer, not in the persistent worker"
@@ -97,16 +102,23 @@ def _kill_worker_then_finalize(tmp):
     pid_file = os.path.join(tmp, "worker")
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=True)
-    queue.schedule_async_request(core.AsyncRequest(
-        workloads.write_pid, (pid_file, os.path.join(tmp, "never")), []))
+    queue.schedule_async_request(core.AsyncRequest(workloads.write_pid, (pid_file, os.path.join(tmp, "never")), []))
     os.kill(int(wait_for_file(pid_file)), signal.SIGKILL)
-    return attempt(queue.maybe_finalize_async_calls, True, bound=30, hung_fails=True,
-                   what="maybe_finalize_async_calls(blocking=True) after the worker died").text
+    return attempt(
+        queue.maybe_finalize_async_calls,
+        True,
+        bound=30,
+        hung_fails=True,
+        what="maybe_finalize_async_calls(blocking=True) after the worker died",
+    ).text
 
 
 @pytest.mark.spec("PC-5")
 @pytest.mark.needs("persistent_caller")
 def test_a_dead_worker_fails_the_blocking_finalize(rank_pool, tmp_path):
-    assert_equal("maybe_finalize_async_calls(blocking=True)",
-                 rank_pool(1).run(_kill_worker_then_finalize, str(tmp_path), timeout=60)[0], "CheckpointException",
-                 call="the persistent worker was killed while running the call")
+    assert_equal(
+        "maybe_finalize_async_calls(blocking=True)",
+        rank_pool(1).run(_kill_worker_then_finalize, str(tmp_path), timeout=60)[0],
+        "CheckpointException",
+        call="the persistent worker was killed while running the call",
+    )

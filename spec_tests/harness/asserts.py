@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
-__all__ = ["HUNG", "BoundExceeded", "Outcome", "assert_each_rank", "assert_equal", "assert_state_dict_equal",
-           "attempt", "bounded", "outcome_of"]
+__all__ = [
+    "HUNG",
+    "BoundExceeded",
+    "Outcome",
+    "assert_each_rank",
+    "assert_equal",
+    "assert_state_dict_equal",
+    "attempt",
+    "bounded",
+    "outcome_of",
+]
 
 HUNG = "hung"
 """Outcome.text of a call still running at its bound."""
@@ -58,7 +68,7 @@ class Outcome:
     """
 
     text: str
-    value: object = None
+    value: Any = None
     message: str = ""
     error: BaseException | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -73,8 +83,15 @@ class Outcome:
         return Outcome, (self.text, self.value, self.message)
 
 
-def attempt(fn, *args, bound: float | None = None, what: str = "", named=(CheckpointException,),
-            hung_fails: bool = False, **kwargs) -> Outcome:
+def attempt(
+    fn,
+    *args,
+    bound: float | None = None,
+    what: str = "",
+    named=(CheckpointException,),
+    hung_fails: bool = False,
+    **kwargs,
+) -> Outcome:
     """Call fn(*args, **kwargs), within `bound` seconds if given, and say what it did (never raises, but see below).
 
     An exception that is an instance of a class in `named` is reported by that class's name (implementations may
@@ -84,8 +101,11 @@ def attempt(fn, *args, bound: float | None = None, what: str = "", named=(Checkp
     """
     __tracebackhide__ = True
     try:
-        value = bounded(bound, what or getattr(fn, "__name__", "call"), fn, *args, **kwargs) if bound is not None \
+        value = (
+            bounded(bound, what or getattr(fn, "__name__", "call"), fn, *args, **kwargs)
+            if bound is not None
             else fn(*args, **kwargs)
+        )
     except BoundExceeded as exc:
         if hung_fails:
             raise
@@ -119,8 +139,12 @@ def _differences(name: str, actual, expected) -> list[tuple[str, object, object]
     fields = _fields(expected)
     if fields is not None and type(actual) is type(expected):
         return [d for key, want in fields.items() for d in _differences(f"{name}.{key}", getattr(actual, key), want)]
-    if isinstance(expected, (list, tuple)) and type(actual) is type(expected) and len(actual) == len(expected) \
-            and any(_fields(e) is not None for e in expected):
+    if (
+        isinstance(expected, (list, tuple))
+        and type(actual) is type(expected)
+        and len(actual) == len(expected)
+        and any(_fields(e) is not None for e in expected)
+    ):
         pairs = zip(actual, expected, strict=True)
         return [d for i, (a, e) in enumerate(pairs) for d in _differences(f"{name}[{i}]", a, e)]
     if isinstance(expected, dict) and isinstance(actual, dict) and actual.keys() == expected.keys():
@@ -150,8 +174,11 @@ def assert_each_rank(name: str, results: list, expected, *, per_rank: bool = Fal
     __tracebackhide__ = True
     wants = expected if per_rank else [expected] * len(results)
     assert len(results) == len(wants), f"len(results)={len(results)}, but should be {len(wants)} (ranks)"
-    wrong = [d for rank, (got, want) in enumerate(zip(results, wants, strict=True))
-             for d in _differences(f"rank {rank}: {name}", got, want)]
+    wrong = [
+        d
+        for rank, (got, want) in enumerate(zip(results, wants, strict=True))
+        for d in _differences(f"rank {rank}: {name}", got, want)
+    ]
     assert not wrong, _message(wrong, call)
 
 
@@ -162,12 +189,18 @@ def assert_state_dict_equal(actual, expected, *, call: str = "", path: str = "st
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"{path} is {type(actual).__name__}, but should be a Tensor{where}"
         assert actual.dtype == expected.dtype, f"{path}.dtype={actual.dtype}, but should be {expected.dtype}{where}"
-        assert actual.shape == expected.shape, f"{path}.shape={tuple(actual.shape)}, but should be {tuple(expected.shape)}{where}"
+        assert actual.shape == expected.shape, (
+            f"{path}.shape={tuple(actual.shape)}, but should be {tuple(expected.shape)}{where}"
+        )
         assert torch.equal(actual.cpu(), expected.cpu()), f"{path}={actual!r}, but should be {expected!r}{where}"
         return
-    assert type(actual) is type(expected), f"{path} is {type(actual).__name__}, but should be {type(expected).__name__}{where}"
+    assert type(actual) is type(expected), (
+        f"{path} is {type(actual).__name__}, but should be {type(expected).__name__}{where}"
+    )
     if isinstance(expected, dict):
-        assert actual.keys() == expected.keys(), f"{path} keys={sorted(map(str, actual))}, but should be {sorted(map(str, expected))}{where}"
+        assert actual.keys() == expected.keys(), (
+            f"{path} keys={sorted(map(str, actual))}, but should be {sorted(map(str, expected))}{where}"
+        )
         for key in expected:
             assert_state_dict_equal(actual[key], expected[key], call=call, path=f"{path}[{key!r}]")
     elif isinstance(expected, (list, tuple)):

@@ -14,8 +14,10 @@ from spec_tests.harness.targets import current_target
 
 __all__ = ["CALLERS", "alive", "async_core", "close_quietly", "exists", "remove", "wait_for_file"]
 
-CALLERS = [pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
-           pytest.param(False, id="temporal", marks=pytest.mark.needs("temporal_caller"))]
+CALLERS = [
+    pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
+    pytest.param(False, id="temporal", marks=pytest.mark.needs("temporal_caller")),
+]
 """Parameters `persistent` of a test run once per caller: a persistent worker, or a temporal child per call."""
 
 

@@ -22,6 +22,7 @@ causes on purpose (e.g. `-signal.SIGKILL`). A rank that calls `pytest.skip` skip
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import functools
 import importlib
@@ -35,6 +36,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait
+from typing import Any
 
 __all__ = ["RankFailures", "RankPool", "ranks", "rank_state", "resolve_backend", "world"]
 
@@ -57,7 +59,7 @@ def world() -> tuple[int, int]:
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
-    """"gloo", or "nccl" when asked for (or "auto") and world_size GPUs exist; else skip."""
+    """ "gloo", or "nccl" when asked for (or "auto") and world_size GPUs exist; else skip."""
     import pytest
     import torch
 
@@ -104,7 +106,8 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
     from spec_tests.harness.targets import ENV_VAR, load_target
 
     os.environ[ENV_VAR] = spec.target_name
-    dump = open(os.path.join(spec.dump_dir, f"rank{rank}.stack"), "w")
+    # Left open for the process's lifetime: faulthandler writes the stacks to it on SIGUSR1.
+    dump = open(os.path.join(spec.dump_dir, f"rank{rank}.stack"), "w")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
     import torch
     import torch.distributed as dist
@@ -113,8 +116,12 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
     if spec.backend == "nccl":
         torch.cuda.set_device(spec.devices[rank])
     dist.init_process_group(
-        spec.backend, store=dist.FileStore(spec.store_path, spec.world_size), rank=rank,
-        world_size=spec.world_size, timeout=timedelta(seconds=spec.pg_timeout))
+        spec.backend,
+        store=dist.FileStore(spec.store_path, spec.world_size),
+        rank=rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.pg_timeout),
+    )
     # gloo's init can return on one rank while a peer is still connecting; a rank that then
     # finishes (or dies) first would break that peer's setup. Start the body only when all joined.
     dist.barrier()
@@ -125,7 +132,7 @@ def _serve(conn, job) -> None:
 
     module, qualname, unwrap, args, kwargs = job
     try:
-        fn = importlib.import_module(module)
+        fn: Any = importlib.import_module(module)
         for part in qualname.split("."):
             fn = getattr(fn, part)
         result = (fn.__wrapped__ if unwrap else fn)(*args, **kwargs)
@@ -146,8 +153,15 @@ def _context():
 
     target = current_target()
     ctx.set_forkserver_preload(
-        ["torch", "torch.distributed", "pytest", "spec_tests.harness.ranks", target.adapter.__name__,
-         *target.adapter.MODULES.values()])
+        [
+            "torch",
+            "torch.distributed",
+            "pytest",
+            "spec_tests.harness.ranks",
+            target.adapter.__name__,
+            *target.adapter.MODULES.values(),
+        ]
+    )
     return ctx
 
 
@@ -170,7 +184,8 @@ class _GpuLease:
         deadline = time.monotonic() + timeout
         while True:
             for device in range(torch.cuda.device_count()):
-                f = open(os.path.join(self.LOCK_DIR, f"gpu{device}.lock"), "w")
+                # Held open (in self._files) as long as the lease holds its flock; release() closes it.
+                f = open(os.path.join(self.LOCK_DIR, f"gpu{device}.lock"), "w")  # noqa: SIM115
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -217,14 +232,19 @@ class _Ranks:
 
         lease = _GpuLease(world_size, timeout) if backend == "nccl" else None
         workdir = tempfile.mkdtemp(prefix="ckptspec-ranks-")
-        spec = _WorldSpec(world_size, backend, os.path.join(workdir, "store"), workdir,
-                          current_target().name, pg_timeout=max(timeout, 30.0) + 30.0,
-                          devices=lease.devices if lease else ())
+        spec = _WorldSpec(
+            world_size,
+            backend,
+            os.path.join(workdir, "store"),
+            workdir,
+            current_target().name,
+            pg_timeout=max(timeout, 30.0) + 30.0,
+            devices=lease.devices if lease else (),
+        )
         ctx, procs, conns = _context(), [], []
         for rank in range(world_size):
             parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(rank, spec, child_end, jobs[rank]),
-                               name=f"ckptspec-rank{rank}")
+            proc = ctx.Process(target=_rank_main, args=(rank, spec, child_end, jobs[rank]), name=f"ckptspec-rank{rank}")
             proc.start()
             child_end.close()
             procs.append(proc)
@@ -284,10 +304,8 @@ class _Ranks:
         """End every rank and everything it started (its process group), then remove the workdir."""
         for proc in self.procs:
             if proc.pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
         for proc in self.procs:
             proc.join(timeout=10)
         for conn in self.conns:
@@ -307,8 +325,10 @@ def _describe(outcomes: list[_Outcome], timeout: float, expect_exit: dict[int, i
             want = f" (expected {expect_exit[rank]})" if rank in expect_exit else ""
             text = f"rank {rank} exited with code {o.detail}{want} without reporting a result"
         elif o.kind == "hung":
-            text = (f"rank {rank} did not finish within {timeout:g}s (or was stopped after another "
-                    f"rank failed); stack:\n{_indent(o.detail)}")
+            text = (
+                f"rank {rank} did not finish within {timeout:g}s (or was stopped after another "
+                f"rank failed); stack:\n{_indent(o.detail)}"
+            )
         elif rank in expect_exit and o.kind != "expected_exit":
             text = f"rank {rank} was expected to exit with code {expect_exit[rank]} but returned"
         else:
@@ -344,8 +364,9 @@ def _job(fn, unwrap, args, kwargs):
     return (fn.__module__, fn.__qualname__, unwrap, args, kwargs)
 
 
-def run_on_ranks(fn, world_size, args=(), kwargs=None, *, backend="auto", timeout=DEFAULT_TIMEOUT,
-                 expect_exit=None, unwrap=False) -> list:
+def run_on_ranks(
+    fn, world_size, args=(), kwargs=None, *, backend="auto", timeout=DEFAULT_TIMEOUT, expect_exit=None, unwrap=False
+) -> list:
     """Run fn(*args, **kwargs) once on fresh ranks; return each rank's result."""
     __tracebackhide__ = True
     backend, expect_exit = resolve_backend(backend, world_size), dict(expect_exit or {})
@@ -360,16 +381,22 @@ def run_on_ranks(fn, world_size, args=(), kwargs=None, *, backend="auto", timeou
     return _finish(outcomes, timeout, expect_exit)
 
 
-def ranks(world_size: int, *, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
-          expect_exit: dict[int, int] | None = None):
+def ranks(
+    world_size: int,
+    *,
+    backend: str = "auto",
+    timeout: float = DEFAULT_TIMEOUT,
+    expect_exit: dict[int, int] | None = None,
+):
     """Decorator: run a module-level test body on `world_size` fresh ranks."""
 
     def decorate(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             __tracebackhide__ = True
-            run_on_ranks(fn, world_size, args, kwargs, backend=backend, timeout=timeout,
-                         expect_exit=expect_exit, unwrap=True)
+            run_on_ranks(
+                fn, world_size, args, kwargs, backend=backend, timeout=timeout, expect_exit=expect_exit, unwrap=True
+            )
 
         return wrapper
 
@@ -390,8 +417,7 @@ class RankPool:
         timeout = self.timeout if timeout is None else timeout
         job = _job(fn, False, args, kwargs)
         if self._ranks is None:
-            self._ranks = _Ranks.start(self.world_size, self.backend, self.timeout,
-                                       [job] * self.world_size)
+            self._ranks = _Ranks.start(self.world_size, self.backend, self.timeout, [job] * self.world_size)
         else:
             for conn in self._ranks.conns:
                 conn.send(job)
@@ -405,10 +431,8 @@ class RankPool:
         if self._ranks is not None:
             ranks_, self._ranks = self._ranks, None
             for conn in ranks_.conns:
-                try:
+                with contextlib.suppress(OSError):
                     conn.send(None)
-                except OSError:
-                    pass
             deadline = time.monotonic() + 10
             for proc in ranks_.procs:
                 proc.join(timeout=max(0.0, deadline - time.monotonic()))

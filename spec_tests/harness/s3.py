@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -113,8 +114,11 @@ class FaultProxy:
                 elif decision == "forward":
                     self._forward(body)
                 else:
-                    self._answer(decision, b"<?xml version='1.0'?><Error><Code>ServiceUnavailable</Code>"
-                                           b"<Message>injected by the test's fault proxy</Message></Error>")
+                    self._answer(
+                        decision,
+                        b"<?xml version='1.0'?><Error><Code>ServiceUnavailable</Code>"
+                        b"<Message>injected by the test's fault proxy</Message></Error>",
+                    )
 
             def _forward(self, body: bytes):
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
@@ -154,7 +158,7 @@ class S3Endpoint:
     config_path: str
     url: str
     proxy: FaultProxy
-    client: object
+    client: Any  # a boto3 S3 client (boto3 has no type information)
 
     def keys(self, prefix: str) -> list[str]:
         """Object keys under `prefix` in the bucket, read directly (not through the proxy)."""
@@ -177,8 +181,8 @@ def _profile(endpoint_url: str, bucket: str, *, timeout: float) -> str:
     credentials_provider:
       type: S3Credentials
       options:
-        access_key: {CREDENTIALS['access_key']}
-        secret_key: {CREDENTIALS['secret_key']}
+        access_key: {CREDENTIALS["access_key"]}
+        secret_key: {CREDENTIALS["secret_key"]}
     retry:
       attempts: 1
       delay: 0
@@ -201,16 +205,23 @@ def start_endpoint(config_path: str):
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=url, region_name=REGION, aws_access_key_id=CREDENTIALS["access_key"],
-                          aws_secret_access_key=CREDENTIALS["secret_key"])
+    client = boto3.client(
+        "s3",
+        endpoint_url=url,
+        region_name=REGION,
+        aws_access_key_id=CREDENTIALS["access_key"],
+        aws_secret_access_key=CREDENTIALS["secret_key"],
+    )
     client.create_bucket(Bucket=BUCKET)  # also proves the server answers
     proxy = FaultProxy(port)
     proxy.start()
     with open(config_path, "w") as f:
-        f.write("profiles:\n"
-                f"  s3:{_profile(url, BUCKET, timeout=10)}"
-                f"  s3-faulty:{_profile(f'http://127.0.0.1:{proxy.port}', BUCKET, timeout=5)}"
-                f"  s3-missing:{_profile(url, MISSING_BUCKET, timeout=5)}")
+        f.write(
+            "profiles:\n"
+            f"  s3:{_profile(url, BUCKET, timeout=10)}"
+            f"  s3-faulty:{_profile(f'http://127.0.0.1:{proxy.port}', BUCKET, timeout=5)}"
+            f"  s3-missing:{_profile(url, MISSING_BUCKET, timeout=5)}"
+        )
 
     def stop():
         proxy.stop()

@@ -7,11 +7,29 @@ import math
 import torch
 from hypothesis import strategies as st
 
-__all__ = ["DTYPES", "dcp_state_dicts", "mutate_in_place", "private_copy", "replication_layouts", "replication_params",
-           "state_dicts", "tensors"]
+__all__ = [
+    "DTYPES",
+    "dcp_state_dicts",
+    "mutate_in_place",
+    "private_copy",
+    "replication_layouts",
+    "replication_params",
+    "state_dicts",
+    "tensors",
+]
 
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-          torch.int32, torch.int64, torch.bool, torch.complex64)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+)
 
 
 @st.composite
@@ -22,8 +40,9 @@ def tensors(draw, *, max_numel: int = 48, device: str = "cpu", views: bool = Tru
     if math.prod(shape) > max_numel:
         shape = shape[:1]
     seed = draw(st.integers(0, 2**16), label="seed")
-    values = torch.randint(0, 2 if dtype == torch.bool else 16, (math.prod(shape),),
-                           generator=torch.Generator().manual_seed(seed))
+    values = torch.randint(
+        0, 2 if dtype == torch.bool else 16, (math.prod(shape),), generator=torch.Generator().manual_seed(seed)
+    )
     base = values.to(dtype).reshape(shape).to(device)
     kind = draw(st.sampled_from(["plain", "transposed", "strided"] if views else ["plain"]), label="view")
     if kind == "transposed" and base.dim() >= 2:
@@ -38,9 +57,13 @@ def state_dicts(*, max_leaves: int = 6, device: str = "cpu", with_tensors: bool 
     plain = [st.integers(-5, 5), st.text(max_size=4), st.binary(max_size=4)]
     tensor = tensors(device=device, views=views)
     leaf = st.one_of(*([tensor, tensor] if with_tensors else []), *plain)
-    tree = st.recursive(leaf, lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text("abcxyz", min_size=1, max_size=3), inner, max_size=3)),
-        max_leaves=max_leaves)
+    tree = st.recursive(
+        leaf,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=3), st.dictionaries(st.text("abcxyz", min_size=1, max_size=3), inner, max_size=3)
+        ),
+        max_leaves=max_leaves,
+    )
     return st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4), tree, min_size=1, max_size=4)
 
 
@@ -73,8 +96,12 @@ def private_copy(obj):
 
 def replication_layouts(world_size: int) -> list[tuple[int, int]]:
     """Every valid (replication_jump, replication_factor) for world_size ranks: jump*factor divides it."""
-    return [(jump, factor) for jump in range(1, world_size + 1) for factor in range(1, world_size + 1)
-            if world_size % (jump * factor) == 0]
+    return [
+        (jump, factor)
+        for jump in range(1, world_size + 1)
+        for factor in range(1, world_size + 1)
+        if world_size % (jump * factor) == 0
+    ]
 
 
 def replication_params(world_size: int, *, none: bool = True, min_factor: int = 1):
@@ -92,14 +119,21 @@ def dcp_state_dicts(draw, *, max_leaves: int = 8):
     alias under other keys.
     """
     leaf = st.one_of(tensors(), tensors(), st.integers(-5, 5), st.text(max_size=4), st.binary(max_size=4))
-    tree = st.recursive(leaf | st.lists(leaf, max_size=3), lambda inner: st.dictionaries(
-        st.text("abcxyz", min_size=1, max_size=3), inner, max_size=3), max_leaves=max_leaves)
+    tree = st.recursive(
+        leaf | st.lists(leaf, max_size=3),
+        lambda inner: st.dictionaries(st.text("abcxyz", min_size=1, max_size=3), inner, max_size=3),
+        max_leaves=max_leaves,
+    )
     state_dict = draw(st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4), tree, min_size=1, max_size=4))
     base = draw(st.none() | tensors(views=False), label="shared base")
     if base is not None and base.numel() > 0:
         flat = base.reshape(-1)
-        views = {"sharedbase": base, "sharedalias": base, "sharedhead": flat[: (flat.numel() + 1) // 2],
-                 "sharedstep": flat[1::2]}
+        views = {
+            "sharedbase": base,
+            "sharedalias": base,
+            "sharedhead": flat[: (flat.numel() + 1) // 2],
+            "sharedstep": flat[1::2],
+        }
         keys = draw(st.lists(st.sampled_from(sorted(views)), min_size=1, max_size=4, unique=True), label="shared keys")
         state_dict.update((k, views[k]) for k in keys)
     return state_dict

@@ -12,8 +12,18 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["GATE_TIMEOUT", "PickleFails", "PickleGate", "append_line", "call_when_open", "fail", "gated", "open_gate",
-           "save_when_open", "write_pid"]
+__all__ = [
+    "GATE_TIMEOUT",
+    "PickleFails",
+    "PickleGate",
+    "append_line",
+    "call_when_open",
+    "fail",
+    "gated",
+    "open_gate",
+    "save_when_open",
+    "write_pid",
+]
 
 GATE_TIMEOUT = 120.0
 

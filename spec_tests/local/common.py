@@ -22,9 +22,28 @@ from spec_tests.harness.ranks import rank_state, world
 from spec_tests.harness.targets import current_target
 from spec_tests.local.cpu_state_dict import CpuTensorAwareStateDict
 
-__all__ = ["BOUND", "PART_SLACK", "PAYLOAD", "Found", "assert_found", "assert_nothing_found", "cliques",
-           "find_then_load", "fresh_find_then_load", "lose_nodes", "manager", "module", "node_root", "rank_value",
-           "save", "save_values", "storage_bytes", "strategy", "tasd", "try_save_values"]
+__all__ = [
+    "BOUND",
+    "PART_SLACK",
+    "PAYLOAD",
+    "Found",
+    "assert_found",
+    "assert_nothing_found",
+    "cliques",
+    "find_then_load",
+    "fresh_find_then_load",
+    "lose_nodes",
+    "manager",
+    "module",
+    "node_root",
+    "rank_value",
+    "save",
+    "save_values",
+    "storage_bytes",
+    "strategy",
+    "tasd",
+    "try_save_values",
+]
 
 BOUND = 60.0
 """Seconds any one collective call of a manager may take in these tests (they move a few KiB)."""
@@ -111,8 +130,13 @@ def find_then_load(mgr) -> Found:
 def assert_found(results: list[Found], iteration: int, states: list, what: str) -> None:
     """Every rank found `iteration` and loaded exactly states[rank], as part (iteration, rank, '')."""
     __tracebackhide__ = True
-    assert_each_rank("found", results, [Found(iteration, "returned", (iteration, rank, "")) for rank in
-                                        range(len(results))], per_rank=True, call=what)
+    assert_each_rank(
+        "found",
+        results,
+        [Found(iteration, "returned", (iteration, rank, "")) for rank in range(len(results))],
+        per_rank=True,
+        call=what,
+    )
     for rank, found in enumerate(results):
         assert_state_dict_equal(found.state_dict, states[rank], call=f"rank {rank}: load() after {what}")
 
@@ -152,8 +176,7 @@ def cliques(world_size: int, jump: int, factor: int) -> list[list[int]]:
     jump*factor consecutive ranks starting at s, ranks s+b, s+b+jump, ..., s+b+(factor-1)*jump form
     a clique, for each b < jump."""
     block = jump * factor
-    return [[start + b + k * jump for k in range(factor)]
-            for start in range(0, world_size, block) for b in range(jump)]
+    return [[start + b + k * jump for k in range(factor)] for start in range(0, world_size, block) for b in range(jump)]
 
 
 PAYLOAD = 16 * 1024
@@ -165,6 +188,10 @@ PART_SLACK = 8 * 1024
 def rank_value(rank: int, iteration: int) -> dict:
     """A per-rank, per-iteration state dict: tensors, plain values, and a PAYLOAD-byte tensor."""
     base = 1000 * iteration + 10 * rank
-    return {"w": torch.arange(base, base + 3, dtype=torch.int64), "opt": {"lr": 0.5 * rank, "steps": [iteration]},
-            "tag": f"r{rank}i{iteration}", "half": [torch.full((2, 2), float(rank), dtype=torch.float16)],
-            "payload": torch.full((PAYLOAD // 4,), float(base), dtype=torch.float32)}
+    return {
+        "w": torch.arange(base, base + 3, dtype=torch.int64),
+        "opt": {"lr": 0.5 * rank, "steps": [iteration]},
+        "tag": f"r{rank}i{iteration}",
+        "half": [torch.full((2, 2), float(rank), dtype=torch.float16)],
+        "payload": torch.full((PAYLOAD // 4,), float(base), dtype=torch.float32),
+    }

@@ -11,6 +11,8 @@ not see later in-place updates); ``restore_tensor_device`` has nothing to move.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from spec_tests.harness.targets import current_target
@@ -18,8 +20,11 @@ from spec_tests.harness.targets import current_target
 __all__ = ["CpuTensorAwareStateDict", "Slot"]
 
 # A target without local checkpointing still collects this suite (its tests skip on `needs`).
-_Base = (current_target().module("local.base_state_dict").TensorAwareStateDict
-         if current_target().has("local_checkpointing") else object)
+_Base: Any = (
+    current_target().module("local.base_state_dict").TensorAwareStateDict
+    if current_target().has("local_checkpointing")
+    else object
+)
 
 
 class Slot:
@@ -79,14 +84,15 @@ class CpuTensorAwareStateDict(_Base):
         data = list(tensor_data)
         if len(data) != len(slots):
             raise RuntimeError(f"{len(data)} tensors for {len(slots)} slots")
-        for (c, k), tensor in zip(slots, data):
+        for (c, k), tensor in zip(slots, data, strict=True):
             c[k] = tensor
         self._hollow = False
 
     def init_tensors(self):
         self._check(True, "init_tensors")
-        self.insert_tensors([torch.empty(c[k].shape, dtype=c[k].dtype)
-                             for c, k in _leaves(self.state_dict) if isinstance(c[k], Slot)])
+        self.insert_tensors(
+            [torch.empty(c[k].shape, dtype=c[k].dtype) for c, k in _leaves(self.state_dict) if isinstance(c[k], Slot)]
+        )
 
     def copy_tensors_to_cpu(self, non_blocking=False):
         self._check(False, "copy_tensors_to_cpu")

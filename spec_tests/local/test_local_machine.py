@@ -73,6 +73,12 @@ class LocalManagerMachine(RuleBasedStateMachine):
         self.model: StorageModel | None = None
         self.base = ""
 
+    @property
+    def started(self) -> StorageModel:
+        """The model, made by the initialize rule (hypothesis runs it before any other rule)."""
+        assert self.model is not None
+        return self.model
+
     @initialize(layout=strategies.replication_params(WORLD))
     def start(self, layout):
         self.base = tempfile.mkdtemp(dir=self.tmp)
@@ -81,32 +87,37 @@ class LocalManagerMachine(RuleBasedStateMachine):
         note(f"layout (jump, factor)={layout}: cliques {groups}")
 
     def _save(self, iteration, mode):
-        return self.pool.run(try_save_values, self.base, self.model.layout, iteration, mode)
+        return self.pool.run(try_save_values, self.base, self.started.layout, iteration, mode)
 
     @rule(step=st.integers(1, 6), mode=st.sampled_from(["sync", "temporal"]))
     def save_newer(self, step, mode):
-        iteration = self.model.latest() + step
+        iteration = self.started.latest() + step
         outcomes = self._save(iteration, mode)
         note(f"save({iteration}) {mode}: {outcomes}")
-        assert_each_rank("save()", outcomes, "returned", call=f"save({iteration}) {mode}, latest "
-                                                               f"{self.model.latest()} [LM-2]")
-        self.model.saved(iteration)
+        assert_each_rank(
+            "save()", outcomes, "returned", call=f"save({iteration}) {mode}, latest {self.started.latest()} [LM-2]"
+        )
+        self.started.saved(iteration)
 
     @precondition(lambda self: self.model is not None and self.model.latest() >= 0)
     @rule(back=st.integers(0, 2))
     def save_not_newer(self, back):
-        iteration = max(0, self.model.latest() - back)
+        iteration = max(0, self.started.latest() - back)
         outcomes = self._save(iteration, "sync")
-        note(f"save({iteration}) with latest {self.model.latest()}: {outcomes}")
-        assert_each_rank("save()", outcomes, "CheckpointingException",
-                         call=f"save({iteration}), not newer than latest {self.model.latest()} [LM-10]")
+        note(f"save({iteration}) with latest {self.started.latest()}: {outcomes}")
+        assert_each_rank(
+            "save()",
+            outcomes,
+            "CheckpointingException",
+            call=f"save({iteration}), not newer than latest {self.started.latest()} [LM-10]",
+        )
 
     @rule()
     def find_and_load(self):
-        latest = self.model.latest()
-        results = self.pool.run(fresh_find_then_load, self.base, self.model.layout)
+        latest = self.started.latest()
+        results = self.pool.run(fresh_find_then_load, self.base, self.started.layout)
         note(f"find_latest(), load() on fresh managers (model: latest {latest}): {results}")
-        what = f"storage {self.model.disk}, model's latest {latest} [LM-5, LM-6, LM-12]"
+        what = f"storage {self.started.disk}, model's latest {latest} [LM-5, LM-6, LM-12]"
         if latest < 0:
             assert_nothing_found(results, what)
         else:
@@ -119,14 +130,15 @@ class LocalManagerMachine(RuleBasedStateMachine):
         for rank, parts in self.model.disk.items():
             used = storage_bytes(self.base, rank)
             assert used <= len(parts) * (PAYLOAD + PART_SLACK), (
-                f"rank {rank} stores {used} bytes, but should only hold the parts {sorted(parts)} [LM-8]")
+                f"rank {rank} stores {used} bytes, but should only hold the parts {sorted(parts)} [LM-8]"
+            )
 
     @rule(rank=st.integers(0, WORLD - 1))
     def lose_node(self, rank):
         note(f"lose node {rank} (its storage), restart every rank")
         lose_nodes(self.base, [rank])
         self.pool.close()  # the next rule runs on fresh rank processes
-        self.model.disk[rank] = set()
+        self.started.disk[rank] = set()
 
 
 @pytest.mark.spec("LM-2", "LM-5", "LM-6", "LM-8", "LM-10", "LM-12")

@@ -81,8 +81,12 @@ def _load_before_find(base):
 
 @pytest.mark.spec("LM-12")
 def test_load_before_find_latest_is_refused(rank_pool, tmp_path):
-    assert_each_rank("load()", rank_pool(2).run(_load_before_find, str(tmp_path)), "CheckpointingException",
-                     call="a new manager's load() without find_latest(), after save(1)")
+    assert_each_rank(
+        "load()",
+        rank_pool(2).run(_load_before_find, str(tmp_path)),
+        "CheckpointingException",
+        call="a new manager's load() without find_latest(), after save(1)",
+    )
 
 
 @pytest.mark.spec("LM-2", "LM-3", "LM-5")
@@ -91,13 +95,15 @@ def test_load_before_find_latest_is_refused(rank_pool, tmp_path):
 @given(data=st.data())
 def test_every_rank_loads_exactly_what_it_saved(rank_pool, tmp_path, world_size, mode, data):
     layout = data.draw(strategies.replication_params(world_size), label="(jump, factor)")
-    states = data.draw(st.lists(strategies.state_dicts(max_leaves=4), min_size=world_size, max_size=world_size),
-                       label="state per rank")
+    states = data.draw(
+        st.lists(strategies.state_dicts(max_leaves=4), min_size=world_size, max_size=world_size), label="state per rank"
+    )
     iteration = data.draw(st.integers(0, 10**6), label="iteration")
     results = rank_pool(world_size).run(_save_and_reload, _example_dir(tmp_path), states, layout, mode, iteration)
     what = f"save({iteration}) {mode}, layout {layout}"
-    assert_each_rank("save_returned", [r.save_returned for r in results],
-                     "NoneType" if mode == "sync" else "AsyncRequest", call=what)
+    assert_each_rank(
+        "save_returned", [r.save_returned for r in results], "NoneType" if mode == "sync" else "AsyncRequest", call=what
+    )
     assert_found([r.then for r in results], iteration, states, what)
 
 
@@ -129,7 +135,9 @@ def test_save_leaves_the_callers_state_dict_as_it_was(rank_pool, tmp_path, layou
     results = rank_pool(2).run(_caller_after_save, str(tmp_path), layout)
     assert_each_rank("caller's TensorAwareStateDict", results, CallersState(False, {}), call="after save()")
     for rank, got in enumerate(results):
-        assert_state_dict_equal(got.state_dict, rank_value(rank, 1), call=f"rank {rank}: the caller's state after save()")
+        assert_state_dict_equal(
+            got.state_dict, rank_value(rank, 1), call=f"rank {rank}: the caller's state after save()"
+        )
 
 
 # ------------------------------------------------------------------------------ async in flight
@@ -183,10 +191,18 @@ def test_an_unfinished_part_is_not_counted_and_later_updates_do_not_leak(rank_po
     gates = str(tmp_path / "gates")
     os.mkdir(gates)
     results = rank_pool(2).run(_in_flight, str(tmp_path / "ckpt"), gates, layout)
-    assert_each_rank("find_latest_during", [r.find_latest_during for r in results], 1,
-                     call="while the parts of iteration 2 were being written")
-    assert_found([r.then for r in results], 2, [_gated_value(rank, gates) for rank in range(2)],
-                 "async save(2) with in-place updates after it returned")
+    assert_each_rank(
+        "find_latest_during",
+        [r.find_latest_during for r in results],
+        1,
+        call="while the parts of iteration 2 were being written",
+    )
+    assert_found(
+        [r.then for r in results],
+        2,
+        [_gated_value(rank, gates) for rank in range(2)],
+        "async save(2) with in-place updates after it returned",
+    )
 
 
 # ------------------------------------------------------------------------------------- lost nodes
@@ -241,7 +257,8 @@ def test_a_successful_save_leaves_only_its_own_parts(rank_pool, tmp_path, layout
         used = storage_bytes(str(tmp_path), rank)
         assert used <= parts * (PAYLOAD + PART_SLACK), (
             f"rank {rank} stores {used} bytes after save(1), save(2): more than the {parts} part(s) of "
-            f"iteration 2 (about {PAYLOAD} bytes each), so older parts were kept")
+            f"iteration 2 (about {PAYLOAD} bytes each), so older parts were kept"
+        )
 
 
 @pytest.mark.spec("LM-8")
@@ -292,15 +309,19 @@ def test_a_failed_save_raises_everywhere_and_keeps_the_last_checkpoint(rank_pool
     outcomes = [r.save for r in results]
     assert all(o in ("CheckpointException", "CheckpointingException") for o in outcomes), (
         f"save per rank={outcomes}, but should be CheckpointException or CheckpointingException on every rank "
-        "[an async save whose write fails on rank 1]")
+        "[an async save whose write fails on rank 1]"
+    )
     assert_found([r.then for r in results], 1, [rank_value(r, 1) for r in range(2)], "failed save(2)")
 
 
 def _listing(base):
     rank, _ = world()
     root = node_root(base, rank)
-    return sorted((os.path.relpath(os.path.join(d, f), root), os.path.getsize(os.path.join(d, f)))
-                  for d, _, files in os.walk(root) for f in files)
+    return sorted(
+        (os.path.relpath(os.path.join(d, f), root), os.path.getsize(os.path.join(d, f)))
+        for d, _, files in os.walk(root)
+        for f in files
+    )
 
 
 @dataclass(frozen=True)
@@ -315,18 +336,38 @@ def _save_old_iterations(base):
     mgr = manager(base)
     save(mgr, tasd(rank_value(rank, 5)), 5)
     before = _listing(base)
-    outcomes = [(iteration, attempt(target_mgr.save, tasd(rank_value(rank, 0)), iteration, bound=BOUND,
-                                    what=f"save({iteration})", hung_fails=True).text)
-                for target_mgr, iteration in ((mgr, 5), (mgr, 3), (mgr, -1), (manager(base), 4))]
+    outcomes = [
+        (
+            iteration,
+            attempt(
+                target_mgr.save,
+                tasd(rank_value(rank, 0)),
+                iteration,
+                bound=BOUND,
+                what=f"save({iteration})",
+                hung_fails=True,
+            ).text,
+        )
+        for target_mgr, iteration in ((mgr, 5), (mgr, 3), (mgr, -1), (manager(base), 4))
+    ]
     return RefusedSaves(outcomes, before == _listing(base), find_then_load(manager(base)))
 
 
 @pytest.mark.spec("LM-10")
 def test_an_iteration_not_newer_than_the_latest_is_refused(rank_pool, tmp_path):
     results = rank_pool(2).run(_save_old_iterations, str(tmp_path))
-    assert_each_rank("manager", results, [RefusedSaves([(i, "CheckpointingException") for i in (5, 3, -1, 4)], True,
-                                                       Found(5, "returned", (5, rank, ""))) for rank in range(2)],
-                     per_rank=True, call="after save(5): save(5), save(3), save(-1), a new manager's save(4)")
+    assert_each_rank(
+        "manager",
+        results,
+        [
+            RefusedSaves(
+                [(i, "CheckpointingException") for i in (5, 3, -1, 4)], True, Found(5, "returned", (5, rank, ""))
+            )
+            for rank in range(2)
+        ],
+        per_rank=True,
+        call="after save(5): save(5), save(3), save(-1), a new manager's save(4)",
+    )
     assert_found([r.then for r in results], 5, [rank_value(r, 5) for r in range(2)], "refused saves")
 
 
@@ -341,10 +382,20 @@ class OtherParameters:
 
 def _find_with_other_parameters(base):
     before = _listing(base)
-    found = attempt(manager(base, (2, 2)).find_latest, bound=BOUND, what="find_latest()", hung_fails=True,
-                    named=(module("ckpt_managers.base_manager").CheckpointingException,))
-    return OtherParameters(found.text, "replication" in found.message.lower(), before == _listing(base),
-                           find_then_load(manager(base, (1, 2))), find_then_load(manager(base)))
+    found = attempt(
+        manager(base, (2, 2)).find_latest,
+        bound=BOUND,
+        what="find_latest()",
+        hung_fails=True,
+        named=(module("ckpt_managers.base_manager").CheckpointingException,),
+    )
+    return OtherParameters(
+        found.text,
+        "replication" in found.message.lower(),
+        before == _listing(base),
+        find_then_load(manager(base, (1, 2))),
+        find_then_load(manager(base)),
+    )
 
 
 @pytest.mark.spec("LM-11")
@@ -353,8 +404,13 @@ def test_other_replication_parameters_at_load_are_refused(rank_pool, tmp_path):
     pool.run(save_values, base, (1, 2), 6)
     results = pool.run(_find_with_other_parameters, base)
     found = [Found(6, "returned", (6, rank, "")) for rank in range(4)]
-    assert_each_rank("manager", results, [OtherParameters("CheckpointingException", True, True, f, f) for f in found],
-                     per_rank=True, call="find_latest() with replication jump 2 after a save with jump 1")
+    assert_each_rank(
+        "manager",
+        results,
+        [OtherParameters("CheckpointingException", True, True, f, f) for f in found],
+        per_rank=True,
+        call="find_latest() with replication jump 2 after a save with jump 1",
+    )
     expected = [rank_value(r, 6) for r in range(4)]
     assert_found([r.then_with_the_saves_parameters for r in results], 6, expected, "load with the save's parameters")
     assert_found([r.then_without_replication for r in results], 6, expected, "load without replication")
@@ -425,7 +481,8 @@ def _quiet_but_logged(base, layout):
 def test_the_manager_logs_and_prints_nothing(rank_pool, tmp_path, layout):
     results = rank_pool(2).run(_quiet_but_logged, str(tmp_path), layout)
     call = "save(1), find_latest(), load()"
-    assert_each_rank("manager", [Quiet(r.find_latest, r.stdout, r.stderr, 0) for r in results], Quiet(1, "", "", 0),
-                     call=call)
+    assert_each_rank(
+        "manager", [Quiet(r.find_latest, r.stdout, r.stderr, 0) for r in results], Quiet(1, "", "", 0), call=call
+    )
     for rank, got in enumerate(results):
         assert got.log_records > 0, f"rank {rank}: manager.log_records={got.log_records}, but should be > 0 [{call}]"

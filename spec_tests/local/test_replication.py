@@ -34,8 +34,13 @@ def _replicate_in_every_layout(layouts):
     seen = {}
     for jump, factor in layouts:
         strat = _clique_strategy(jump, factor)
-        parts, ids = bounded(BOUND, "replicate()", strat.replicate,
-                             tasd({"rank": torch.tensor([rank]), "name": f"r{rank}"}), ("part", rank))
+        parts, ids = bounded(
+            BOUND,
+            "replicate()",
+            strat.replicate,
+            tasd({"rank": torch.tensor([rank]), "name": f"r{rank}"}),
+            ("part", rank),
+        )
         data = [(p.state_dict["rank"].item(), p.state_dict["name"]) for p in parts]
         seen[(jump, factor)] = Received([i[1] for i in ids], data)
     return seen
@@ -54,11 +59,16 @@ def test_cliques_partition_the_ranks_in_every_valid_layout(rank_pool, world_size
             gaps = {b - a for a, b in zip(clique, clique[1:], strict=False)}
             assert gaps <= {jump}, f"rank {rank}'s clique {clique} is not spaced {jump} apart [{where}]"
             assert all(members[m] == clique for m in clique), f"clique {clique} is not agreed by its members [{where}]"
-            assert_equal(f"rank {rank}: parts received", seen[rank][(jump, factor)].parts,
-                         [(m, f"r{m}") for m in clique], call=f"replicate() in clique {clique}, {where}")
+            assert_equal(
+                f"rank {rank}: parts received",
+                seen[rank][(jump, factor)].parts,
+                [(m, f"r{m}") for m in clique],
+                call=f"replicate() in clique {clique}, {where}",
+            )
         distinct = sorted({tuple(c) for c in members})
         assert distinct == sorted(map(tuple, cliques(world_size, jump, factor))), (
-            f"cliques {distinct}, but the layout defines {cliques(world_size, jump, factor)} [{where}]")
+            f"cliques {distinct}, but the layout defines {cliques(world_size, jump, factor)} [{where}]"
+        )
 
 
 def _construct_invalid(layouts):
@@ -76,8 +86,12 @@ INVALID_FOR_4 = [(0, 2), (-1, 2), (2, 0), (1, -2), (3, 1), (1, 3), (2, 4), (8, 1
 
 @pytest.mark.spec("CL-2")
 def test_an_invalid_layout_is_refused_on_every_rank(rank_pool):
-    assert_each_rank("from_replication_params(jump, factor)", rank_pool(4).run(_construct_invalid, INVALID_FOR_4),
-                     dict.fromkeys(INVALID_FOR_4, "ValueError"), call="on 4 ranks; the error names the parameters")
+    assert_each_rank(
+        "from_replication_params(jump, factor)",
+        rank_pool(4).run(_construct_invalid, INVALID_FOR_4),
+        dict.fromkeys(INVALID_FOR_4, "ValueError"),
+        call="on 4 ranks; the error names the parameters",
+    )
 
 
 # -------------------------------------------------------------------------------------- exchange
@@ -94,8 +108,9 @@ def _assert_replicated(results, states, layout):
     for clique in cliques(len(states), *layout):
         for rank in clique:
             ids, parts = results[rank]
-            assert_equal(f"rank {rank}: ids received", ids, [("part", m) for m in clique],
-                         call=f"replicate() in clique {clique}")
+            assert_equal(
+                f"rank {rank}: ids received", ids, [("part", m) for m in clique], call=f"replicate() in clique {clique}"
+            )
             for member, part in zip(clique, parts, strict=True):
                 assert_state_dict_equal(part, states[member], call=f"replicate() on rank {rank}, part of {member}")
 
@@ -104,8 +119,9 @@ def _assert_replicated(results, states, layout):
 @given(data=st.data())
 def test_replicate_gives_each_member_every_clique_members_state(rank_pool, data):
     layout = data.draw(strategies.replication_params(4, none=False), label="(jump, factor)")
-    states = data.draw(st.lists(strategies.state_dicts(max_leaves=4, views=False), min_size=4, max_size=4),
-                       label="states")
+    states = data.draw(
+        st.lists(strategies.state_dicts(max_leaves=4, views=False), min_size=4, max_size=4), label="states"
+    )
     _assert_replicated(rank_pool(4).run(_replicate_own_state, states, layout), states, layout)
 
 
@@ -123,8 +139,15 @@ def test_replicate_copies_views_by_value(rank_pool):
 def _plan_with_holders(available, layout):
     rank, _ = world()
     missing = module("replication.strategies").NoReplicasAvailableError
-    return attempt(strategy(layout).retrieve_plan, available, [("part", rank)], bound=BOUND, what="retrieve_plan()",
-                   hung_fails=True, named=(missing,)).text
+    return attempt(
+        strategy(layout).retrieve_plan,
+        available,
+        [("part", rank)],
+        bound=BOUND,
+        what="retrieve_plan()",
+        hung_fails=True,
+        named=(missing,),
+    ).text
 
 
 @pytest.mark.spec("CL-4")
@@ -132,6 +155,10 @@ def test_a_part_without_holder_in_the_clique_is_refused_on_every_member(rank_poo
     # Cliques {0, 1} and {2, 3}: rank 0 holds both parts of its clique; rank 3's part is held only
     # outside its clique (by rank 1), which does not count.
     available = [[("part", 0), ("part", 1)], [("part", 3)], [("part", 2)], []]
-    assert_each_rank("retrieve_plan()", rank_pool(4).run(_plan_with_holders, available, (1, 2)),
-                     ["returned", "returned", "NoReplicasAvailableError", "NoReplicasAvailableError"], per_rank=True,
-                     call=f"cliques [0, 1] and [2, 3], parts available per rank {available}")
+    assert_each_rank(
+        "retrieve_plan()",
+        rank_pool(4).run(_plan_with_holders, available, (1, 2)),
+        ["returned", "returned", "NoReplicasAvailableError", "NoReplicasAvailableError"],
+        per_rank=True,
+        call=f"cliques [0, 1] and [2, 3], parts available per rank {available}",
+    )

@@ -19,8 +19,15 @@ from spec_tests.local.cpu_state_dict import CpuTensorAwareStateDict
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 
-INTERFACE = {"pop_tensors", "tensors", "is_hollow", "insert_tensors", "init_tensors", "copy_tensors_to_cpu",
-             "restore_tensor_device"}
+INTERFACE = {
+    "pop_tensors",
+    "tensors",
+    "is_hollow",
+    "insert_tensors",
+    "init_tensors",
+    "copy_tensors_to_cpu",
+    "restore_tensor_device",
+}
 
 
 def _basic(target):
@@ -52,18 +59,21 @@ def _check_laws(make, state_dict):
     count = len(list(tasd.tensors))
     popped = tasd.pop_tensors()
     assert tasd.is_hollow and len(popped) == count, (
-        f"after pop_tensors: hollow={tasd.is_hollow}, {len(popped)} of {count} tensors returned")
+        f"after pop_tensors: hollow={tasd.is_hollow}, {len(popped)} of {count} tensors returned"
+    )
     assert _refused(tasd.pop_tensors) and _refused(lambda: list(tasd.tensors)), "a hollow object gave tensors [TSD-3]"
     tasd.insert_tensors(popped)
     assert not tasd.is_hollow, "still hollow after insert_tensors"
     assert_state_dict_equal(tasd.state_dict, expected, call="insert_tensors(pop_tensors())")
     assert _refused(lambda: tasd.insert_tensors(popped)) and _refused(tasd.init_tensors), (
-        "insert_tensors/init_tensors on an object that is not hollow were accepted [TSD-3]")
+        "insert_tensors/init_tensors on an object that is not hollow were accepted [TSD-3]"
+    )
     tasd.pop_tensors()
     tasd.init_tensors()
     fresh = list(tasd.tensors)
     assert [(t.shape, t.dtype, t.device) for t in fresh] == [(t.shape, t.dtype, t.device) for t in popped], (
-        "init_tensors made tensors of other shapes, dtypes or devices [TSD-4]")
+        "init_tensors made tensors of other shapes, dtypes or devices [TSD-4]"
+    )
 
 
 @pytest.mark.spec("TSD-2", "TSD-3", "TSD-4")
@@ -114,7 +124,8 @@ def test_basic_refuses_cpu_tensors_naming_the_entry(target, state_dict):
     with pytest.raises(ValueError) as info:
         _basic(target)(state_dict)
     assert any(repr(key) in str(info.value) for key in keys), (
-        f"the error {str(info.value)!r} does not name any of the entries holding CPU tensors: {keys}")
+        f"the error {str(info.value)!r} does not name any of the entries holding CPU tensors: {keys}"
+    )
 
 
 @pytest.mark.gpu

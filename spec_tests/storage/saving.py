@@ -21,8 +21,23 @@ from spec_tests.harness.asserts import assert_state_dict_equal, bounded
 from spec_tests.harness.ranks import rank_state
 from spec_tests.harness.targets import current_target
 
-__all__ = ["DecentralizedPlanner", "FINALIZE_BOUND", "async_save", "data_files", "finalize", "load", "mismatch",
-           "module", "plan", "queue", "read_metadata", "request", "save_with", "template", "tree"]
+__all__ = [
+    "DecentralizedPlanner",
+    "FINALIZE_BOUND",
+    "async_save",
+    "data_files",
+    "finalize",
+    "load",
+    "mismatch",
+    "module",
+    "plan",
+    "queue",
+    "read_metadata",
+    "request",
+    "save_with",
+    "template",
+    "tree",
+]
 
 FINALIZE_BOUND = 90.0
 """Seconds a blocking finalization of a small checkpoint may take: generous, since it may include starting a
@@ -74,12 +89,20 @@ def request(writer, plan_ret, gate: str | None = None):
 
 
 def finalize(q, bound: float = FINALIZE_BOUND):
-    return bounded(bound, "maybe_finalize_async_calls(blocking=True, no_dist=False)",
-                   q.maybe_finalize_async_calls, True, False)
+    return bounded(
+        bound, "maybe_finalize_async_calls(blocking=True, no_dist=False)", q.maybe_finalize_async_calls, True, False
+    )
 
 
-def async_save(state_dict, path: str, *, persistent: bool | None = False, bound: float = FINALIZE_BOUND,
-               plan_kwargs: dict | None = None, **writer_kwargs):
+def async_save(
+    state_dict,
+    path: str,
+    *,
+    persistent: bool | None = False,
+    bound: float = FINALIZE_BOUND,
+    plan_kwargs: dict | None = None,
+    **writer_kwargs,
+):
     """Plan, schedule on the rank's queue and finalize (blocking); `persistent=None` runs it with execute_sync.
 
     The temporal caller is the default: a fork costs far less than starting a persistent worker, and the
@@ -91,8 +114,14 @@ def async_save(state_dict, path: str, *, persistent: bool | None = False, bound:
     return save_with(writer, state_dict, persistent=persistent, bound=bound, plan_kwargs=plan_kwargs)
 
 
-def save_with(writer, state_dict, *, persistent: bool | None = False, bound: float = FINALIZE_BOUND,
-              plan_kwargs: dict | None = None):
+def save_with(
+    writer,
+    state_dict,
+    *,
+    persistent: bool | None = False,
+    bound: float = FINALIZE_BOUND,
+    plan_kwargs: dict | None = None,
+):
     """async_save with a writer the caller made."""
     req = request(writer, plan(state_dict, writer, **(plan_kwargs or {})))
     if persistent is None:

@@ -1,6 +1,7 @@
 """Names and parameters documented for the storage path, at their documented module paths."""
 
 import inspect
+from typing import Any
 
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
@@ -11,7 +12,7 @@ EMPTY = inspect.Parameter.empty
 ANY = object()  # the documents show no default: any (or none) is fine
 
 # module -> name -> (method or None for the callable itself) -> [(parameter, default, EMPTY or ANY)]
-MANIFEST = {
+MANIFEST: dict[str, dict[str, dict[str | None, list[tuple[str, Any]]]]] = {
     "async_ckpt.filesystem_async": {
         "FileSystemWriterAsync": {
             "prepare_write_data": [("plan", EMPTY), ("planner", EMPTY)],
@@ -23,13 +24,23 @@ MANIFEST = {
         },
     },
     "async_ckpt.state_dict_saver": {
-        "save_state_dict_async_plan": {None: [
-            ("state_dict", EMPTY), ("storage_writer", EMPTY), ("process_group", None), ("coordinator_rank", 0),
-            ("planner", None), ("enable_cache", False), ("metadata_cache", None)]},
-        "save_state_dict_async_finalize": {None: [("storage_writer", EMPTY), ("global_metadata", EMPTY),
-                                                  ("dist_wrapper", EMPTY)]},
-        "verify_global_md_reuse": {None: [("loaded_all_plans", EMPTY), ("local_plan", EMPTY), ("rank", EMPTY),
-                                          ("dist_wrapper", EMPTY)]},
+        "save_state_dict_async_plan": {
+            None: [
+                ("state_dict", EMPTY),
+                ("storage_writer", EMPTY),
+                ("process_group", None),
+                ("coordinator_rank", 0),
+                ("planner", None),
+                ("enable_cache", False),
+                ("metadata_cache", None),
+            ]
+        },
+        "save_state_dict_async_finalize": {
+            None: [("storage_writer", EMPTY), ("global_metadata", EMPTY), ("dist_wrapper", EMPTY)]
+        },
+        "verify_global_md_reuse": {
+            None: [("loaded_all_plans", EMPTY), ("local_plan", EMPTY), ("rank", EMPTY), ("dist_wrapper", EMPTY)]
+        },
         "init_checkpoint_metadata_cache": {None: [("cached_global_metadata", ANY)]},
         "get_metadata_caching_status": {None: []},
         "CheckpointMetadataCache": {
@@ -44,8 +55,12 @@ MANIFEST = {
         "CachedMetadataFileSystemReader": {"__init__": [("path", EMPTY)], "read_metadata": []},
     },
 }
-CASES = [pytest.param(mod, name, member, params, id=f"{mod}.{name}.{member or 'call'}")
-         for mod, names in MANIFEST.items() for name, members in names.items() for member, params in members.items()]
+CASES = [
+    pytest.param(mod, name, member, params, id=f"{mod}.{name}.{member or 'call'}")
+    for mod, names in MANIFEST.items()
+    for name, members in names.items()
+    for member, params in members.items()
+]
 
 
 @pytest.mark.spec("FS-17")
@@ -60,7 +75,8 @@ def test_documented_callable_exists_with_its_parameters(target, module, name, me
         assert param in sig.parameters, f"{name}.{member or ''}{sig} has no parameter {param!r}"
         actual = sig.parameters[param].default
         assert default is ANY or actual == default, (
-            f"{name}.{member or ''}: {param} defaults to {actual!r}, but should be {default!r}")
+            f"{name}.{member or ''}: {param} defaults to {actual!r}, but should be {default!r}"
+        )
 
 
 @pytest.mark.spec("FS-1", "FS-17")

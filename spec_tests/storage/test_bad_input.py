@@ -31,7 +31,8 @@ def test_a_path_that_is_a_file_is_refused_at_planning(rank_pool, tmp_path):
     message = rank_pool(1).run(_plan_error, str(path))[0]
     assert str(path) in message, f"the planning error does not name the path {path}: {message}"
     assert path.read_bytes() == b"not a checkpoint" and os.listdir(tmp_path) == ["ckpt"], (
-        f"refusing the path changed it or wrote next to it: {sorted(os.listdir(tmp_path))}")
+        f"refusing the path changed it or wrote next to it: {sorted(os.listdir(tmp_path))}"
+    )
 
 
 class Trees(NamedTuple):
@@ -53,7 +54,8 @@ def test_a_directory_holding_a_checkpoint_is_refused_and_kept(rank_pool, tmp_pat
     trees = rank_pool(1).run(_resave, path)[0]
     assert trees.after == trees.before, (
         f"planning a save into a checkpoint directory changed it: files {sorted(trees.before)} "
-        f"became {sorted(trees.after)} (or their contents changed)")
+        f"became {sorted(trees.after)} (or their contents changed)"
+    )
 
 
 class Construction(NamedTuple):
@@ -66,10 +68,16 @@ def _bad_arguments(path, kwargs):
 
 
 @pytest.mark.spec("FS-14")
-@pytest.mark.parametrize("kwargs", [{"thread_count": 0}, {"thread_count": -1},
-                                    {"thread_count": 1, "separation_hint": "opt"}],
-                         ids=["thread_count=0", "thread_count=-1", "hint-with-one-thread"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"thread_count": 0}, {"thread_count": -1}, {"thread_count": 1, "separation_hint": "opt"}],
+    ids=["thread_count=0", "thread_count=-1", "hint-with-one-thread"],
+)
 def test_bad_thread_counts_are_refused_at_construction(rank_pool, tmp_path, kwargs):
     path = str(tmp_path / "ckpt")
-    assert_equal("FileSystemWriterAsync", rank_pool(1).run(_bad_arguments, path, kwargs)[0],
-                 Construction(outcome="ValueError", created_path=False), call=f"FileSystemWriterAsync(path, **{kwargs})")
+    assert_equal(
+        "FileSystemWriterAsync",
+        rank_pool(1).run(_bad_arguments, path, kwargs)[0],
+        Construction(outcome="ValueError", created_path=False),
+        call=f"FileSystemWriterAsync(path, **{kwargs})",
+    )

@@ -30,14 +30,20 @@ def _layout_problems(path, thread_count, hint):
         problems.append(f"file numbers {ks} are not 0..{len(ks) - 1}")
     if len(data) > thread_count:
         problems.append(f"{len(data)} data files for thread_count={thread_count}")
-    problems += [f"{n!r} has group {m['group']!r}, rank {m['rank']}" for n, m in parsed.items()
-                 if m and (m["group"] not in ("", hint) or m["rank"] != "0")]
+    problems += [
+        f"{n!r} has group {m['group']!r}, rank {m['rank']}"
+        for n, m in parsed.items()
+        if m and (m["group"] not in ("", hint) or m["rank"] != "0")
+    ]
     storage = saving.read_metadata(path).storage_data
     used = {info.relative_path for info in storage.values()}
     problems += [f"data file {n!r} holds no item" for n in data if n not in used]
     if hint is not None:
-        problems += [f"item {index.fqn!r} is in {info.relative_path!r}" for index, info in storage.items()
-                     if index.fqn.startswith(hint) != info.relative_path.startswith(hint)]
+        problems += [
+            f"item {index.fqn!r} is in {info.relative_path!r}"
+            for index, info in storage.items()
+            if index.fqn.startswith(hint) != info.relative_path.startswith(hint)
+        ]
     return problems
 
 
@@ -50,14 +56,19 @@ def _save_and_inspect(tmp, state_dict, thread_count, hint):
 
 
 @pytest.mark.spec("FS-5", "FS-6")
-@given(state_dict=strategies.dcp_state_dicts(), thread_count=st.integers(1, 5),
-       hint=st.sampled_from([None, "a", "b", "sh"]))
-def test_data_files_are_named_counted_and_grouped_as_documented(rank_pool, tmp_path_factory, state_dict,
-                                                                 thread_count, hint):
+@given(
+    state_dict=strategies.dcp_state_dicts(),
+    thread_count=st.integers(1, 5),
+    hint=st.sampled_from([None, "a", "b", "sh"]),
+)
+def test_data_files_are_named_counted_and_grouped_as_documented(
+    rank_pool, tmp_path_factory, state_dict, thread_count, hint
+):
     if hint is not None and thread_count < 2:
         hint = None
-    problems = rank_pool(1).run(_save_and_inspect, str(tmp_path_factory.mktemp("layout")), state_dict,
-                                thread_count, hint)[0]
+    problems = rank_pool(1).run(
+        _save_and_inspect, str(tmp_path_factory.mktemp("layout")), state_dict, thread_count, hint
+    )[0]
     assert not problems, f"thread_count={thread_count}, separation_hint={hint!r}: " + "; ".join(problems)
 
 
@@ -88,6 +99,7 @@ class _DurabilityLog:
                 result = real[name](src, dst, *args, **kwargs)
                 self._record("rename", os.path.realpath(src), os.path.realpath(dst))
                 return result
+
             return rename
 
         os.fsync, os.rename, os.replace = fsync, renamer("rename"), renamer("replace")
@@ -137,5 +149,6 @@ def test_data_is_durable_before_the_metadata_is_renamed_into_place(rank_pool, tm
 def test_the_directory_is_fsynced_after_the_metadata_rename(rank_pool, tmp_path):
     path, _, events = rank_pool(1).run(_durability_events, str(tmp_path))[0]
     commit = _commit_index(events, os.path.join(path, ".metadata"))
-    assert ("fsync", path) in events[commit + 1:], (
-        f"the checkpoint directory was not fsynced after .metadata was renamed into place; events: {events}")
+    assert ("fsync", path) in events[commit + 1 :], (
+        f"the checkpoint directory was not fsynced after .metadata was renamed into place; events: {events}"
+    )

@@ -2,6 +2,7 @@
 
 import os
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ class _ObjectCollectiveCounter:
         def call(*args, **kwargs):
             self.calls.append(name)
             return fn(*args, **kwargs)
+
         return call
 
     def __exit__(self, *exc):
@@ -77,7 +79,9 @@ def _unchanged(tmp, n):
         state["step"] = k
         path = os.path.join(tmp, f"ckpt{k}")
         exchanged = _cached_save(state, path, cache)
-        outcomes.append(CachedSave(path, strategies.private_copy(state), cache.get_metadata_caching_status(), exchanged))
+        outcomes.append(
+            CachedSave(path, strategies.private_copy(state), cache.get_metadata_caching_status(), exchanged)
+        )
     return outcomes
 
 
@@ -93,12 +97,22 @@ def test_an_unchanged_structure_reuses_the_plan_and_saves_current_values(rank_po
     results = rank_pool(2).run(_unchanged, str(tmp_path), 4)
     for k in range(4):
         expected = _union(r[k].state for r in results)
-        assert_state_dict_equal(saving.load(expected, results[0][k].path), expected, call=f"dcp.load of cached save {k}")
-        assert_each_rank(f"save {k}: status", [r[k].status for r in results], (k > 0, False),
-                         call="get_metadata_caching_status() of an unchanged structure")
+        assert_state_dict_equal(
+            saving.load(expected, results[0][k].path), expected, call=f"dcp.load of cached save {k}"
+        )
+        assert_each_rank(
+            f"save {k}: status",
+            [r[k].status for r in results],
+            (k > 0, False),
+            call="get_metadata_caching_status() of an unchanged structure",
+        )
         if k >= 2:
-            assert_each_rank(f"save {k}: exchanged", [r[k].exchanged for r in results], [],
-                             call="object collectives of planning an unchanged structure (plans should be reused)")
+            assert_each_rank(
+                f"save {k}: exchanged",
+                [r[k].exchanged for r in results],
+                [],
+                call="object collectives of planning an unchanged structure (plans should be reused)",
+            )
 
 
 def _change(state, rank, kind):
@@ -134,10 +148,17 @@ def test_a_structure_change_on_any_rank_is_planned_afresh(rank_pool, tmp_path, k
     results = rank_pool(2).run(_changed, str(tmp_path), kind, changer)
     for k in range(5):
         expected = _union(r[k].state for r in results)
-        assert_each_rank(f"save {k}: status", [r[k].status for r in results], (k not in (0, 3), False),
-                         call=f"get_metadata_caching_status(), {kind} on rank {changer} at save 3")
-        assert_state_dict_equal(saving.load(expected, results[0][k].path), expected,
-                                call=f"dcp.load of save {k} ({kind} on rank {changer} at save 3)")
+        assert_each_rank(
+            f"save {k}: status",
+            [r[k].status for r in results],
+            (k not in (0, 3), False),
+            call=f"get_metadata_caching_status(), {kind} on rank {changer} at save 3",
+        )
+        assert_state_dict_equal(
+            saving.load(expected, results[0][k].path),
+            expected,
+            call=f"dcp.load of save {k} ({kind} on rank {changer} at save 3)",
+        )
 
 
 @pytest.mark.spec("SD-6", "SD-5")
@@ -152,7 +173,8 @@ def test_enable_cache_without_a_cache_uses_the_module_cache(tmp_path):
         statuses.append(sds.get_metadata_caching_status())
     assert statuses == [(False, False), (True, False)], (
         f"with enable_cache=True and no metadata_cache, the module status after two saves was {statuses}, "
-        "but should be [(False, False), (True, False)]")
+        "but should be [(False, False), (True, False)]"
+    )
 
 
 def _local_plan(state, rank):
@@ -166,7 +188,7 @@ def _verify():
     sds = saving.module("state_dict_saver")
     wrapper = _DistWrapper(None, True, 0)
     own = _local_plan({f"rank{rank}": torch.zeros(rank + 1), "shared": torch.ones(2)}, rank)
-    plans = [None] * size
+    plans: list[Any] = [None] * size  # all_gather_object fills in every rank's plan
     dist.all_gather_object(plans, own)
     moved = [replace(p, storage_data=_StoragePrefix(f"__{i + size}_")) for i, p in enumerate(plans)]
     changed = _local_plan({"different": torch.zeros(5)}, rank) if rank == size - 1 else own
@@ -182,8 +204,13 @@ def _verify():
 @pytest.mark.spec("SD-7")
 def test_verify_global_md_reuse_agrees_on_every_rank(rank_pool):
     results = rank_pool(2).run(_verify)
-    want = {"no loaded plans": False, "one plan too few": False, "same plans": True, "other storage_data": True,
-            "last rank's plan differs": False}
+    want = {
+        "no loaded plans": False,
+        "one plan too few": False,
+        "same plans": True,
+        "other storage_data": True,
+        "last rank's plan differs": False,
+    }
     assert_each_rank("verify_global_md_reuse", results, want)
 
 
@@ -218,9 +245,11 @@ def test_metadata_loaded_from_a_previous_checkpoint_is_reused(tmp_path):
     same = str(tmp_path / "same")
     exchanged = _cached_save(state, same, None, saving.DecentralizedPlanner(), persistent=None)
     assert sds.get_metadata_caching_status() == (False, True), (
-        f"status after reusing loaded metadata is {sds.get_metadata_caching_status()}, not (False, True)")
+        f"status after reusing loaded metadata is {sds.get_metadata_caching_status()}, not (False, True)"
+    )
     assert "gather_object" not in exchanged, (
-        f"planning gathered the local plans ({exchanged}) although they were verified")
+        f"planning gathered the local plans ({exchanged}) although they were verified"
+    )
     dist.barrier()
     assert_state_dict_equal(saving.load(state, same), state, call="dcp.load of a save reusing loaded metadata")
     if rank == 1:

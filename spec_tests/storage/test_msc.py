@@ -21,9 +21,14 @@ SAVE_BOUND = 45.0
 
 
 def _state():
-    return {"model": {"w": torch.arange(12.0).view(3, 4).t(), "h": torch.ones(5, dtype=torch.bfloat16)},
-            "opt": {"m": torch.arange(6, dtype=torch.int8), "flags": torch.tensor([True, False])},
-            "step": 11, "name": "run", "blob": b"\x00\x01", "empty": torch.empty(0, 2)}
+    return {
+        "model": {"w": torch.arange(12.0).view(3, 4).t(), "h": torch.ones(5, dtype=torch.bfloat16)},
+        "opt": {"m": torch.arange(6, dtype=torch.int8), "flags": torch.tensor([True, False])},
+        "step": 11,
+        "name": "run",
+        "blob": b"\x00\x01",
+        "empty": torch.empty(0, 2),
+    }
 
 
 def _use(config):
@@ -45,8 +50,9 @@ class PosixRoundTrip(NamedTuple):
 def _posix_round_trip(url, local):
     state = _state()
     saving.async_save(state, url, use_msc=True, thread_count=2)
-    through_msc = saving.mismatch(saving.load(state, local, reader=_msc_reader(url)), state,
-                                  f"dcp.load(MultiStorageFileSystemReader({url!r}))")
+    through_msc = saving.mismatch(
+        saving.load(state, local, reader=_msc_reader(url)), state, f"dcp.load(MultiStorageFileSystemReader({url!r}))"
+    )
     stock = saving.mismatch(saving.load(state, local), state, f"dcp.load(FileSystemReader({local!r}))")
     return PosixRoundTrip(through_msc, stock, sorted(os.listdir(local)))
 
@@ -58,15 +64,17 @@ def test_a_posix_profile_checkpoint_loads_through_msc_and_stock_dcp(rank_pool, t
     assert got.msc_mismatch is None, got.msc_mismatch
     assert got.stock_mismatch is None, got.stock_mismatch
     assert ".metadata" in got.files and all(f == ".metadata" or f.endswith(".distcp") for f in got.files), (
-        f"the checkpoint directory holds {got.files}")
+        f"the checkpoint directory holds {got.files}"
+    )
 
 
 def _s3_round_trip(config, url):
     _use(config)
     state = _state()
     saving.async_save(state, url, persistent=True, use_msc=True, thread_count=3)
-    return saving.mismatch(saving.load(state, "unused", reader=_msc_reader(url)), state,
-                           f"dcp.load(MultiStorageFileSystemReader({url!r}))")
+    return saving.mismatch(
+        saving.load(state, "unused", reader=_msc_reader(url)), state, f"dcp.load(MultiStorageFileSystemReader({url!r}))"
+    )
 
 
 @pytest.mark.spec("MSC-2")
@@ -75,17 +83,26 @@ def test_an_s3_checkpoint_loads_through_msc(rank_pool, s3):
     prefix = f"{uuid.uuid4().hex}/ckpt"
     problem = rank_pool(1).run(_s3_round_trip, s3.config_path, f"msc://s3/{prefix}")[0]
     assert problem is None, problem
-    names = [key[len(prefix) + 1:] for key in s3.keys(prefix + "/")]
+    names = [key[len(prefix) + 1 :] for key in s3.keys(prefix + "/")]
     assert ".metadata" in names and all(n == ".metadata" or n.endswith(".distcp") for n in names), (
-        f"the bucket holds {names} under {prefix}/")
+        f"the bucket holds {names} under {prefix}/"
+    )
 
 
 def _failing_save(config, url):
     _use(config)
     state = {"a": torch.arange(256.0), "b": torch.ones(256), "step": 1}
     with pytest.raises(CheckpointException):
-        bounded(SAVE_BOUND, f"a save to {url}", saving.async_save, state, url, use_msc=True, thread_count=2,
-                bound=SAVE_BOUND)
+        bounded(
+            SAVE_BOUND,
+            f"a save to {url}",
+            saving.async_save,
+            state,
+            url,
+            use_msc=True,
+            thread_count=2,
+            bound=SAVE_BOUND,
+        )
 
 
 FAULTS = {
@@ -136,8 +153,12 @@ def _without_use_msc(url):
 @pytest.mark.spec("MSC-5")
 def test_an_msc_url_without_use_msc_is_refused(rank_pool):
     url = "msc://s3/some/ckpt"
-    assert_equal(f"FileSystemWriterAsync({url!r})", rank_pool(1).run(_without_use_msc, url)[0], "ValueError",
-                 call="without use_msc=True (it would write to a local 'msc:' directory)")
+    assert_equal(
+        f"FileSystemWriterAsync({url!r})",
+        rank_pool(1).run(_without_use_msc, url)[0],
+        "ValueError",
+        call="without use_msc=True (it would write to a local 'msc:' directory)",
+    )
 
 
 def _save_once(config, url):

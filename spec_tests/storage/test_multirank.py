@@ -52,14 +52,19 @@ def _save_counting_finish(path, coordinator):
 def test_each_rank_writes_its_items_and_only_the_coordinator_commits(rank_pool, tmp_path, world_size, coordinator):
     coordinator = 0 if coordinator == "first" else world_size - 1
     path = str(tmp_path / "ckpt")
-    assert_each_rank("finish", rank_pool(world_size).run(_save_counting_finish, path, coordinator),
-                     [Finish([world_size], True) if r == coordinator else Finish([], False) for r in range(world_size)],
-                     per_rank=True, call=f"a save with coordinator_rank={coordinator}")
+    assert_each_rank(
+        "finish",
+        rank_pool(world_size).run(_save_counting_finish, path, coordinator),
+        [Finish([world_size], True) if r == coordinator else Finish([], False) for r in range(world_size)],
+        per_rank=True,
+        call=f"a save with coordinator_rank={coordinator}",
+    )
     storage = saving.read_metadata(path).storage_data
     for rank in range(world_size):
         files = {info.relative_path for index, info in storage.items() if index.fqn.startswith(f"rank{rank}.")}
         assert files and all(f.startswith(f"__{rank}_") for f in files), (
-            f"rank {rank}'s items are recorded in files {sorted(files)}, not in its own __{rank}_* files")
+            f"rank {rank}'s items are recorded in files {sorted(files)}, not in its own __{rank}_* files"
+        )
         own = [f for f in saving.data_files(path) if f.startswith(f"__{rank}_")]
         assert len(own) <= 2, f"rank {rank} wrote {own} with thread_count=2"
     expected = {"step": 7}

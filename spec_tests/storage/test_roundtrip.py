@@ -33,8 +33,9 @@ def _save_and_load(tmp, state_dict, options):
     path = _fresh_dir(tmp)
     state_dict = {"anchor": torch.arange(3), **state_dict}  # something to write: nothing to write is FS-16's case
     saving.async_save(state_dict, path, persistent=True, **options)
-    problem = saving.mismatch(saving.load(state_dict, path), state_dict,
-                              f"dcp.load(FileSystemReader) of an async save with {options}")
+    problem = saving.mismatch(
+        saving.load(state_dict, path), state_dict, f"dcp.load(FileSystemReader) of an async save with {options}"
+    )
     remove(path)
     return problem
 
@@ -60,8 +61,10 @@ def _views_only(tmp):
 @pytest.mark.needs("temporal_caller")
 def test_only_the_elements_of_a_view_are_saved(rank_pool, tmp_path):
     size = rank_pool(1).run(_views_only, str(tmp_path))[0]
-    assert size < 32 * 1024, (f"data files of 3 small views of a 256 KiB tensor take {size} bytes, "
-                              "but should take about the views' bytes (the whole base tensor was saved)")
+    assert size < 32 * 1024, (
+        f"data files of 3 small views of a 256 KiB tensor take {size} bytes, "
+        "but should take about the views' bytes (the whole base tensor was saved)"
+    )
 
 
 def _snapshot(tmp, state_dict, persistent):
@@ -74,8 +77,9 @@ def _snapshot(tmp, state_dict, persistent):
     strategies.mutate_in_place(state_dict)
     workloads.open_gate(gate)
     saving.finalize(queue)
-    return saving.mismatch(saving.load(expected, path), expected,
-                           "dcp.load of a save whose tensors were updated in place after scheduling")
+    return saving.mismatch(
+        saving.load(expected, path), expected, "dcp.load of a save whose tensors were updated in place after scheduling"
+    )
 
 
 @pytest.mark.spec("FS-4")
@@ -91,7 +95,7 @@ def _empty(tmp, persistent):
     path = _fresh_dir(tmp)
     saving.async_save({}, path, persistent=persistent, thread_count=3, bound=EMPTY_BOUND)
     assert_equal("files", sorted(os.listdir(path)), [".metadata"], call="an async save of an empty state dict")
-    loaded = {}
+    loaded: dict = {}
     dcp.load(loaded, storage_reader=dcp.FileSystemReader(path), no_dist=True)
     assert_equal("loaded", loaded, {}, call="dcp.load of an empty checkpoint")
 
@@ -106,12 +110,18 @@ def _stock_save_target_reader(tmp, state_dict):
     path = _fresh_dir(tmp)
     dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(path), no_dist=True)
     reader_cls = saving.module("cached_metadata_filesystem_reader").CachedMetadataFileSystemReader
-    problem = saving.mismatch(saving.load(state_dict, path, reader=reader_cls(path)), state_dict,
-                              "dcp.load(CachedMetadataFileSystemReader) of a stock dcp.save")
+    problem = saving.mismatch(
+        saving.load(state_dict, path, reader=reader_cls(path)),
+        state_dict,
+        "dcp.load(CachedMetadataFileSystemReader) of a stock dcp.save",
+    )
     async_path = _fresh_dir(tmp)
     saving.async_save(state_dict, async_path, thread_count=2, persistent=None)
-    problem = problem or saving.mismatch(saving.load(state_dict, async_path, reader=reader_cls(async_path)),
-                                         state_dict, "dcp.load(CachedMetadataFileSystemReader) of an async save")
+    problem = problem or saving.mismatch(
+        saving.load(state_dict, async_path, reader=reader_cls(async_path)),
+        state_dict,
+        "dcp.load(CachedMetadataFileSystemReader) of an async save",
+    )
     remove(path, async_path)
     return problem
 
@@ -130,11 +140,18 @@ def _reader_cache(tmp):
     reader = cls(path)
     first = reader.read_metadata()
     assert reader.read_metadata() is first, "a second read_metadata() on the same reader read the metadata again"
-    dcp.save({"w": torch.zeros(2), "v": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(path, overwrite=True),
-             no_dist=True)
+    dcp.save(
+        {"w": torch.zeros(2), "v": torch.ones(3)},
+        storage_writer=dcp.FileSystemWriter(path, overwrite=True),
+        no_dist=True,
+    )
     fresh = cls(path).read_metadata()
-    assert_equal("keys", sorted(fresh.state_dict_metadata), ["v", "w"],
-                 call="a new reader's read_metadata() of the rewritten checkpoint")
+    assert_equal(
+        "keys",
+        sorted(fresh.state_dict_metadata),
+        ["v", "w"],
+        call="a new reader's read_metadata() of the rewritten checkpoint",
+    )
 
 
 @pytest.mark.spec("SD-10")

@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ...async_ckpt.core import AsyncRequest
 from ...utils import all_gather, dist_rank, errors_by_rank
@@ -134,14 +134,14 @@ class BaseCheckpointManager(ABC):
         """
         if not self._found or self.latest_iteration < 0:
             raise CheckpointingException(
-                "no complete local checkpoint to load: call find_latest() first (it returns -1 when "
-                "there is none)")
+                "no complete local checkpoint to load: call find_latest() first (it returns -1 when there is none)"
+            )
         my_id = (self.latest_iteration, self.rank, self.session_id)
         if self.repl_strategy is None:
             plan, wanted = None, [my_id]
         else:
             plan = self.repl_strategy.retrieve_plan(self._usable, [my_id])
-            wanted = sorted(plan.required_ids())
+            wanted = sorted(cast("set[CkptID]", plan.required_ids()))  # the ids given to retrieve_plan
         my_data, error = {}, None
         try:
             for ckpt_id in wanted:
@@ -150,14 +150,14 @@ class BaseCheckpointManager(ABC):
             error = _describe(exc)
         _raise_if_any(all_gather(error), f"loading local checkpoint iteration {self.latest_iteration}")
         if plan is not None:
+            assert self.repl_strategy is not None  # the plan is the strategy's
             my_data = self.repl_strategy.retrieve_execute(plan, my_data)
         state_dict = my_data[my_id]
         state_dict.restore_tensor_device(non_blocking=False)
         logger.debug("rank %d loaded local checkpoint part %s", self.rank, my_id)
         return state_dict, my_id
 
-    def save(self, state_dict: TensorAwareStateDict, iteration: int,
-             is_async: bool = False) -> AsyncRequest | None:
+    def save(self, state_dict: TensorAwareStateDict, iteration: int, is_async: bool = False) -> AsyncRequest | None:
         """Save this rank's part of ``iteration``. Collective.
 
         Synchronous: returns None once the checkpoint is complete on every rank. Asynchronous: returns
@@ -175,14 +175,16 @@ class BaseCheckpointManager(ABC):
         if iteration <= newest:
             raise CheckpointingException(
                 f"cannot save iteration {iteration}: it is not newer than the latest complete local "
-                f"checkpoint, iteration {newest}")
+                f"checkpoint, iteration {newest}"
+            )
         self._found, self.latest_iteration = False, -1
         my_id = (iteration, self.rank, self.session_id)
+        assert snapshot is not None  # else _scan raised the snapshot error
         if self.repl_strategy is None:
             parts, tag = {my_id: snapshot}, None
         else:
             copies, ids = self.repl_strategy.replicate(snapshot, my_id)
-            parts, tag = dict(zip(ids, copies)), self.repl_strategy.placement_tag
+            parts, tag = dict(zip(ids, copies, strict=True)), self.repl_strategy.placement_tag
         fn, args = self._save_call(parts, tag)
         ids = list(parts)
 
@@ -195,8 +197,9 @@ class BaseCheckpointManager(ABC):
         try:
             fn(*args)
         except Exception as exc:
-            logger.error("rank %d could not write local checkpoint iteration %d: %s",
-                         self.rank, iteration, _describe(exc))
+            logger.error(
+                "rank %d could not write local checkpoint iteration %d: %s", self.rank, iteration, _describe(exc)
+            )
             write_error = _describe(exc)
         finalize_fn(write_error)
         return None
@@ -215,11 +218,13 @@ class BaseCheckpointManager(ABC):
             newest = self._scan(strict=False, local_error=error)
             if newest != iteration:
                 raise CheckpointingException(
-                    f"local checkpoint iteration {iteration} is incomplete after saving (newest complete: {newest})")
+                    f"local checkpoint iteration {iteration} is incomplete after saving (newest complete: {newest})"
+                )
         except CheckpointingException as exc:
             self._best_effort(self._discard, iteration)
-            raise CheckpointingException(f"saving local checkpoint iteration {iteration} failed; "
-                                         f"it was removed on every rank: {exc}") from None
+            raise CheckpointingException(
+                f"saving local checkpoint iteration {iteration} failed; it was removed on every rank: {exc}"
+            ) from None
         self._best_effort(self._cleanup, iteration)
         self.latest_iteration, self._found = iteration, True
         logger.info("rank %d saved local checkpoint iteration %d", self.rank, iteration)
@@ -248,10 +253,13 @@ class BaseCheckpointManager(ABC):
         _raise_if_any([g[2] for g in gathered], "local checkpointing")
         if strict:
             _raise_if_any(
-                [f"holds {', '.join(g[1])}, but this manager replicates as {self._my_tag()}" if g[1] else None
-                 for g in gathered],
+                [
+                    f"holds {', '.join(g[1])}, but this manager replicates as {self._my_tag()}" if g[1] else None
+                    for g in gathered
+                ],
                 "finding local checkpoints (replication parameters differ from the save's; use the same "
-                "ones, or disable replication to ignore replicas)")
+                "ones, or disable replication to ignore replicas)",
+            )
         self._usable, self._tags = [g[0] for g in gathered], tags
         owners: dict[int, set] = {}
         for held in self._usable:

@@ -50,8 +50,9 @@ class LocalCheckpointManager(BaseCheckpointManager):
         repl_strategy: how parts are replicated (None: no replication).
     """
 
-    def __init__(self, root_local_ckpt_dir: str | Path, session_id: str = "",
-                 repl_strategy: ReplicationStrategy | None = None):
+    def __init__(
+        self, root_local_ckpt_dir: str | Path, session_id: str = "", repl_strategy: ReplicationStrategy | None = None
+    ):
         if not isinstance(session_id, str) or session_id in (".", "..") or "/" in session_id or os.sep in session_id:
             raise ValueError(f"session_id must be one path component (or empty), got {session_id!r}")
         super().__init__(session_id, repl_strategy)

@@ -19,8 +19,15 @@ import torch.distributed as dist
 from ...utils import collective_device
 from ..base_state_dict import TensorAwareStateDict
 
-__all__ = ["ExchangePlan", "ExchangePlanEntry", "broadcast_state_dict", "local_copy", "parse_group_sequence",
-           "recv_state_dict", "send_state_dict"]
+__all__ = [
+    "ExchangePlan",
+    "ExchangePlanEntry",
+    "broadcast_state_dict",
+    "local_copy",
+    "parse_group_sequence",
+    "recv_state_dict",
+    "send_state_dict",
+]
 
 Layout = list[tuple[torch.Size, torch.dtype]]
 
@@ -31,18 +38,26 @@ def parse_group_sequence(replication_jump: int, replication_factor: int, world_s
 
     Raises ValueError unless J >= 1, F >= 1 and J*F divides world_size.
     """
-    layout = (f"replication_jump={replication_jump!r}, replication_factor={replication_factor!r}, "
-              f"world_size={world_size!r}")
-    for name, value in (("replication_jump", replication_jump), ("replication_factor", replication_factor),
-                        ("world_size", world_size)):
+    layout = (
+        f"replication_jump={replication_jump!r}, replication_factor={replication_factor!r}, world_size={world_size!r}"
+    )
+    for name, value in (
+        ("replication_jump", replication_jump),
+        ("replication_factor", replication_factor),
+        ("world_size", world_size),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"invalid replication layout ({layout}): {name} must be a positive int")
     block = replication_jump * replication_factor
     if world_size % block:
-        raise ValueError(f"invalid replication layout ({layout}): the world size must be a multiple of "
-                         f"jump * factor = {block}")
-    return sorted(list(range(start + b, start + block, replication_jump))
-                  for start in range(0, world_size, block) for b in range(replication_jump))
+        raise ValueError(
+            f"invalid replication layout ({layout}): the world size must be a multiple of jump * factor = {block}"
+        )
+    return sorted(
+        list(range(start + b, start + block, replication_jump))
+        for start in range(0, world_size, block)
+        for b in range(replication_jump)
+    )
 
 
 @dataclass(frozen=True)
@@ -89,7 +104,7 @@ def _unpack(buffer: torch.Tensor, layout: Layout, target_device) -> list[torch.T
     out, offset, buffer = [], 0, buffer.to(target_device)
     for shape, dtype in layout:
         size = torch.Size(shape).numel() * dtype.itemsize
-        out.append(buffer[offset:offset + size].clone().view(dtype).reshape(shape))
+        out.append(buffer[offset : offset + size].clone().view(dtype).reshape(shape))
         offset += size
     return out
 
@@ -115,7 +130,10 @@ def broadcast_state_dict(tasd: TensorAwareStateDict | None, src: int, group, tar
     """Collective over ``group``: global rank ``src`` passes ``tasd`` and gets it back as it was;
     every other member passes None and gets a copy."""
     device = collective_device(group)
+    sent: TensorAwareStateDict | None = None  # this rank's own, when it is the source
     if dist.get_rank() == src:
+        assert tasd is not None, "the source rank passes its state dict"
+        sent = tasd
         header, tensors = _header(tasd)
         dist.broadcast_object_list(header, src=src, group=group)
         buffer = _pack(tensors, device)
@@ -125,8 +143,8 @@ def broadcast_state_dict(tasd: TensorAwareStateDict | None, src: int, group, tar
         buffer = torch.empty(_nbytes(header[1]), dtype=torch.uint8, device=device)
     if buffer.numel():
         dist.broadcast(buffer, src=src, group=group)
-    if dist.get_rank() == src:
-        return tasd
+    if sent is not None:
+        return sent
     header[0].insert_tensors(_unpack(buffer, header[1], target_device))
     return header[0]
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,8 @@ __all__ = ["CliqueReplicationStrategy", "NoReplicasAvailableError", "Replication
 
 logger = logging.getLogger(__name__)
 
+_Id = TypeVar("_Id", bound=Hashable)  # the caller's kind of part id: what it passes in, it gets back
+
 
 class NoReplicasAvailableError(Exception):
     """No member of the clique holds a part some member needs."""
@@ -41,13 +44,13 @@ class ReplicationStrategy(ABC):
     """How parts are replicated at save and retrieved at load. All methods are collective."""
 
     @abstractmethod
-    def replicate(self, local_ckpt: TensorAwareStateDict, id_: Hashable
-                  ) -> tuple[list[TensorAwareStateDict], list[Hashable]]:
+    def replicate(self, local_ckpt: TensorAwareStateDict, id_: _Id) -> tuple[list[TensorAwareStateDict], list[_Id]]:
         """Exchange parts: return the parts this rank must store (its own included) and their ids."""
 
     @abstractmethod
-    def retrieve_plan(self, globally_available_ids: Sequence[Sequence[Hashable]],
-                      wanted: Sequence[Hashable]) -> ExchangePlan:
+    def retrieve_plan(
+        self, globally_available_ids: Sequence[Sequence[Hashable]], wanted: Sequence[Hashable]
+    ) -> ExchangePlan:
         """Plan who sends what so every rank gets the ids it wants.
 
         ``globally_available_ids[r]`` lists the ids global rank r holds. Raises
@@ -55,8 +58,9 @@ class ReplicationStrategy(ABC):
         """
 
     @abstractmethod
-    def retrieve_execute(self, plan: ExchangePlan, my_data: dict[Hashable, TensorAwareStateDict]
-                         ) -> dict[Hashable, TensorAwareStateDict]:
+    def retrieve_execute(
+        self, plan: ExchangePlan, my_data: dict[_Id, TensorAwareStateDict]
+    ) -> dict[_Id, TensorAwareStateDict]:
         """Carry out ``plan``; ``my_data`` holds what this rank sends. Returns what it receives."""
 
     @property
@@ -76,14 +80,17 @@ class CliqueReplicationStrategy(ReplicationStrategy):
             raise ValueError(f"rank {dist.get_rank()} is not in the replication group {self.ranks}")
 
     @classmethod
-    def from_replication_params(cls, replication_jump: int | None = None,
-                                replication_factor: int = 2) -> CliqueReplicationStrategy:
+    def from_replication_params(
+        cls, replication_jump: int | None = None, replication_factor: int = 2
+    ) -> CliqueReplicationStrategy:
         """Create every clique's process group (collective) and keep this rank's clique."""
         if replication_jump is None:
             replication_jump = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if replication_jump == 0:
-                raise ValueError("replication_jump defaults to the number of GPUs per node, and none is "
-                                 "visible: pass replication_jump explicitly")
+                raise ValueError(
+                    "replication_jump defaults to the number of GPUs per node, and none is "
+                    "visible: pass replication_jump explicitly"
+                )
         cliques = parse_group_sequence(replication_jump, replication_factor, dist.get_world_size())
         rank, mine = dist.get_rank(), None
         for clique in cliques:  # every rank must create every group, in the same order
@@ -101,15 +108,17 @@ class CliqueReplicationStrategy(ReplicationStrategy):
         ids = [None] * len(self.ranks)
         dist.all_gather_object(ids, id_, group=self.local_group)
         me = dist.get_rank()
-        parts = [broadcast_state_dict(local_ckpt if src == me else None, src, self.local_group, self.target_device)
-                 for src in self.ranks]
+        parts = [
+            broadcast_state_dict(local_ckpt if src == me else None, src, self.local_group, self.target_device)
+            for src in self.ranks
+        ]
         return parts, ids
 
     def retrieve_plan(self, globally_available_ids, wanted):
-        gathered: list[list[Hashable] | None] = [None] * len(self.ranks)
+        gathered: list[Any] = [None] * len(self.ranks)  # all_gather_object fills in each member's list of ids
         dist.all_gather_object(gathered, list(wanted), group=self.local_group)
         plan, missing = ExchangePlan(), []
-        for receiver, wants in zip(self.ranks, gathered):
+        for receiver, wants in zip(self.ranks, gathered, strict=True):
             for id_ in wants:
                 holders = [m for m in self.ranks if id_ in globally_available_ids[m]]
                 if not holders:
@@ -118,7 +127,8 @@ class CliqueReplicationStrategy(ReplicationStrategy):
                 plan.plan(receiver if receiver in holders else holders[0], receiver, id_)
         if missing:
             raise NoReplicasAvailableError(
-                f"no member of the replication clique {self.ranks} holds {', '.join(missing)}")
+                f"no member of the replication clique {self.ranks} holds {', '.join(missing)}"
+            )
         return plan
 
     def retrieve_execute(self, plan, my_data):
@@ -134,4 +144,3 @@ class CliqueReplicationStrategy(ReplicationStrategy):
             elif entry.receiver == me:
                 received[entry.id_] = recv_state_dict(entry.sender, self.local_group, self.target_device)
         return received
-
