@@ -18,107 +18,24 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.figures import (
+    GiB,
+    MiB,
+    Run,
+    floor_of,
+    fmt_bytes,
+    fmt_rate,
+    fmt_ratio,
+    fmt_time,
+    md_table,
+    quotient,
+    seconds_of,
+)
 from spec_tests.harness import ReportError, update_file
 
 __all__ = ["main", "noise", "render", "render_compact"]
 
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
-GiB = 1 << 30
-MiB = 1 << 20
-
-
-# ------------------------------------------------------------------------------------- figures
-
-
-class Run:
-    """The benchmarks of one run, indexed by figure."""
-
-    def __init__(self, output_json: dict):
-        self.json = output_json
-        self.info = output_json.get("machine_info", {}).get("ckptspec", {})
-        self.rows: dict[str, list[dict]] = {}
-        for b in output_json.get("benchmarks", []):
-            extra = b.get("extra_info", {})
-            if "figure" in extra:
-                # A ceiling is what the machine allows at best: its fastest round. Figures: the median.
-                stat = "min" if extra["figure"] == "ceiling" else "median"
-                row = dict(extra, seconds=b["stats"][stat], rounds=b["stats"]["rounds"], name=b["name"])
-                self.rows.setdefault(extra["figure"], []).append(row)
-
-    def get(self, figure: str, peer: str | None = None, **match) -> list[dict]:
-        return [
-            r
-            for r in self.rows.get(figure, [])
-            if (peer is None or r["peer"] == peer) and all(r.get(k) == v for k, v in match.items())
-        ]
-
-    def one(self, figure: str, peer: str, **match) -> dict | None:
-        found = self.get(figure, peer, **match)
-        return found[0] if found else None
-
-    def ceiling_seconds(self, name: str, nbytes: int) -> float | None:
-        """Time the ceiling `name` takes for `nbytes` (nearest measured size, scaled linearly)."""
-        rows = self.get("ceiling", name)
-        if not rows:
-            return None
-        row = min(rows, key=lambda r: abs(r["bytes"] - nbytes))
-        return row["seconds"] * nbytes / row["bytes"]
-
-    @property
-    def label(self) -> str:
-        cores = self.info.get("cores", "?")
-        where = f"GPU ({self.info['gpu']}), {cores} cores" if self.info.get("gpu") else f"CPU, {cores} cores"
-        size = self.info.get("size_mib")
-        details = [f"state dict {size:g} MiB"] if size else []
-        if self.info.get("threads"):
-            details.append(f"{self.info['threads']} trainer thread(s)")
-        date = self.json.get("datetime", "")[:10]
-        return f"{', '.join([where, *details])} ({date}, torch {self.info.get('torch', '?')})"
-
-
-# ---------------------------------------------------------------------------------- formatting
-
-
-def _seconds(row: dict | None) -> float | None:
-    return row["seconds"] if row else None
-
-
-def _quotient(row: dict | None, reference: dict | None) -> float | None:
-    return row["seconds"] / reference["seconds"] if row and reference else None
-
-
-def _time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
-
-
-def _ratio(value: float | None, reference: float | None) -> str:
-    return "-" if value is None or not reference else f"{value / reference:.2f}x"
-
-
-def _rate(nbytes: int, seconds: float) -> str:
-    return f"{nbytes / seconds / 1e9:.2f} GB/s" if seconds else "-"
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    return f"{sign}{n / GiB:.2f} GiB" if n >= GiB else f"{sign}{n / MiB:.1f} MiB"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    if not rows:
-        return []
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def _floor(run: Run, nbytes: int, device: str) -> tuple[str, float | None]:
-    name = "d2h-pinned" if device == "cuda" else "memcpy"
-    return name, run.ceiling_seconds(name, nbytes)
 
 
 # ------------------------------------------------------------------------------------ sections
@@ -126,10 +43,10 @@ def _floor(run: Run, nbytes: int, device: str) -> tuple[str, float | None]:
 
 def _ceilings(run: Run) -> list[str]:
     rows = [
-        [r["peer"], _bytes(r["bytes"]), _time(r["seconds"]), _rate(r["bytes"], r["seconds"])]
+        [r["peer"], fmt_bytes(r["bytes"]), fmt_time(r["seconds"]), fmt_rate(r["bytes"], r["seconds"])]
         for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"]))
     ]
-    return _table(["ceiling", "bytes", "time", "throughput"], rows)
+    return md_table(["ceiling", "bytes", "time", "throughput"], rows)
 
 
 def _stall(run: Run, figure: str) -> list[str]:
@@ -137,23 +54,23 @@ def _stall(run: Run, figure: str) -> list[str]:
     best = min((r["seconds"] for r in rows_in), default=None)
     rows = []
     for r in sorted(rows_in, key=lambda r: r["seconds"]):
-        floor_name, floor = _floor(run, r["bytes"], r.get("device", "cpu"))
-        phases = " / ".join(f"{k} {_time(v)}" for k, v in r.get("phases", {}).items())
+        floor_name, floor = floor_of(run, r["bytes"], r.get("device", "cpu"))
+        phases = " / ".join(f"{k} {fmt_time(v)}" for k, v in r.get("phases", {}).items())
         row = [
             f"`{r['peer']}`",
-            _time(r["seconds"]),
+            fmt_time(r["seconds"]),
             f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
-            f"{_ratio(r['seconds'], floor)} {floor_name}",
-            _ratio(r["seconds"], best),
+            f"{fmt_ratio(r['seconds'], floor)} {floor_name}",
+            fmt_ratio(r["seconds"], best),
             phases,
         ]
         if figure == "stall":
             row.append(r.get("snapshot", "-"))
         else:
-            row.append(_time(r.get("phases", {}).get("durable")))
+            row.append(fmt_time(r.get("phases", {}).get("durable")))
         rows.append(row)
     last = "snapshot" if figure == "stall" else "durable after"
-    return _table(["peer", "stall", "ms/GiB", "x floor", "x best", "phases", last], rows)
+    return md_table(["peer", "stall", "ms/GiB", "x floor", "x best", "phases", last], rows)
 
 
 def _durable(run: Run) -> list[str]:
@@ -166,14 +83,14 @@ def _durable(run: Run) -> list[str]:
         rows.append(
             [
                 f"`{r['peer']}`",
-                _time(r["seconds"]),
-                _ratio(r["seconds"], ceiling),
-                _ratio(r["seconds"], _seconds(sync)),
-                _ratio(r["seconds"], best),
+                fmt_time(r["seconds"]),
+                fmt_ratio(r["seconds"], ceiling),
+                fmt_ratio(r["seconds"], seconds_of(sync)),
+                fmt_ratio(r["seconds"], best),
                 "yes" if r.get("durable") else "no (no fsync)",
             ]
         )
-    return _table(["peer", "to committed", "x write+fsync", "x sync save", "x best", "fsync'ed"], rows)
+    return md_table(["peer", "to committed", "x write+fsync", "x sync save", "x best", "fsync'ed"], rows)
 
 
 def _write(run: Run) -> list[str]:
@@ -185,12 +102,12 @@ def _write(run: Run) -> list[str]:
             [
                 f"`{r['peer']}`",
                 r["dest"],
-                _rate(r["bytes"], r["seconds"]),
-                f"{_ratio(ceiling, r['seconds'])} {r['ceiling']}",
-                _ratio(min(same), r["seconds"]),
+                fmt_rate(r["bytes"], r["seconds"]),
+                f"{fmt_ratio(ceiling, r['seconds'])} {r['ceiling']}",
+                fmt_ratio(min(same), r["seconds"]),
             ]
         )
-    return _table(["writer", "destination", "throughput", "of ceiling", "of best"], rows)
+    return md_table(["writer", "destination", "throughput", "of ceiling", "of best"], rows)
 
 
 def _d2h(run: Run) -> list[str]:
@@ -198,9 +115,14 @@ def _d2h(run: Run) -> list[str]:
     for r in sorted(run.get("d2h"), key=lambda r: (r["peer"], r["bytes"])):
         ceiling = run.ceiling_seconds("d2h-pinned", r["bytes"])
         rows.append(
-            [f"`{r['peer']}`", _bytes(r["bytes"]), _rate(r["bytes"], r["seconds"]), _ratio(ceiling, r["seconds"])]
+            [
+                f"`{r['peer']}`",
+                fmt_bytes(r["bytes"]),
+                fmt_rate(r["bytes"], r["seconds"]),
+                fmt_ratio(ceiling, r["seconds"]),
+            ]
         )
-    return _table(["path", "bytes", "throughput", "of pinned copy"], rows)
+    return md_table(["path", "bytes", "throughput", "of pinned copy"], rows)
 
 
 def _memory(run: Run) -> list[str]:
@@ -210,19 +132,19 @@ def _memory(run: Run) -> list[str]:
         rows.append(
             [
                 f"`{r['peer']}`",
-                _bytes(m["staged_bytes"]),
-                _bytes(m["peak_extra_bytes"]),
-                _ratio(m["peak_extra_bytes"], m["staged_bytes"]),
-                _bytes(m["retained_bytes"]),
-                f"{_bytes(m['growth_bytes'])} ({m['saves']} saves)",
-                _bytes(m["runtime_bytes"]),
-                _bytes(m.get("rss_peak_bytes")),
-                _bytes(m["shm_peak_bytes"]),
-                _bytes(m["pinned_peak_bytes"]),
-                _bytes(m["worker_gpu_bytes"]),
+                fmt_bytes(m["staged_bytes"]),
+                fmt_bytes(m["peak_extra_bytes"]),
+                fmt_ratio(m["peak_extra_bytes"], m["staged_bytes"]),
+                fmt_bytes(m["retained_bytes"]),
+                f"{fmt_bytes(m['growth_bytes'])} ({m['saves']} saves)",
+                fmt_bytes(m["runtime_bytes"]),
+                fmt_bytes(m.get("rss_peak_bytes")),
+                fmt_bytes(m["shm_peak_bytes"]),
+                fmt_bytes(m["pinned_peak_bytes"]),
+                fmt_bytes(m["worker_gpu_bytes"]),
             ]
         )
-    return _table(
+    return md_table(
         [
             "peer",
             "staged",
@@ -244,10 +166,10 @@ def _load(run: Run) -> list[str]:
     rows_in = run.get("load")
     best = min((r["seconds"] for r in rows_in), default=None)
     rows = [
-        [f"`{r['peer']}`", _time(r["seconds"]), _rate(r["bytes"], r["seconds"]), _ratio(r["seconds"], best)]
+        [f"`{r['peer']}`", fmt_time(r["seconds"]), fmt_rate(r["bytes"], r["seconds"]), fmt_ratio(r["seconds"], best)]
         for r in sorted(rows_in, key=lambda r: r["seconds"])
     ]
-    return _table(["written by", "load", "throughput", "x best"], rows)
+    return md_table(["written by", "load", "throughput", "x best"], rows)
 
 
 # --------------------------------------------------------------------------------------- goals
@@ -270,7 +192,7 @@ def _goals(run: Run) -> list[str]:
         if impl is None:
             lines.append(f"- [ ] `{family}:impl`: not measured in this run")
             continue
-        floor_name, floor = _floor(run, impl["bytes"], impl.get("device", "cpu"))
+        floor_name, floor = floor_of(run, impl["bytes"], impl.get("device", "cpu"))
         limit = 1.2 if gpu else 1.5
         ratio = impl["seconds"] / floor if floor else None
         correct = impl.get("snapshot") == "correct"
@@ -279,7 +201,7 @@ def _goals(run: Run) -> list[str]:
                 f"`{family}:impl` stall <= {limit}x the {floor_name} floor, snapshot correct",
                 ratio if correct else float("inf"),
                 limit,
-                f"{_ratio(impl['seconds'], floor)}, snapshot {impl.get('snapshot')}",
+                f"{fmt_ratio(impl['seconds'], floor)}, snapshot {impl.get('snapshot')}",
             )
         )
         if nvrx is not None:
@@ -288,16 +210,16 @@ def _goals(run: Run) -> list[str]:
                     f"`{family}:impl` stall no worse than `{family}:nvrx`",
                     impl["seconds"] / nvrx["seconds"],
                     1.0,
-                    f"{_time(impl['seconds'])} vs {_time(nvrx['seconds'])} (nvrx snapshot {nvrx.get('snapshot')})",
+                    f"{fmt_time(impl['seconds'])} vs {fmt_time(nvrx['seconds'])} (nvrx snapshot {nvrx.get('snapshot')})",
                 )
             )
     impl, sync = run.one("durable", "dcp:impl"), run.one("durable", "dcp:save")
     lines.append(
         _goal(
             "`dcp:impl` time to durable <= 1.1x synchronous `dcp.save`",
-            _quotient(impl, sync),
+            quotient(impl, sync),
             1.1,
-            _ratio(_seconds(impl), _seconds(sync)),
+            fmt_ratio(seconds_of(impl), seconds_of(sync)),
         )
     )
     for executor in ("thread", "process"):
@@ -307,9 +229,9 @@ def _goals(run: Run) -> list[str]:
             lines.append(
                 _goal(
                     f"`dcp:impl` ahead of `{peer}` on {figure}",
-                    _quotient(mine, theirs),
+                    quotient(mine, theirs),
                     1.0,
-                    f"{_time(_seconds(mine))} vs {_time(_seconds(theirs))}",
+                    f"{fmt_time(seconds_of(mine))} vs {fmt_time(seconds_of(theirs))}",
                 )
             )
     memory = run.one("memory", "dcp:impl")
@@ -322,7 +244,7 @@ def _goals(run: Run) -> list[str]:
                 "`dcp:impl` peak extra host memory <= 1.1x staged bytes",
                 m["peak_extra_bytes"] / m["staged_bytes"],
                 1.1,
-                _ratio(m["peak_extra_bytes"], m["staged_bytes"]),
+                fmt_ratio(m["peak_extra_bytes"], m["staged_bytes"]),
             )
         )
         allowance = 16 * MiB + m["staged_bytes"] // 100
@@ -331,7 +253,7 @@ def _goals(run: Run) -> list[str]:
                 f"`dcp:impl` no growth over {m['saves']} saves (within 16 MiB + 1% of staged)",
                 m["growth_bytes"] / allowance,
                 1.0,
-                _bytes(m["growth_bytes"]),
+                fmt_bytes(m["growth_bytes"]),
             )
         )
     if gpu:
@@ -342,10 +264,10 @@ def _goals(run: Run) -> list[str]:
                 ceiling = run.ceiling_seconds("d2h-pinned", largest["bytes"])
                 lines.append(
                     _goal(
-                        f"`{peer}` D2H >= 80% of the pinned copy ({_bytes(largest['bytes'])})",
+                        f"`{peer}` D2H >= 80% of the pinned copy ({fmt_bytes(largest['bytes'])})",
                         largest["seconds"] / ceiling * 0.8 if ceiling else None,
                         1.0,
-                        _ratio(ceiling, largest["seconds"]),
+                        fmt_ratio(ceiling, largest["seconds"]),
                     )
                 )
     return lines
@@ -387,7 +309,7 @@ def render_compact(output_json: dict, heading: str = "####") -> str:
     rows = []
     for r in sorted(run.get("stall"), key=lambda r: r["seconds"]):
         peer = r["peer"]
-        floor_name, floor = _floor(run, r["bytes"], r.get("device", "cpu"))
+        floor_name, floor = floor_of(run, r["bytes"], r.get("device", "cpu"))
         first, durable = run.one("stall-first", peer), run.one("durable", peer)
         sync = durable and run.one("durable", f"{durable['family']}:save")
         memory, load = run.one("memory", peer), run.one("load", peer)
@@ -395,17 +317,17 @@ def render_compact(output_json: dict, heading: str = "####") -> str:
             [
                 f"`{peer}`",
                 f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
-                f"{_ratio(r['seconds'], floor)} {floor_name}",
-                _ratio(r["seconds"], best_stall),
+                f"{fmt_ratio(r['seconds'], floor)} {floor_name}",
+                fmt_ratio(r["seconds"], best_stall),
                 r.get("snapshot", "-"),
-                _time(_seconds(first)),
-                _time(_seconds(durable)),
-                _ratio(_seconds(durable), _seconds(sync)),
-                memory and _ratio(memory["memory"]["peak_extra_bytes"], memory["memory"]["staged_bytes"]) or "-",
-                _time(_seconds(load)),
+                fmt_time(seconds_of(first)),
+                fmt_time(seconds_of(durable)),
+                fmt_ratio(seconds_of(durable), seconds_of(sync)),
+                memory and fmt_ratio(memory["memory"]["peak_extra_bytes"], memory["memory"]["staged_bytes"]) or "-",
+                fmt_time(seconds_of(load)),
             ]
         )
-    table = _table(
+    table = md_table(
         [
             "peer",
             "stall ms/GiB",
@@ -421,7 +343,7 @@ def render_compact(output_json: dict, heading: str = "####") -> str:
         rows,
     )
     ceilings = ", ".join(
-        f"{r['peer']} {_rate(r['bytes'], r['seconds'])}"
+        f"{r['peer']} {fmt_rate(r['bytes'], r['seconds'])}"
         for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"]))
     )
     return (
@@ -463,9 +385,9 @@ def noise(runs: list[dict], margin: float = 1.5) -> tuple[str, int]:
     for name, values in sorted(fastest.items()):
         spread = max(values) / min(values)
         worst = max(worst, spread)
-        rows.append([f"`{name}`", " / ".join(_time(v) for v in values), f"{spread:.2f}x"])
+        rows.append([f"`{name}`", " / ".join(fmt_time(v) for v in values), f"{spread:.2f}x"])
     threshold = 50 * -(-round((worst * margin - 1) * 100) // 50)
-    table = _table(["benchmark", "fastest round per run", "max / min"], rows)
+    table = md_table(["benchmark", "fastest round per run", "max / min"], rows)
     return "\n".join(
         table + ["", f"Worst spread {worst:.2f}x; suggested threshold: min:{threshold}%"]
     ) + "\n", threshold
