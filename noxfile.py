@@ -62,7 +62,12 @@ def lint(session: nox.Session) -> None:
 
 # target -> its pip distribution; (target, release, Python): the releases the README reports on.
 DISTRIBUTIONS = {"nvrx": "nvidia-resiliency-ext", "mcore": "megatron-core"}
-RELEASES = [("nvrx", "0.4.1", "3.11"), ("nvrx", "0.7.0", "3.12"), ("mcore", "0.16.1", "3.11"), ("mcore", "0.19.2", "3.12")]
+RELEASES = [
+    ("nvrx", "0.4.1", "3.11"),
+    ("nvrx", "0.7.0", "3.12"),
+    ("mcore", "0.16.1", "3.11"),
+    ("mcore", "0.19.2", "3.12"),
+]
 # NVRx 0.7.0 ships only manylinux_2_39 cp312 wheels (pip refuses them on an older glibc); its checkpointing package
 # needs none of its declared dependencies but these (torch and numpy come with the project).
 NVRX_070_WHEEL = ["--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_39_x86_64"]
@@ -81,16 +86,36 @@ def spec(session: nox.Session, target: str, release: str) -> None:
     if (target, release) == ("nvrx", "0.7.0"):
         session.install(*NVRX_070_NEEDS)
         site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True)
-        session.run("python", "-m", "pip", "install", *NVRX_070_WHEEL, "--target", str(site).strip(),
-                    f"{dist}=={release}")
+        session.run(
+            "python", "-m", "pip", "install", *NVRX_070_WHEEL, "--target", str(site).strip(), f"{dist}=={release}"
+        )
     else:
         session.install(f"{dist}=={release}")
     # The report names the version the run imported; refuse to label a run with a release it did not test.
-    imported = session.run("python", "-c", f"from spec_tests.harness.targets import load_target; "
-                           f"print(load_target({target!r}).version)", silent=True)
+    imported = session.run(
+        "python",
+        "-c",
+        f"from spec_tests.harness.targets import load_target; print(load_target({target!r}).version)",
+        silent=True,
+    )
     imported = str(imported).strip().splitlines()[-1]
     if imported != release:
         session.error(f"{target}: imported version {imported}, expected {release}")
     out = ROOT / "conformance" / f"{target}-{release}.json"
-    session.run("python", "-m", "pytest", "spec_tests", "-n", "auto", "-q", "-p", "no:randomly", "--impl", target,
-                "--conformance-json", str(out), *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "spec_tests",
+        "-n",
+        "auto",
+        "-q",
+        "-p",
+        "no:randomly",
+        "--impl",
+        target,
+        "--conformance-json",
+        str(out),
+        *session.posargs,
+        env={"HYPOTHESIS_PROFILE": "ci"},
+    )

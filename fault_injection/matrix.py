@@ -39,6 +39,7 @@ __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 START_MARKER = "<!-- faults:start -->"
 END_MARKER = "<!-- faults:end -->"
 from fault_injection.faults import PHASES  # noqa: E402  (one list of phases, the fault suite's)
+
 FAULTS = (
     ("FI-RANK", "killed rank"),
     ("FI-WORKER", "killed worker or writer process"),
@@ -52,10 +53,12 @@ FAULTS = (
 )
 AUDIT = "FI-ORPHAN"
 NOT_APPLICABLE = "n/a"
-LEGEND = ("Cells aggregate the fault tests of that fault, phase and target: **pass**, **fail** (a test failed), "
-          "**xfail** (a known divergence listed in the target's expectations, with its clause), **skip** (the "
-          "target lacks the capability, or the hardware is missing), **n/a** (the fault cannot happen in that "
-          "phase); (n) = all n tests, (k/n) = k of n. The last row is the orphan audit run around every test.")
+LEGEND = (
+    "Cells aggregate the fault tests of that fault, phase and target: **pass**, **fail** (a test failed), "
+    "**xfail** (a known divergence listed in the target's expectations, with its clause), **skip** (the "
+    "target lacks the capability, or the hardware is missing), **n/a** (the fault cannot happen in that "
+    "phase); (n) = all n tests, (k/n) = k of n. The last row is the orphan audit run around every test."
+)
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class TargetRun:
     label: str
     records: tuple  # (nodeid, outcome, when, clauses, message) per recorded phase of a test
     outcomes: dict  # nodeid -> worst outcome (spec_tests.harness.report.load_run)
-    clauses: dict   # nodeid -> cited clause ids
+    clauses: dict  # nodeid -> cited clause ids
     wall_s: float | None = None
 
 
@@ -73,10 +76,13 @@ def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
     """Read one conformance JSON file (validated by spec_tests.harness.report.load_run)."""
     run = load_run(path)
     data = json.loads(Path(path).read_text())
-    records = tuple((t["nodeid"], t["outcome"], t.get("when", "call"), tuple(t["clauses"]), t.get("message", ""))
-                    for t in data["tests"])
-    return TargetRun(run.label, records, {n: o for n, (o, _) in run.tests.items()},
-                     {n: c for n, (_, c) in run.tests.items()}, wall_s)
+    records = tuple(
+        (t["nodeid"], t["outcome"], t.get("when", "call"), tuple(t["clauses"]), t.get("message", ""))
+        for t in data["tests"]
+    )
+    return TargetRun(
+        run.label, records, {n: o for n, (o, _) in run.tests.items()}, {n: c for n, (_, c) in run.tests.items()}, wall_s
+    )
 
 
 def phase_of(nodeid: str) -> str | None:
@@ -106,8 +112,11 @@ def _audit_cell(run: TargetRun, phase: str) -> str:
     in_phase = {n for n in run.outcomes if phase_of(n) == phase and families(run.clauses[n])}
     if not in_phase:
         return NOT_APPLICABLE
-    flagged = {n for n, outcome, when, _, message in run.records
-               if n in in_phase and when == "teardown" and outcome == "error" and "FI-ORPHAN-1" in message}
+    flagged = {
+        n
+        for n, outcome, when, _, message in run.records
+        if n in in_phase and when == "teardown" and outcome == "error" and "FI-ORPHAN-1" in message
+    }
     if flagged:
         return f"fail ({len(flagged)}/{len(in_phase)})"
     ran = [n for n in in_phase if run.outcomes[n] != "skipped"]
@@ -143,15 +152,28 @@ def _matrix(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fault_injection.matrix",
-                                     description="Render the fault x phase x target matrix of the fault suite.")
+    parser = argparse.ArgumentParser(
+        prog="python -m fault_injection.matrix",
+        description="Render the fault x phase x target matrix of the fault suite.",
+    )
     parser.add_argument("files", nargs="*", type=Path, metavar="JSON", help="files written by --conformance-json")
-    parser.add_argument("--run", nargs="+", default=[], metavar="TARGET",
-                        help="first run the fault suite against each TARGET (timed), then report on its JSON")
-    parser.add_argument("--out", type=Path, default=Path("conformance"), metavar="DIR",
-                        help="where --run writes faults-TARGET.json (default: conformance/)")
-    parser.add_argument("--update", type=Path, metavar="FILE",
-                        help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE")
+    parser.add_argument(
+        "--run",
+        nargs="+",
+        default=[],
+        metavar="TARGET",
+        help="first run the fault suite against each TARGET (timed), then report on its JSON",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("conformance"),
+        metavar="DIR",
+        help="where --run writes faults-TARGET.json (default: conformance/)",
+    )
+    parser.add_argument(
+        "--update", type=Path, metavar="FILE", help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE"
+    )
     return cli(parser, argv, _matrix)
 
 

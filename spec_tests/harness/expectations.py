@@ -84,18 +84,25 @@ def load(path: str | None) -> tuple[Entry, ...]:
     entries = []
     for index, entry in enumerate(data.get("xfail", [])):
         fields = {"test", "clause", "reason"}
-        if (not isinstance(entry, dict) or not fields <= set(entry) <= fields | {"versions"}
-                or not all(isinstance(value, str) for value in entry.values())):
-            raise ExpectationsError(f"expectations file {path}: xfail entry {index + 1} needs exactly the string "
-                                    f"fields test, clause, reason and optionally versions "
-                                    f"(has {sorted(entry) if isinstance(entry, dict) else entry})")
+        if (
+            not isinstance(entry, dict)
+            or not fields <= set(entry) <= fields | {"versions"}
+            or not all(isinstance(value, str) for value in entry.values())
+        ):
+            raise ExpectationsError(
+                f"expectations file {path}: xfail entry {index + 1} needs exactly the string "
+                f"fields test, clause, reason and optionally versions "
+                f"(has {sorted(entry) if isinstance(entry, dict) else entry})"
+            )
         if "versions" in entry:
             try:
                 SpecifierSet(entry["versions"])
             except InvalidSpecifier:
-                raise ExpectationsError(f"expectations file {path}: xfail entry {index + 1} ({entry['test']}): "
-                                        f"versions {entry['versions']!r} is not a version specifier "
-                                        "such as \"<0.5\" or \">=0.5,<0.7\"") from None
+                raise ExpectationsError(
+                    f"expectations file {path}: xfail entry {index + 1} ({entry['test']}): "
+                    f"versions {entry['versions']!r} is not a version specifier "
+                    'such as "<0.5" or ">=0.5,<0.7"'
+                ) from None
         entries.append(Entry(entry["test"], entry["clause"], entry["reason"], entry.get("versions")))
     return tuple(entries)
 
@@ -114,8 +121,9 @@ def is_hypothesis_test(item: pytest.Item) -> bool:
     return code is not None and not _MACHINE_RUNNERS.isdisjoint(code.co_names)
 
 
-def apply(path: str, entries: Iterable[Entry], items: Sequence[pytest.Item], cited, randomized_profile: str | None
-          ) -> list[str]:
+def apply(
+    path: str, entries: Iterable[Entry], items: Sequence[pytest.Item], cited, randomized_profile: str | None
+) -> list[str]:
     """Mark the items the entries match; return the problems (an entry whose test does not cite its clause).
 
     `cited(item)` lists the clause ids an item cites; `randomized_profile` is the name of the hypothesis profile
@@ -135,8 +143,9 @@ def apply(path: str, entries: Iterable[Entry], items: Sequence[pytest.Item], cit
     return problems
 
 
-def unmatched(entries: Iterable[Entry], items: Sequence[pytest.Item], rootdir: Path,
-              narrowed: Iterable[Path]) -> list[Entry]:
+def unmatched(
+    entries: Iterable[Entry], items: Sequence[pytest.Item], rootdir: Path, narrowed: Iterable[Path]
+) -> list[Entry]:
     """The entries that match no item, among those whose file has items and was not narrowed to node ids.
 
     `narrowed`: the files the command line named with `::` (only some of their tests were asked for).
@@ -144,6 +153,9 @@ def unmatched(entries: Iterable[Entry], items: Sequence[pytest.Item], rootdir: P
     collected = {Path(str(item.path)).resolve() for item in items}
     skipped = {Path(p).resolve() for p in narrowed}
     nodeids = [item.nodeid for item in items]
-    return [entry for entry in entries
-            if (rootdir / entry.file).resolve() in collected - skipped
-            and not any(entry.matches(nodeid) for nodeid in nodeids)]
+    return [
+        entry
+        for entry in entries
+        if (rootdir / entry.file).resolve() in collected - skipped
+        and not any(entry.matches(nodeid) for nodeid in nodeids)
+    ]

@@ -41,30 +41,41 @@ from spec_tests.harness.ranks import RankPool
 from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, TargetError, TargetUnavailable, load_target
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
-settings.register_profile("ci", derandomize=True, database=None, max_examples=10,
-                          stateful_step_count=10, deadline=timedelta(seconds=60),
-                          suppress_health_check=_SUPPRESS, print_blob=True)
-settings.register_profile("dev", max_examples=25, stateful_step_count=15,
-                          deadline=timedelta(seconds=60), suppress_health_check=_SUPPRESS)
-settings.register_profile("nightly", max_examples=300, stateful_step_count=40, deadline=None,
-                          suppress_health_check=_SUPPRESS)
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=10,
+    stateful_step_count=10,
+    deadline=timedelta(seconds=60),
+    suppress_health_check=_SUPPRESS,
+    print_blob=True,
+)
+settings.register_profile(
+    "dev", max_examples=25, stateful_step_count=15, deadline=timedelta(seconds=60), suppress_health_check=_SUPPRESS
+)
+settings.register_profile(
+    "nightly", max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=_SUPPRESS
+)
 PROFILES = ("ci", "dev", "nightly")
 
 _CITING_DIRS = ("spec_tests", "fault_injection")
 _EXEMPT_DIRS = ("spec_tests/harness",)
-MARKERS = ("spec(*ids): clauses of spec_tests/clauses/*.toml that the test checks",
-           "needs(*capabilities): skip unless the target has these capabilities",
-           "gpu: needs a CUDA device")
+MARKERS = (
+    "spec(*ids): clauses of spec_tests/clauses/*.toml that the test checks",
+    "needs(*capabilities): skip unless the target has these capabilities",
+    "gpu: needs a CUDA device",
+)
 # Exceptions of a test that are not failures: no clause notes for them.
 _NOT_FAILURES = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt)
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("ckptspec")
-    group.addoption("--impl", default=None,
-                    help=f"target implementation (default: ${ENV_VAR} or 'impl')")
-    group.addoption("--conformance-json", default=None, metavar="PATH",
-                    help="write each test's outcome and clauses to PATH")
+    group.addoption("--impl", default=None, help=f"target implementation (default: ${ENV_VAR} or 'impl')")
+    group.addoption(
+        "--conformance-json", default=None, metavar="PATH", help="write each test's outcome and clauses to PATH"
+    )
 
 
 def in_ci() -> bool:
@@ -92,13 +103,18 @@ def pytest_configure(config):
 
 
 def _load_profile(config) -> str:
-    profile = (config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE")
-               or ("ci" if in_ci() else "dev"))
+    profile = (
+        config.getoption("hypothesis_profile", None)
+        or os.environ.get("HYPOTHESIS_PROFILE")
+        or ("ci" if in_ci() else "dev")
+    )
     try:
         settings.load_profile(profile)
     except InvalidArgument:
-        raise pytest.UsageError(f"hypothesis profile {profile!r} (from --hypothesis-profile or $HYPOTHESIS_PROFILE) "
-                                f"is not one of this suite's profiles: {', '.join(PROFILES)}") from None
+        raise pytest.UsageError(
+            f"hypothesis profile {profile!r} (from --hypothesis-profile or $HYPOTHESIS_PROFILE) "
+            f"is not one of this suite's profiles: {', '.join(PROFILES)}"
+        ) from None
     return profile
 
 
@@ -127,9 +143,11 @@ def _check_writable(path: str | None) -> None:
 def pytest_report_header(config):
     target = config.ckptspec_target
     env = {k: v for k, v in os.environ.items() if k.startswith(("CKPTSPEC", "HYPOTHESIS"))}
-    return [f"ckptspec target: {target.name} {target.version} "
-            f"capabilities: {', '.join(sorted(target.capabilities)) or '-'}",
-            f"hypothesis profile: {config.ckptspec_profile}; environment: {env}"]
+    return [
+        f"ckptspec target: {target.name} {target.version} "
+        f"capabilities: {', '.join(sorted(target.capabilities)) or '-'}",
+        f"hypothesis profile: {config.ckptspec_profile}; environment: {env}",
+    ]
 
 
 # ---------------------------------------------------------------------------------- collection
@@ -158,8 +176,10 @@ def _item_problems(item, known, rootdir: Path) -> list[str]:
     needed = [c for mark in item.iter_markers("needs") for c in mark.args]
     unknown = [str(c) for c in needed if c not in CAPABILITY_DOCS]
     if unknown:
-        problems.append(f"{item.nodeid}: needs unknown capability {', '.join(unknown)} "
-                        f"(the capabilities: {', '.join(CAPABILITY_DOCS)})")
+        problems.append(
+            f"{item.nodeid}: needs unknown capability {', '.join(unknown)} "
+            f"(the capabilities: {', '.join(CAPABILITY_DOCS)})"
+        )
     return problems
 
 
@@ -182,8 +202,10 @@ def pytest_collection_modifyitems(session, config, items):
     randomized = None if settings.get_profile(config.ckptspec_profile).derandomize else config.ckptspec_profile
     for problem in expectations.apply(path, entries, items, _cited, randomized):
         problems[path].append(problem)
-    stale = [f"{path}: {e.test} [{e.clause}] matches no collected test"
-             for e in expectations.unmatched(entries, items, rootdir, _narrowed_files(config))]
+    stale = [
+        f"{path}: {e.test} [{e.clause}] matches no collected test"
+        for e in expectations.unmatched(entries, items, rootdir, _narrowed_files(config))
+    ]
     if stale and in_ci():
         problems[path].extend(stale + ["(remove or fix these entries; outside CI this is a warning)"])
     elif stale:
@@ -200,8 +222,7 @@ def _fail_collection(config, items, problems: dict[str, list[str]]) -> None:
     A collection report (rather than raising) is what an xdist worker can pass on to the controller.
     """
     for nodeid, lines in problems.items():
-        config.hook.pytest_collectreport(
-            report=CollectReport(nodeid, "failed", "ckptspec: " + "\n  ".join(lines), []))
+        config.hook.pytest_collectreport(report=CollectReport(nodeid, "failed", "ckptspec: " + "\n  ".join(lines), []))
     config.hook.pytest_deselected(items=list(items))
     items[:] = []
 
@@ -293,19 +314,29 @@ class _Recorder:
         message = ""
         if report.longrepr is not None and outcome in ("failed", "error", "skipped", "xfail"):
             message = str(getattr(report, "wasxfail", "") or report.longreprtext).strip()[-2000:]
-        self.records.append({
-            "nodeid": report.nodeid, "outcome": outcome, "when": report.when,
-            "clauses": dict(report.user_properties).get("spec_clauses", []),
-            "duration": round(report.duration, 3), "message": message})
+        self.records.append(
+            {
+                "nodeid": report.nodeid,
+                "outcome": outcome,
+                "when": report.when,
+                "clauses": dict(report.user_properties).get("spec_clauses", []),
+                "duration": round(report.duration, 3),
+                "message": message,
+            }
+        )
 
     def pytest_sessionfinish(self, session):
         path = self.config.getoption("--conformance-json")
         if not path:
             return
         target = self.config.ckptspec_target
-        payload = {"target": target.name, "version": target.version,
-                   "capabilities": sorted(target.capabilities),
-                   "clauses": clause_registry.load(), "tests": self.records}
+        payload = {
+            "target": target.name,
+            "version": target.version,
+            "capabilities": sorted(target.capabilities),
+            "clauses": clause_registry.load(),
+            "tests": self.records,
+        }
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(payload, indent=1, sort_keys=True))
 
@@ -322,5 +353,4 @@ class _Recorder:
         cited = {c for r in self.records for c in r["clauses"]}
         uncovered = [c for c in clause_registry.load() if c not in cited]
         if cited and uncovered:
-            terminalreporter.write_line(
-                f"ckptspec: clauses not covered by this run: {', '.join(uncovered)}")
+            terminalreporter.write_line(f"ckptspec: clauses not covered by this run: {', '.join(uncovered)}")

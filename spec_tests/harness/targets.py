@@ -36,8 +36,17 @@ from importlib import metadata
 from types import ModuleType
 
 __all__ = [
-    "CAPABILITY_DOCS", "ENV_VAR", "MissingCapability", "SPEC_MODULES", "Target", "TargetError", "TargetUnavailable",
-    "builtin_targets", "current_target", "known_targets", "load_target",
+    "CAPABILITY_DOCS",
+    "ENV_VAR",
+    "MissingCapability",
+    "SPEC_MODULES",
+    "Target",
+    "TargetError",
+    "TargetUnavailable",
+    "builtin_targets",
+    "current_target",
+    "known_targets",
+    "load_target",
 ]
 
 ENV_VAR = "CKPTSPEC_IMPL"
@@ -122,10 +131,11 @@ def _imported_version(dist: str, modules) -> str:
     With two copies installed (a venv's and one on PYTHONPATH), the one imported wins, not the first metadata found.
     """
     roots = {dotted.split(".")[0] for dotted in modules}
-    locations = set()
+    locations: set[str] = set()
     for root in roots:
         spec = importlib.util.find_spec(root)
-        locations.update(os.path.realpath(p) for p in (spec.submodule_search_locations or []) if spec)
+        if spec is not None:
+            locations.update(os.path.realpath(p) for p in spec.submodule_search_locations or [])
     for distribution in metadata.distributions(name=dist):
         if any(os.path.realpath(str(distribution.locate_file(root))) in locations for root in roots):
             return distribution.version
@@ -141,8 +151,11 @@ _loaded: dict[str, Target] = {}
 def builtin_targets() -> dict[str, str]:
     """Name -> adapter module of the adapters in the package `spec_tests.targets` (names not starting with `_`)."""
     package = importlib.import_module(BUILTIN_PACKAGE)
-    return {info.name: f"{BUILTIN_PACKAGE}.{info.name}" for info in pkgutil.iter_modules(package.__path__)
-            if not info.ispkg and not info.name.startswith("_")}
+    return {
+        info.name: f"{BUILTIN_PACKAGE}.{info.name}"
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.ispkg and not info.name.startswith("_")
+    }
 
 
 def known_targets() -> dict[str, str]:
@@ -154,27 +167,31 @@ def known_targets() -> dict[str, str]:
 
 
 def _unknown(name: str, known) -> TargetError:
-    return TargetError(f"unknown target {name!r}; known targets: {', '.join(sorted(known))}, "
-                       "or the dotted path of an adapter module")
+    return TargetError(
+        f"unknown target {name!r}; known targets: {', '.join(sorted(known))}, or the dotted path of an adapter module"
+    )
 
 
 def _unavailable(name: str, adapter: ModuleType, exc: ImportError) -> TargetUnavailable:
     package = getattr(adapter, "DISTRIBUTION", None) or f"the package of target {name!r}"
     hint = getattr(adapter, "INSTALL", None)
     how = f"; install it with: {hint}" if hint else ""
-    return TargetUnavailable(f"target {name!r} needs {package}, which cannot be imported ({exc}){how}",
-                             name=exc.name)
+    return TargetUnavailable(f"target {name!r} needs {package}, which cannot be imported ({exc}){how}", name=exc.name)
 
 
 def _check_contract(name: str, adapter: ModuleType) -> None:
     modules, capabilities = getattr(adapter, "MODULES", None), getattr(adapter, "CAPABILITIES", None)
     if not isinstance(modules, dict) or not isinstance(capabilities, (set, frozenset)):
-        raise TargetError(f"adapter {adapter.__name__} of target {name!r} needs MODULES (a dict) and "
-                          "CAPABILITIES (a frozenset); see spec_tests.harness.targets")
+        raise TargetError(
+            f"adapter {adapter.__name__} of target {name!r} needs MODULES (a dict) and "
+            "CAPABILITIES (a frozenset); see spec_tests.harness.targets"
+        )
     unknown = sorted(set(capabilities) - set(CAPABILITY_DOCS))
     if unknown:
-        raise TargetError(f"adapter {adapter.__name__} of target {name!r} declares unknown capabilities "
-                          f"{', '.join(unknown)}; known: {', '.join(CAPABILITY_DOCS)}")
+        raise TargetError(
+            f"adapter {adapter.__name__} of target {name!r} declares unknown capabilities "
+            f"{', '.join(unknown)}; known: {', '.join(CAPABILITY_DOCS)}"
+        )
 
 
 def _import_adapter(name: str) -> ModuleType:
@@ -184,8 +201,9 @@ def _import_adapter(name: str) -> ModuleType:
         return importlib.import_module(dotted)
     except ModuleNotFoundError as exc:
         if exc.name is None or not (dotted + ".").startswith(exc.name + "."):
-            raise TargetUnavailable(f"target {name!r}: its adapter {dotted} cannot be imported ({exc})",
-                                    name=exc.name) from exc
+            raise TargetUnavailable(
+                f"target {name!r}: its adapter {dotted} cannot be imported ({exc})", name=exc.name
+            ) from exc
         if name in known or "." in name:
             raise TargetError(f"target {name!r}: no adapter module {dotted!r}") from None
         raise _unknown(name, known) from None

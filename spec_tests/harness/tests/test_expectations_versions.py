@@ -37,13 +37,16 @@ def _load(tmp_path, text: str) -> tuple[expectations.Entry, ...]:
     return expectations.load(str(path))
 
 
-@pytest.mark.parametrize(("version", "applying"), [
-    ("0.4.1", ["test_every_release", "test_old_only"]),
-    ("0.7.0", ["test_every_release", "test_new_only"]),
-    ("0.7.1rc1", ["test_every_release", "test_new_only"]),
-    ("0.6.0", ["test_every_release"]),
-    ("(source tree)", ["test_every_release"]),
-])
+@pytest.mark.parametrize(
+    ("version", "applying"),
+    [
+        ("0.4.1", ["test_every_release", "test_old_only"]),
+        ("0.7.0", ["test_every_release", "test_new_only"]),
+        ("0.7.1rc1", ["test_every_release", "test_new_only"]),
+        ("0.6.0", ["test_every_release"]),
+        ("(source tree)", ["test_every_release"]),
+    ],
+)
 def test_entries_apply_to_the_releases_they_name(tmp_path, version, applying):
     entries = expectations.for_version(_load(tmp_path, _FILE), version)
     assert [e.test.split("::")[1] for e in entries] == applying
@@ -54,11 +57,14 @@ def test_an_entry_keeps_its_specifier(tmp_path):
     assert (old.versions, old.applies_to("0.4.1"), old.applies_to("0.5")) == ("<0.5", True, False)
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ('versions = "about 0.4"', "versions 'about 0.4' is not a version specifier"),
-    ("versions = 4", "needs exactly the string fields test, clause, reason and optionally versions"),
-    ('since = "0.4"', "needs exactly the string fields test, clause, reason and optionally versions"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('versions = "about 0.4"', "versions 'about 0.4' is not a version specifier"),
+        ("versions = 4", "needs exactly the string fields test, clause, reason and optionally versions"),
+        ('since = "0.4"', "needs exactly the string fields test, clause, reason and optionally versions"),
+    ],
+)
 def test_a_bad_versions_field_is_one_clear_error(tmp_path, extra, message):
     text = f'[[xfail]]\ntest = "spec_tests/a.py::t"\nclause = "AQ-1"\nreason = "r"\n{extra}\n'
     with pytest.raises(expectations.ExpectationsError, match="xfail entry 1") as raised:
