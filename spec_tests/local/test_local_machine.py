@@ -85,6 +85,9 @@ class LocalManagerMachine(RuleBasedStateMachine):
         groups = [[r] for r in range(WORLD)] if layout is None else cliques(WORLD, *layout)
         self.model = StorageModel(layout, groups)
         note(f"layout (jump, factor)={layout}: cliques {groups}")
+        # Start from one complete checkpoint, so that every rule (saving an older iteration too) is reachable from
+        # the first step of a short, derandomized run; an empty start is LM-1's own test.
+        self.save_newer(step=1, mode="sync")
 
     def _save(self, iteration, mode):
         return self.pool.run(try_save_values, self.base, self.started.layout, iteration, mode)
