@@ -75,5 +75,5 @@ def pytest_configure(config):
         and not hasattr(config, "workerinput")
     ):
         Path(config.rootpath, BENCH_JSON).parent.mkdir(exist_ok=True)
-        # pytest-benchmark takes an open file here (as from its own --benchmark-json) and closes it.
-        config.option.benchmark_json = open(Path(config.rootpath, BENCH_JSON), "wb")  # noqa: SIM115
+        # A path, as pytest-benchmark (>= 5.3) parses its own --benchmark-json.
+        config.option.benchmark_json = Path(config.rootpath, BENCH_JSON)

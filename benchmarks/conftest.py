@@ -52,7 +52,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 def pytest_benchmark_update_json(config, benchmarks, output_json):
     if not config.option.benchmark_json:
         return
-    path = Path(config.option.benchmark_json.name).with_suffix(".md")
+    path = Path(config.option.benchmark_json).with_suffix(".md")
     path.write_text(summary.render(output_json))
     config.ckptspec_summary = path
 
