@@ -5,7 +5,9 @@
     lint                                   ruff (lint, format), mypy, deptry: what .ci/run checks
     spec(nvrx-0.4.1) / spec(nvrx-0.7.0) /  spec_tests against one release of a target, on the Python that
     spec(mcore-0.16.1) / spec(mcore-0.19.2) release needs; writes conformance/<target>-<release>.json
-                                           (`nox -s "spec(nvrx-0.7.0)" -- -n 2` passes pytest options on)
+                                           `-- fault_injection` runs the fault suite instead (writes
+                                           conformance/faults-<target>-<release>.json), `-- benchmarks ...` the
+                                           benchmarks; other posargs go to pytest (`-- -n 2`)
 
 The conformance table of every release: `python -m spec_tests.harness.report conformance/*.json`.
 """
@@ -74,13 +76,11 @@ NVRX_070_WHEEL = ["--no-deps", "--only-binary=:all:", "--python-version", "3.12"
 NVRX_070_NEEDS = ["psutil", "packaging", "pyyaml"]
 
 
-@nox.session
-@nox.parametrize(
-    ("python", "target", "release"),
-    [nox.param(python, target, release, id=f"{target}-{release}") for target, release, python in RELEASES],
-)
-def spec(session: nox.Session, target: str, release: str) -> None:
-    """spec_tests against one release of a target; its expectations entries for that release apply (strict)."""
+RELEASE_IDS = [nox.param(python, target, release, id=f"{target}-{release}") for target, release, python in RELEASES]
+
+
+def _install_release(session: nox.Session, target: str, release: str) -> None:
+    """The project, then `release` of `target`; fails unless that release is what `target` imports."""
     session.install(TORCH, "-e", ".[test]")
     dist = DISTRIBUTIONS[target]
     if (target, release) == ("nvrx", "0.7.0"):
@@ -101,12 +101,32 @@ def spec(session: nox.Session, target: str, release: str) -> None:
     imported = str(imported).strip().splitlines()[-1]
     if imported != release:
         session.error(f"{target}: imported version {imported}, expected {release}")
-    out = ROOT / "conformance" / f"{target}-{release}.json"
+
+
+# The suites a release session can run, and the conformance JSON each writes by default ({} = target-release).
+SUITES = {"spec_tests": "{}.json", "fault_injection": "faults-{}.json", "benchmarks": None}
+
+
+@nox.session
+@nox.parametrize(("python", "target", "release"), RELEASE_IDS)
+def spec(session: nox.Session, target: str, release: str) -> None:
+    """A suite (spec_tests unless the first posarg names another of SUITES) against one release of a target.
+
+    Its expectations entries for that release apply (strict). The run records to conformance/ (SUITES) unless the
+    posargs give --conformance-json; the other posargs go to pytest.
+    """
+    _install_release(session, target, release)
+    args = list(session.posargs)
+    suite = args.pop(0) if args and args[0] in SUITES else "spec_tests"
+    json_name = SUITES[suite]
+    record = []
+    if json_name and "--conformance-json" not in args:
+        record = ["--conformance-json", str(ROOT / "conformance" / json_name.format(f"{target}-{release}"))]
     session.run(
         "python",
         "-m",
         "pytest",
-        "spec_tests",
+        suite,
         "-n",
         "auto",
         "-q",
@@ -114,8 +134,7 @@ def spec(session: nox.Session, target: str, release: str) -> None:
         "no:randomly",
         "--impl",
         target,
-        "--conformance-json",
-        str(out),
-        *session.posargs,
+        *record,
+        *args,
         env={"HYPOTHESIS_PROFILE": "ci"},
     )

@@ -17,9 +17,11 @@ spec_tests.harness.plugin): {"target", "version", "clauses": {id: {...}}, "tests
         --impl T --conformance-json DIR/T.json`, DIR defaulting to conformance/), then report on
         those files. Pytest exit codes 0 and 1 are data; any other code is an error. `run_target` and
         `cli` serve fault_injection.matrix too (its --run runs fault_injection the same way).
+    python -m spec_tests.harness.report --run impl nvrx-0.4.1 nvrx-0.7.0 ...
+        TARGET-RELEASE runs that release in its nox session (`nox -s "spec(nvrx-0.7.0)"`, noxfile.py).
 
-The README is refreshed with `python -m spec_tests.harness.report --run impl nvrx mcore --areas async_ckpt storage
-local --update README.md` (the FI-* clauses of the faults area have the fault matrix instead).
+The README is refreshed with `python -m spec_tests.harness.report --run impl nvrx-0.4.1 nvrx-0.7.0 mcore-0.16.1
+mcore-0.19.2 --areas async_ckpt storage local --update README.md` (the FI-* clauses of the faults area have the fault matrix instead).
 
 Table contract: one row per clause id, registry order first (spec_tests.harness.clauses.load(), so a
 clause no test cites is still a row), then ids only the input files know; columns clause,
@@ -41,7 +43,9 @@ error naming the file; errors exit with status 1.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -286,8 +290,18 @@ def write_block(block: str, update: Path | None, start: str = START_MARKER, end:
 # ---------------------------------------------------------------------------------- --run
 
 
+# `nvrx-0.7.0`: a release of a target, run in its nox session (noxfile.py) instead of in this environment.
+RELEASE_LABEL = re.compile(r"^(?P<target>[A-Za-z0-9_]+)-(?P<release>[0-9][A-Za-z0-9.+]*)$")
+
+
 def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> list[str]:
-    """The command that runs `suite` (a directory of the repository) against `target`, recording to `json_path`."""
+    """The command that runs `suite` (a directory of the repository) against `target`, recording to `json_path`.
+
+    `target` is a target name (run here, on the installed copy) or TARGET-RELEASE (its nox session `spec(...)`,
+    which installs exactly that release in a virtual environment of its own).
+    """
+    if RELEASE_LABEL.match(target):
+        return [sys.executable, "-m", "nox", "-s", f"spec({target})", "--", suite, "--conformance-json", str(json_path)]
     return [
         sys.executable,
         "-m",
@@ -312,6 +326,8 @@ def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float
     are data; any other means the run did not complete (a ReportError naming the target). Used by this
     module's --run (spec_tests) and by fault_injection.matrix --run (fault_injection).
     """
+    if RELEASE_LABEL.match(target) and importlib.util.find_spec("nox") is None:
+        raise ReportError(f"{target!r} is run in its nox session, and nox is not installed: pip install -e '.[lint]'")
     json_path.unlink(missing_ok=True)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     command = pytest_command(target, json_path, suite)

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -391,3 +392,39 @@ def test_areas_not_asked_for_get_no_rows(tmp_path):
 def test_an_unknown_area_is_refused():
     with pytest.raises(ValueError, match="unknown clause areas"):
         clause_registry.load(("nope",))
+
+
+def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
+    calls: list = []
+
+    def fake_run(command, **kwargs):
+        calls.append(command)
+        with open(command[command.index("--conformance-json") + 1], "w") as f:
+            json.dump({"target": "nvrx", "version": "0.7.0", "capabilities": [], "clauses": {}, "tests": []}, f)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(report.subprocess, "run", fake_run)
+    monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: object())
+    json_path = tmp_path / "nvrx-0.7.0.json"
+    report.run_target("nvrx-0.7.0", json_path, suite="fault_injection")
+    assert calls == [
+        [
+            sys.executable,
+            "-m",
+            "nox",
+            "-s",
+            "spec(nvrx-0.7.0)",
+            "--",
+            "fault_injection",
+            "--conformance-json",
+            str(json_path),
+        ]
+    ]
+    # Names that are targets, not releases, run here.
+    assert "--impl" in report.pytest_command("dcp-thread", json_path)
+
+
+def test_a_release_label_without_nox_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(report.ReportError, match="nox is not installed"):
+        report.run_target("mcore-0.19.2", tmp_path / "x.json")
