@@ -66,7 +66,16 @@ class Run:
         if self.info.get("threads"):
             details.append(f"{self.info['threads']} trainer thread(s)")
         date = self.json.get("datetime", "")[:10]
-        return f"{', '.join([where, *details])} ({date}, torch {self.info.get('torch', '?')})"
+        versions = [f"torch {self.info.get('torch', '?')}"] + [
+            f"{_PEER_NAMES.get(dist, dist)} {version}"
+            for dist, version in sorted(self.info.get("versions", {}).items())
+            if version
+        ]
+        return f"{', '.join([where, *details])} ({date}, {', '.join(versions)})"
+
+
+# How the label names the peers' distributions (their versions as the run imported them).
+_PEER_NAMES = {"megatron-core": "Megatron-Core", "nvidia-resiliency-ext": "NVRx"}
 
 
 # ---------------------------------------------------------------------------------- formatting
