@@ -23,7 +23,6 @@ from spec_tests.async_ckpt.queue_results import (
     FailedCallDropped,
     HeadOfLine,
     PollCosts,
-    TwoQueues,
     Unpicklable,
 )
 from spec_tests.harness import strategies, workloads
@@ -347,38 +346,6 @@ def test_bad_input_gets_a_clear_error(rank_pool):
         rank_pool(1).run(_bad_input)[0],
         BadInput(schedule_non_requests=["TypeError", "TypeError"], pending=0, schedule_after_close="RuntimeError"),
         call="schedule_async_request(object()), (a tuple); close() twice; schedule_async_request(request)",
-    )
-
-
-def _two_queues(tmp, persistent):
-    log = os.path.join(tmp, "log")
-    q1, q2 = (async_core().AsyncCallsQueue(persistent=persistent) for _ in range(2))
-    idx = [
-        q.schedule_async_request(_request(None, log=log, tag=f"{name}{i}"))
-        for i in range(2)
-        for name, q in (("x", q1), ("y", q2))
-    ]
-    _finalize(q1)
-    first = sorted(_lines(log)), q1.get_num_unfinalized_calls(), q2.get_num_unfinalized_calls()
-    _finalize(q2)
-    q1.close(), q2.close()
-    return TwoQueues(idx, *first, sorted(_lines(log)))
-
-
-@pytest.mark.spec("AQ-13")
-@pytest.mark.parametrize("persistent", CALLERS)
-def test_two_queues_do_not_interfere(rank_pool, tmp_path, persistent):
-    assert_equal(
-        "queues",
-        rank_pool(1).run(_two_queues, str(tmp_path), persistent)[0],
-        TwoQueues(
-            indices=[0, 0, 1, 1],
-            fns_run_after_finalizing_x=["x0", "x1"],
-            pending_x=0,
-            pending_y=2,
-            fns_run_after_finalizing_both=["x0", "x1", "y0", "y1"],
-        ),
-        call="two calls on each of queues x and y, interleaved; finalize x, then y",
     )
 
 

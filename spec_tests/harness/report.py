@@ -301,7 +301,19 @@ def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> l
     which installs exactly that release in a virtual environment of its own).
     """
     if RELEASE_LABEL.match(target):
-        return [sys.executable, "-m", "nox", "-s", f"spec({target})", "--", suite, "--conformance-json", str(json_path)]
+        # -r: reuse the session's venv (its install steps still run, and the version check refuses a wrong release).
+        return [
+            sys.executable,
+            "-m",
+            "nox",
+            "-r",
+            "-s",
+            f"spec({target})",
+            "--",
+            suite,
+            "--conformance-json",
+            str(json_path),
+        ]
     return [
         sys.executable,
         "-m",

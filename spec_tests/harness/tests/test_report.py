@@ -412,6 +412,7 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
             sys.executable,
             "-m",
             "nox",
+            "-r",
             "-s",
             "spec(nvrx-0.7.0)",
             "--",
