@@ -38,17 +38,36 @@ def test_frozen_request_refuses_finalize_fns(core):
     assert list(frozen.finalize_fns) == [print]
 
 
+def _fields(req) -> dict:
+    """Each field as (value, type): equal means equal by value and of the same type."""
+    return {name: (getattr(req, name), type(getattr(req, name))) for name in FIELDS}
+
+
 @pytest.mark.spec("AR-4")
-@given(n=st.integers(0, 4), call_idx=st.integers(0, 9))
-def test_freeze_returns_a_frozen_copy(core, n, call_idx):
+@given(
+    n=st.integers(0, 4),
+    call_idx=st.integers(0, 9),
+    kwargs=st.sampled_from([None, {}, {"k": 1}]),
+    preload=st.booleans(),
+    args=st.sampled_from([(), (1, 2), ("a", None, 3.5)]),
+)
+def test_freeze_returns_a_frozen_copy(core, n, call_idx, kwargs, preload, args):
     fns = [functools.partial(print, i) for i in range(n)]
-    req = core.AsyncRequest(print, (1, 2), fns, {"k": 1}, None, False, call_idx)
+    req = core.AsyncRequest(print, args, fns, kwargs, dict if preload else None, False, call_idx)
+    before, fns_before = _fields(req), list(fns)
     frozen = req.freeze()
-    assert frozen is not req and frozen.is_frozen and not req.is_frozen
+    assert frozen is not req, "freeze() returned the request itself, but should return a new one"
+    assert type(frozen) is type(req), f"freeze() returned a {type(frozen).__name__}, not an AsyncRequest"
+    assert_equal("frozen.is_frozen", frozen.is_frozen, True)
+    # Equal in every other field, by value and by type: a list of finalize functions frozen into a tuple is
+    # not equal to it (AR-4 says equal, not equivalent).
+    after = _fields(frozen)
     for name in FIELDS:
-        if name not in ("is_frozen", "finalize_fns"):
-            assert getattr(frozen, name) == getattr(req, name), f"freeze() changed {name}"
-    assert list(frozen.finalize_fns) == fns and list(req.finalize_fns) == fns
+        if name != "is_frozen":
+            assert_equal(f"freeze(): (value, type) of field {name}", after[name], before[name])
+    assert_equal("the original's fields after freeze()", _fields(req), before)
+    assert req.finalize_fns is fns, "freeze() replaced the original request's list of finalize functions"
+    assert_equal("the original's finalize_fns after freeze()", fns, fns_before)
 
 
 @pytest.mark.spec("AR-5")
