@@ -17,6 +17,11 @@ from spec_tests.harness.processes import CALLERS, async_core, remove
 FIELDS = ("async_fn", "async_fn_args", "finalize_fns", "async_fn_kwargs", "preload_fn", "is_frozen", "call_idx")
 
 
+def _fields(req) -> dict:
+    """Each field as (value, type): equal means equal by value and of the same type."""
+    return {name: (getattr(req, name), type(getattr(req, name))) for name in FIELDS}
+
+
 @pytest.mark.spec("AR-1")
 def test_fields_order_and_defaults(core):
     cls = core.AsyncRequest
@@ -33,14 +38,12 @@ def test_fields_order_and_defaults(core):
 @pytest.mark.spec("AR-3")
 def test_frozen_request_refuses_finalize_fns(core):
     frozen = core.AsyncRequest(None, (), [print]).freeze()
+    before, fns_before = _fields(frozen), list(frozen.finalize_fns)
     with pytest.raises(RuntimeError):
         frozen.add_finalize_fn(print)
-    assert list(frozen.finalize_fns) == [print]
-
-
-def _fields(req) -> dict:
-    """Each field as (value, type): equal means equal by value and of the same type."""
-    return {name: (getattr(req, name), type(getattr(req, name))) for name in FIELDS}
+    # "Leaves the request unchanged": every field, by value and type, and the list's content.
+    assert_equal("the frozen request's fields after a refused add_finalize_fn", _fields(frozen), before)
+    assert_equal("its finalize_fns", list(frozen.finalize_fns), fns_before)
 
 
 @pytest.mark.spec("AR-4")
