@@ -75,7 +75,7 @@ class AsyncCallsQueue:
         idx = self._next_idx
         frozen = request.freeze()._replace(call_idx=idx)
         caller = self._get_async_caller()
-        caller.schedule_async_call(frozen._replace(finalize_fns=()))
+        caller.schedule_async_call(frozen._replace(finalize_fns=[]))
         self._pending.append(_ActiveAsyncRequest(idx, caller, frozen))
         self._next_idx += 1
         return idx

@@ -29,7 +29,7 @@ class AsyncRequest(NamedTuple):
 
     async_fn: Callable | None
     async_fn_args: tuple
-    finalize_fns: list[Callable] | tuple[Callable, ...]  # the caller's list; a tuple once frozen
+    finalize_fns: list[Callable]
     async_fn_kwargs: dict | None = None
     preload_fn: Callable | None = None
     is_frozen: bool = False
@@ -41,11 +41,12 @@ class AsyncRequest(NamedTuple):
             raise RuntimeError("cannot add a finalize function to a frozen AsyncRequest")
         if not callable(fn):
             raise TypeError(f"finalize function must be callable, got {type(fn).__name__}")
-        cast(list, self.finalize_fns).append(fn)  # not frozen: still the caller's list
+        self.finalize_fns.append(fn)
 
     def freeze(self) -> AsyncRequest:
-        """Return a frozen copy whose finalize functions no longer follow this request's list."""
-        return self._replace(is_frozen=True, finalize_fns=tuple(self.finalize_fns))
+        """Return a frozen copy, equal in every field but ``is_frozen``, with its own list of finalize functions."""
+        # A list equal to the original (AR-4), but not the same list: later additions to the original stay out (AR-5).
+        return self._replace(is_frozen=True, finalize_fns=list(self.finalize_fns))
 
     def execute_sync(self) -> None:
         """Do in this process what the async path does: preload, call, barrier, finalize."""

@@ -17,6 +17,11 @@ from spec_tests.harness.processes import CALLERS, async_core, remove
 FIELDS = ("async_fn", "async_fn_args", "finalize_fns", "async_fn_kwargs", "preload_fn", "is_frozen", "call_idx")
 
 
+def _fields(req) -> dict:
+    """Each field as (value, type): equal means equal by value and of the same type."""
+    return {name: (getattr(req, name), type(getattr(req, name))) for name in FIELDS}
+
+
 @pytest.mark.spec("AR-1")
 def test_fields_order_and_defaults(core):
     cls = core.AsyncRequest
@@ -33,22 +38,39 @@ def test_fields_order_and_defaults(core):
 @pytest.mark.spec("AR-3")
 def test_frozen_request_refuses_finalize_fns(core):
     frozen = core.AsyncRequest(None, (), [print]).freeze()
+    before, fns_before = _fields(frozen), list(frozen.finalize_fns)
     with pytest.raises(RuntimeError):
         frozen.add_finalize_fn(print)
-    assert list(frozen.finalize_fns) == [print]
+    # "Leaves the request unchanged": every field, by value and type, and the list's content.
+    assert_equal("the frozen request's fields after a refused add_finalize_fn", _fields(frozen), before)
+    assert_equal("its finalize_fns", list(frozen.finalize_fns), fns_before)
 
 
 @pytest.mark.spec("AR-4")
-@given(n=st.integers(0, 4), call_idx=st.integers(0, 9))
-def test_freeze_returns_a_frozen_copy(core, n, call_idx):
+@given(
+    n=st.integers(0, 4),
+    call_idx=st.integers(0, 9),
+    kwargs=st.sampled_from([None, {}, {"k": 1}]),
+    preload=st.booleans(),
+    args=st.sampled_from([(), (1, 2), ("a", None, 3.5)]),
+)
+def test_freeze_returns_a_frozen_copy(core, n, call_idx, kwargs, preload, args):
     fns = [functools.partial(print, i) for i in range(n)]
-    req = core.AsyncRequest(print, (1, 2), fns, {"k": 1}, None, False, call_idx)
+    req = core.AsyncRequest(print, args, fns, kwargs, dict if preload else None, False, call_idx)
+    before, fns_before = _fields(req), list(fns)
     frozen = req.freeze()
-    assert frozen is not req and frozen.is_frozen and not req.is_frozen
+    assert frozen is not req, "freeze() returned the request itself, but should return a new one"
+    assert type(frozen) is type(req), f"freeze() returned a {type(frozen).__name__}, not an AsyncRequest"
+    assert_equal("frozen.is_frozen", frozen.is_frozen, True)
+    # Equal in every other field, by value and by type: a list of finalize functions frozen into a tuple is
+    # not equal to it (AR-4 says equal, not equivalent).
+    after = _fields(frozen)
     for name in FIELDS:
-        if name not in ("is_frozen", "finalize_fns"):
-            assert getattr(frozen, name) == getattr(req, name), f"freeze() changed {name}"
-    assert list(frozen.finalize_fns) == fns and list(req.finalize_fns) == fns
+        if name != "is_frozen":
+            assert_equal(f"freeze(): (value, type) of field {name}", after[name], before[name])
+    assert_equal("the original's fields after freeze()", _fields(req), before)
+    assert req.finalize_fns is fns, "freeze() replaced the original request's list of finalize functions"
+    assert_equal("the original's finalize_fns after freeze()", fns, fns_before)
 
 
 @pytest.mark.spec("AR-5")

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given
 
+from spec_tests.async_ckpt.pickle_probe import PidOnPickle, pickled_by
 from spec_tests.harness import strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, bounded
 from spec_tests.harness.processes import CALLERS, remove
@@ -93,3 +94,28 @@ def _two_instances(tmp):
 @pytest.mark.spec("TAC-3")
 def test_instances_do_not_interfere(rank_pool, tmp_path):
     rank_pool(1).run(_two_instances, str(tmp_path))
+
+
+def _writer_processes(tmp, persistent):
+    """Two saves; for each, the processes other than the trainer that serialized it."""
+    ckpt = _checkpointer(persistent)
+    writers = []
+    for i in range(2):
+        probe = os.path.join(tmp, f"probe{i}")
+        ckpt.async_save({"probe": PidOnPickle(probe), "w": torch.ones(2)}, os.path.join(tmp, f"ckpt{i}.pt"))
+        bounded(60, "finalize_async_save(blocking=True)", ckpt.finalize_async_save, True)
+        writers.append(sorted(set(pickled_by(probe)) - {os.getpid()}))
+    bounded(60, "finalize_async_save(terminate=True)", ckpt.finalize_async_save, True, True, True)
+    return writers
+
+
+@pytest.mark.spec("TAC-4")
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_persistent_queue_chooses_the_caller(rank_pool, tmp_path, persistent):
+    first, second = rank_pool(1).run(_writer_processes, str(tmp_path), persistent)[0]
+    assert len(first) == 1 and len(second) == 1, f"each save serialized in one background process: {first}, {second}"
+    assert_equal(
+        f"TorchAsyncCheckpoint(persistent_queue={persistent}): both saves serialized in the same process",
+        first == second,
+        persistent,
+    )

@@ -4,6 +4,9 @@ Every `*.toml` file of that directory but `areas.toml` is one clause area, named
 the async core; storage, the writer, saver, metadata cache and MSC; local, local checkpointing; faults, the FI-*
 clauses of the fault-injection suite). A new area is a new file there: nothing here changes.
 
+A clause may state the weak level of another (`weakens = "AQ-7"`): what a target that misses the strict clause
+must still do. The report then gives the strict clause's level per target (strict, weak or fails).
+
 Order (the order of the conformance table): the areas listed in `areas.toml` (`areas = [...]`) first, in that
 order, then any area file it does not list, by name. A listed area without its file is an error.
 """
@@ -12,13 +15,14 @@ from __future__ import annotations
 
 import functools
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["AREAS", "DIRECTORY", "FILES", "ClauseError", "discover", "load"]
+__all__ = ["AREAS", "DIRECTORY", "FILES", "ClauseError", "discover", "load", "weak_levels"]
 
 DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
 INDEX = "areas.toml"
-_FIELDS = {"id", "statement", "source", "decision"}
+_FIELDS = {"id", "statement", "source", "decision", "weakens"}
 
 
 class ClauseError(ValueError):
@@ -64,4 +68,13 @@ def load(areas: tuple[str, ...] = AREAS) -> dict[str, dict[str, str]]:
             if entry["id"] in registry:
                 raise ClauseError(f"{path}: duplicate clause id {entry['id']!r}")
             registry[entry["id"]] = {k: v for k, v in entry.items() if k != "id"}
+    for cid, clause in registry.items():
+        strict = clause.get("weakens")
+        if strict is not None and (strict not in registry or "weakens" in registry[strict]):
+            raise ClauseError(f"clause {cid!r} weakens {strict!r}, which is not a strict clause of the same areas")
     return registry
+
+
+def weak_levels(registry: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """{strict clause id: the id of its weak level} for the clauses that state one (field `weakens`)."""
+    return {clause["weakens"]: cid for cid, clause in registry.items() if "weakens" in clause}

@@ -9,6 +9,9 @@ The file (named by the adapter's EXPECTATIONS) is TOML:
     versions = "<0.5"                            optional: only for these releases of the target (a
                                                  `packaging` specifier set, matched against the version
                                                  actually imported; an entry without it applies to all)
+    level = "strict"                             optional: the target misses only the strict level of the
+                                                 clause; allowed only when the clause has a weak level
+                                                 (`weakens`) whose tests run here unlisted, so must pass
 
 One file per target, its entries for every release (array-api-tests' per-library xfail files, with
 versions): `for_version` keeps the entries that apply to the release under test; the others are neither
@@ -37,6 +40,8 @@ import pytest
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from spec_tests.harness import clauses as clause_registry
+
 __all__ = ["Entry", "ExpectationsError", "apply", "for_version", "is_hypothesis_test", "load", "unmatched"]
 
 # Functions that run a hypothesis state machine: a test calling one draws examples too.
@@ -53,6 +58,7 @@ class Entry:
     clause: str
     reason: str
     versions: str | None = None  # a packaging specifier set, e.g. "<0.5"; None: every release
+    level: str | None = None  # "strict": the target still meets the clause's weak level
 
     @property
     def file(self) -> str:
@@ -86,12 +92,12 @@ def load(path: str | None) -> tuple[Entry, ...]:
         fields = {"test", "clause", "reason"}
         if (
             not isinstance(entry, dict)
-            or not fields <= set(entry) <= fields | {"versions"}
+            or not fields <= set(entry) <= fields | {"versions", "level"}
             or not all(isinstance(value, str) for value in entry.values())
         ):
             raise ExpectationsError(
                 f"expectations file {path}: xfail entry {index + 1} needs exactly the string "
-                f"fields test, clause, reason and optionally versions "
+                f"fields test, clause, reason and optionally versions, level "
                 f"(has {sorted(entry) if isinstance(entry, dict) else entry})"
             )
         if "versions" in entry:
@@ -103,7 +109,14 @@ def load(path: str | None) -> tuple[Entry, ...]:
                     f"versions {entry['versions']!r} is not a version specifier "
                     'such as "<0.5" or ">=0.5,<0.7"'
                 ) from None
-        entries.append(Entry(entry["test"], entry["clause"], entry["reason"], entry.get("versions")))
+        if entry.get("level", "strict") != "strict":
+            raise ExpectationsError(
+                f"expectations file {path}: xfail entry {index + 1} ({entry['test']}): "
+                f"level {entry['level']!r} is not 'strict' (a weak-level failure is an entry for the weak clause)"
+            )
+        entries.append(
+            Entry(entry["test"], entry["clause"], entry["reason"], entry.get("versions"), entry.get("level"))
+        )
     return tuple(entries)
 
 
@@ -140,6 +153,28 @@ def apply(
             if not strict:
                 reason += f" (not strict: hypothesis under the randomized profile {randomized_profile!r})"
             item.add_marker(pytest.mark.xfail(strict=strict, reason=reason))
+    return problems + _level_problems(path, list(entries), items, cited)
+
+
+def _level_problems(path: str, entries: list[Entry], items: Sequence[pytest.Item], cited) -> list[str]:
+    """Entries naming level "strict" whose clause has no weak level, or whose weak tests are all listed too.
+
+    The weak tests that run unlisted must pass, so the run itself checks the level an entry claims. A run that
+    collected no test of the weak clause (one file, one node id) cannot judge the entry and says nothing.
+    """
+    weak_of = clause_registry.weak_levels(clause_registry.load())
+    problems = []
+    for entry in (e for e in entries if e.level == "strict"):
+        weak = weak_of.get(entry.clause)
+        if weak is None:
+            problems.append(f"{path}: {entry.test} names level strict, but {entry.clause} has no weak level")
+            continue
+        weak_items = [i for i in items if weak in cited(i)]
+        if weak_items and all(any(e.matches(i.nodeid) for e in entries) for i in weak_items):
+            problems.append(
+                f"{path}: {entry.test} names level strict of {entry.clause}, but every test of its weak level "
+                f"{weak} is listed as a known failure too"
+            )
     return problems
 
 

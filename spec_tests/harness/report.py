@@ -65,6 +65,7 @@ __all__ = [
     "Run",
     "cell",
     "cli",
+    "level_cell",
     "load_run",
     "main",
     "pytest_command",
@@ -97,7 +98,9 @@ LEGEND = (
     "Legend: **fail** = a citing test failed, errored or passed unexpectedly; **xfail** = "
     "a known failure from the target's expectations file, none failed; **pass** = none "
     "failed, some passed; **skip** = all skipped; **not covered** = no test cites the "
-    "clause; (n) = all n citing tests, (k/n) = k of the n citing tests."
+    "clause; (n) = all n citing tests, (k/n) = k of the n citing tests. A clause with a weak level "
+    "(`weakens`) shows the level reached: **strict**, **weak** (strict tests xfail, weak ones pass) or **fails** "
+    "(both xfail)."
 )
 
 
@@ -121,6 +124,21 @@ def cell(outcomes: Sequence[str]) -> str:
         return result
     k, n = sum(_VERDICT_OF[o] == result for o in outcomes), len(outcomes)
     return f"{result} ({k})" if k == n else f"{result} ({k}/{n})"
+
+
+def level_cell(strict: Sequence[str], weak: Sequence[str]) -> str:
+    """The cell of a clause with a weak level: the level the target reaches, from both levels' outcomes.
+
+    strict: the strict tests pass; weak: they are known failures and the weak tests pass; fails: both are known
+    failures. A failure, skip or missing test of the strict level gives the plain cell.
+    """
+    strict_verdict, weak_verdict = verdict(strict), verdict(weak)
+    if strict_verdict == "pass" and weak_verdict in ("pass", "skip", NOT_COVERED):
+        return cell(strict).replace("pass", "strict", 1)
+    if strict_verdict != "xfail" or weak_verdict not in ("pass", "xfail"):
+        return cell(strict)
+    k, n = sum(_VERDICT_OF[o] == "xfail" for o in strict), len(strict)
+    return f"{'weak' if weak_verdict == 'pass' else 'fails'} (xfail {k}/{n})"
 
 
 def _worse(a: str, b: str) -> str:
@@ -243,8 +261,14 @@ def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, str]] | None
     rows = _rows(runs, clause_registry.load() if registry is None else registry)
     header = ["clause", "statement", *(run.label for run in runs)]
     lines = ["| " + " | ".join(_md(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    weak_of = clause_registry.weak_levels(
+        {**clause_registry.load(), **{c: e for r in runs for c, e in r.clauses.items()}}
+    )
     for cid, statement in rows.items():
-        cells = [cid, _shorten(statement), *(cell(run.outcomes(cid)) for run in runs)]
+        if cid in weak_of:
+            cells = [cid, _shorten(statement), *(level_cell(r.outcomes(cid), r.outcomes(weak_of[cid])) for r in runs)]
+        else:
+            cells = [cid, _shorten(statement), *(cell(run.outcomes(cid)) for run in runs)]
         lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
     lines += ["", LEGEND, ""]
     lines += [_summary(run, rows) for run in runs]

@@ -1,0 +1,68 @@
+"""Conformance levels (issue 17): a clause's weak level in the registry, the report and the expectations file."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from spec_tests.harness import clauses, expectations, report
+
+
+@pytest.mark.parametrize(
+    ("strict", "weak", "shown"),
+    [
+        (["passed", "passed"], ["passed"], "strict (2)"),
+        (["xfail", "passed"], ["passed"], "weak (xfail 1/2)"),
+        (["xfail"], ["xfail", "passed"], "fails (xfail 1/1)"),
+        (["xfail"], ["failed"], "xfail (1)"),  # a failure of the weak level is not hidden behind a level
+        (["failed", "xfail"], ["passed"], "fail (1/2)"),
+        (["skipped"], ["skipped"], "skip (1)"),
+        ([], [], "not covered"),
+    ],
+)
+def test_the_report_shows_the_level_reached(strict, weak, shown):
+    assert report.level_cell(strict, weak) == shown
+
+
+def test_weak_levels_of_the_registry_name_strict_clauses():
+    registry = clauses.load()
+    levels = clauses.weak_levels(registry)
+    assert levels["AQ-7"] == "AQ-7w" and levels["AQ-8"] == "AQ-8w"
+    assert all(strict in registry and "weakens" not in registry[strict] for strict in levels)
+
+
+def _load(tmp_path, level: str) -> tuple[expectations.Entry, ...]:
+    path = tmp_path / f"{level}.expectations.toml"  # load() caches by path
+    path.write_text(f'[[xfail]]\ntest = "spec_tests/a.py::test_a"\nclause = "AQ-8"\nreason = "r"\nlevel = "{level}"\n')
+    return expectations.load(str(path))
+
+
+def test_an_entry_names_only_the_strict_level(tmp_path):
+    assert _load(tmp_path, "strict")[0].level == "strict"
+    with pytest.raises(expectations.ExpectationsError, match="level 'weak'"):
+        _load(tmp_path, "weak")
+
+
+def _item(nodeid: str, cited: str):
+    return SimpleNamespace(nodeid=nodeid, cited=[cited])
+
+
+@pytest.mark.parametrize(
+    ("clause", "weak_listed", "problem"),
+    [
+        ("AQ-8", False, None),
+        ("AQ-8", True, "every test of its weak level AQ-8w is listed"),
+        ("AQ-9", False, "AQ-9 has no weak level"),
+    ],
+)
+def test_a_strict_level_entry_needs_an_unlisted_weak_test(clause, weak_listed, problem):
+    entries = [expectations.Entry("spec_tests/a.py::test_strict", clause, "r", None, "strict")]
+    if weak_listed:
+        entries.append(expectations.Entry("spec_tests/b.py::test_weak", "AQ-8w", "r"))
+    items = [_item("spec_tests/a.py::test_strict", clause), _item("spec_tests/b.py::test_weak", "AQ-8w")]
+    problems = expectations._level_problems("x.toml", entries, items, lambda item: item.cited)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0]
