@@ -55,4 +55,3 @@ def test_checksum_cost(benchmark, bench, process_group, state_dict, paths, check
         durable_s=median(r["durable"] for r in measured),
         phases=phase_medians(measured),
     )
-

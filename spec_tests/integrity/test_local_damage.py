@@ -11,36 +11,14 @@ import os
 import uuid
 
 import pytest
-import torch.distributed as dist
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from spec_tests.harness.processes import remove
-from spec_tests.harness.ranks import world
-from spec_tests.integrity.damage import apply, damages, files_under
-from spec_tests.local.common import Found, assert_found, find_then_load, manager, node_root, rank_value, save, tasd
+from spec_tests.integrity.damage import damages, load_damaged_local
+from spec_tests.local.common import Found, assert_found, rank_value
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 LAYOUTS = [pytest.param(None, id="no-replication"), pytest.param((1, 2), id="jump1-factor2")]
-
-
-def _damage_then_load(base, layout, damage, holder, from_rank):
-    rank, world_size = world()
-    here, other = os.path.join(base, "ckpt"), os.path.join(base, "other")
-    save(manager(here, layout), tasd(rank_value(rank, 1)), 1)
-    save(manager(other, layout), tasd(rank_value(rank, 2)), 2)
-    dist.barrier()
-    damaged = None
-    if rank == holder:
-        source = node_root(here, (rank + 1) % world_size) if from_rank else node_root(other, rank)
-        damaged = apply(damage, files_under(node_root(here, rank)), files_under(source))
-    shared = [damaged]
-    dist.broadcast_object_list(shared, src=holder)
-    found = find_then_load(manager(here, layout)) if shared[0] is not None else None
-    dist.barrier()
-    if rank == 0:
-        remove(base)
-    return shared[0], found
 
 
 @pytest.mark.spec("IN-3", "IN-1")
@@ -48,7 +26,7 @@ def _damage_then_load(base, layout, damage, holder, from_rank):
 @given(damage=damages(), holder=st.integers(0, 1), from_rank=st.booleans())
 def test_a_damaged_part_is_never_loaded(rank_pool, tmp_path_factory, layout, damage, holder, from_rank):
     base = os.path.join(str(tmp_path_factory.mktemp("lmd")), uuid.uuid4().hex)
-    results = rank_pool(2).run(_damage_then_load, base, layout, damage, holder, from_rank)
+    results = rank_pool(2).run(load_damaged_local, base, layout, damage, holder, from_rank)
     damaged = results[0][0]
     assume(damaged is not None)
     found: list[Found] = [r[1] for r in results]
