@@ -43,8 +43,9 @@ _DIRTY = ".dirty"
 _PART = re.compile(r"iter_(\d+)_(\d+)_(local|w\d+c[\d-]+)\.pt(\.dirty)?")
 
 
-SAFE_GLOBALS: list = [BasicTensorAwareStateDict, TensorPlaceholder]
-"""Classes a part may hold besides what ``torch.load(weights_only=True)`` allows anyway."""
+SAFE_GLOBALS: list = [BasicTensorAwareStateDict, TensorPlaceholder, bytes]
+"""Classes a part may hold besides what ``torch.load(weights_only=True)`` allows anyway (``bytes``: pickle
+protocol 2 rebuilds an empty bytes value by calling it)."""
 
 
 def _label(ckpt_id: CkptID) -> bytes:
