@@ -291,10 +291,23 @@ SECTIONS = [
 ]
 
 
+def _checksum_cost(run: Run) -> list[str]:
+    """benchmarks/test_checksums.py: `dcp:impl` with checksums (IN-1) on against off, as ratios."""
+    on, off = run.one("checksums", "dcp:impl", checksums=True), run.one("checksums", "dcp:impl", checksums=False)
+    if not on or not off:
+        return []
+    return [
+        f"Checksums (IN-1), `dcp:impl` on against off: stall {fmt_ratio(on['seconds'], off['seconds'])} "
+        f"({fmt_time(on['seconds'])} vs {fmt_time(off['seconds'])}), to committed "
+        f"{fmt_ratio(on['durable_s'], off['durable_s'])} ({fmt_time(on['durable_s'])} vs {fmt_time(off['durable_s'])}).",
+        "",
+    ]
+
+
 def render(output_json: dict, heading: str = "###") -> str:
     """The full Markdown summary of one run: goals, then one table per figure."""
     run = Run(output_json)
-    lines = [f"{heading} {run.label}", "", f"{heading}# Goals for impl", "", *_goals(run), ""]
+    lines = [f"{heading} {run.label}", "", f"{heading}# Goals for impl", "", *_goals(run), "", *_checksum_cost(run)]
     for title, section in SECTIONS:
         table = section(run)
         if table:
@@ -355,6 +368,7 @@ def render_compact(output_json: dict, heading: str = "####") -> str:
                 "",
                 f"Ceilings: {ceilings or '-'}.",
                 "",
+                *_checksum_cost(run),
                 "Goals for impl:",
                 "",
                 *_goals(run),

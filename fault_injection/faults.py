@@ -42,7 +42,7 @@ BOUND = 30.0
 """Seconds within which a fault must surface as an error on every rank (as PC-5 and AQ-7)."""
 EXIT_BOUND = 10.0
 """Seconds within which processes must be gone after abort or trainer death (as AQ-11 and PC-4)."""
-PHASES = ("plan", "staging", "write", "finalize", "exchange")
+PHASES = ("plan", "staging", "write", "finalize", "exchange", "committed")
 """Phases of a save, in order; the fault matrix has one column per phase."""
 
 current_tmpdir: str | None = None

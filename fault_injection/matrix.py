@@ -50,6 +50,11 @@ FAULTS = (
     ("FI-NODE", "lost node, rank lost in the exchange"),
     ("FI-S3", "S3 endpoint 5xx or gone"),
     ("FI-GPU", "GPU: CUDA IPC, NCCL"),
+    ("FI-TRUNCATE", "file truncated after commit"),
+    ("FI-BITFLIP", "bit flipped after commit"),
+    ("FI-SWAP", "file swapped after commit"),
+    ("FI-DELETE", "file deleted after commit"),
+    ("FI-PICKLE", "planted pickle in local storage"),
 )
 AUDIT = "FI-ORPHAN"
 NOT_APPLICABLE = "n/a"

@@ -37,7 +37,16 @@ snapshot of its arguments when the request is scheduled (a copy into shared memo
 ``preload_fn`` is ``None`` unless CUDA tensors must be staged to host memory (pinned buffers; the GPU path is
 untested, this was written on a CPU-only machine). A tensor viewing a larger storage is copied when it is
 written, since ``torch.save`` would write the whole storage; tensor bytes otherwise go from the staged tensor
-straight into the file. ``torch.save`` computes no CRC32 for these records (the loaders never check it).
+straight into the file.
+
+Integrity (IN-1): each item's CRC32 is computed while it is written (``ChecksumStream``); ``finish`` records them
+with every file's size in ``metadata.checksums`` and appends a checksum trailer to ``.metadata`` (after the
+pickle, which stock readers stop before). ``CachedMetadataFileSystemReader`` checks all of it at load.
+
+Equivalence with torch's synchronous ``FileSystemWriter`` (FS-18): without ``separation_hint``, the data files
+are byte-identical to its files for the same plan and ``thread_count``: the same buckets (``_split_by_size_and_type``
+is torch's), items in the same order, each written by ``torch.save`` with torch's default settings (CRC32 on), and
+the same copy of views (``_compact``).
 
 Simplifications: one file per bucket (no ``single_file_per_rank=False``); tensors are serialized with
 ``torch.save``, which is what the stock ``FileSystemReader`` reads; no stream transforms; ``write_data`` (the
@@ -57,26 +66,34 @@ import uuid
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from math import prod
-from typing import Any, NamedTuple, cast
+from typing import IO, Any, NamedTuple, cast
 
 import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo, _StoragePrefix
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
-from torch.utils.serialization import config as serialization_config
 
+from ..integrity import ChecksumStream, crc32, open_new, seal
 from ..utils import dist_rank
 from .storage import Storage, storage_for
 
-__all__ = ["FileSystemWriterAsync", "WriteBucket"]
+__all__ = ["ChecksummedWriteResult", "FileSystemWriterAsync", "WriteBucket"]
 
 logger = logging.getLogger(__name__)
 
 METADATA_NAME = ".metadata"
+METADATA_LABEL = b"metadata"
 DATA_SUFFIX = ".distcp"
+
+
+@dataclass(frozen=True)
+class ChecksummedWriteResult(WriteResult):
+    """A WriteResult with the CRC32 of the item's bytes, computed while they were written."""
+
+    crc32: int = 0
 
 
 class WriteBucket(NamedTuple):
@@ -92,6 +109,7 @@ class FileSystemWriterAsync(StorageWriter):
 
     ``path`` is a directory, or with ``use_msc=True`` an ``msc://<profile>/<path>`` URL (or a local path) written
     through Multi-Storage Client. Bad arguments raise ValueError here, before anything is written.
+    ``checksums=False`` (not an NVRx parameter) records no checksums, for measuring their cost.
     """
 
     can_run_decentralized_global_plan = True
@@ -103,6 +121,7 @@ class FileSystemWriterAsync(StorageWriter):
         thread_count: int = 1,
         separation_hint: str | None = None,
         use_msc: bool = False,
+        checksums: bool = True,
     ):
         super().__init__()
         path = os.fspath(path)
@@ -110,6 +129,7 @@ class FileSystemWriterAsync(StorageWriter):
         self.thread_count = thread_count
         self.separation_hint = separation_hint
         self.use_msc = use_msc
+        self.checksums = checksums  # IN-1; off only to measure what they cost
         self._storage: Storage = storage_for(use_msc)  # the only place use_msc is looked at
         self.checkpoint_dir = self._storage.init_path(path)
         self.save_id = str(uuid.uuid4())
@@ -157,11 +177,17 @@ class FileSystemWriterAsync(StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator only, after every rank wrote: commit ``.metadata`` atomically."""
-        metadata.storage_data = {wr.index: wr.storage_data for rank_results in results for wr in rank_results}
+        flat = [wr for rank_results in results for wr in rank_results]
+        metadata.storage_data = {wr.index: wr.storage_data for wr in flat}
         metadata.storage_meta = self.storage_meta()
         metadata.version = CURRENT_DCP_VERSION
+        if self.checksums:
+            metadata.checksums = _checksums(flat)  # type: ignore[attr-defined]  # stock readers ignore it
+        data = pickle.dumps(metadata)
+        if self.checksums:
+            data += seal(crc32(data), len(data), METADATA_LABEL)  # pickle.load stops before the trailer
         path = self._storage.concat_path(self.checkpoint_dir, METADATA_NAME)
-        self._storage.write_atomically(path, pickle.dumps(metadata))
+        self._storage.write_atomically(path, data)
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
@@ -217,7 +243,7 @@ class FileSystemWriterAsync(StorageWriter):
         def stage(t: torch.Tensor) -> torch.Tensor:
             if not t.is_cuda:
                 return t.clone()
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=non_blocking)
+            host = torch.empty_like(t, device="cpu", pin_memory=non_blocking)  # keeps a dense tensor's strides
             return host.copy_(t, non_blocking=non_blocking)
 
         staged = [b._replace(data=(b.data[0], [(item, stage(t)) for item, t in b.data[1]])) for b in write_buckets]
@@ -306,7 +332,7 @@ def _write_all(storage: Storage, rank: int, buckets: list[WriteBucket], results_
             errors.append(RuntimeError(f"rank {rank}: syncing the checkpoint directory failed: {exc!r}"))
     outcome = errors[0] if errors else [result for results in written for result in results]
     tmp = results_path + ".tmp"
-    with open(tmp, "wb") as f:
+    with open_new(tmp) as f:
         pickle.dump(outcome, f)
     os.replace(tmp, results_path)
 
@@ -322,11 +348,8 @@ def _try_write_bucket(storage: Storage, rank: int, bucket: WriteBucket) -> list[
 def _write_bucket(storage: Storage, bucket: WriteBucket) -> list[WriteResult]:
     bytes_data, tensor_data = bucket.data
     results = []
-    # torch.save's CRC32 of each record is CPU-bound (~1.6 GB/s, more than a page-cache write) and buys
-    # nothing: torch.load, and so DCP's reader, never checks it. The setting is per thread.
-    # patch() is installed at import by install_config_module; this config module does not declare it for mypy.
-    crc_off = serialization_config.patch("save.compute_crc32", False)  # type: ignore[attr-defined]
-    with crc_off, storage.create_stream(bucket.path) as stream:
+    with storage.create_stream(bucket.path) as raw:
+        stream = ChecksumStream(raw)  # each item's CRC32, computed on the bytes as they are written
         for item, data in bytes_data:
             results.append(_write_item(stream, item, bucket.relative_path, data))
         for item, tensor in tensor_data:
@@ -334,25 +357,49 @@ def _write_bucket(storage: Storage, bucket: WriteBucket) -> list[WriteResult]:
     return results
 
 
-def _write_item(stream, item: WriteItem, relative_path: str, data: io.BytesIO | torch.Tensor) -> WriteResult:
+def _write_item(
+    stream: ChecksumStream, item: WriteItem, relative_path: str, data: io.BytesIO | torch.Tensor
+) -> WriteResult:
     offset = stream.tell()
     if isinstance(data, torch.Tensor):
-        torch.save(data, stream)
+        torch.save(data, cast(IO[bytes], stream))
     else:
         stream.write(data.getbuffer())
     length = stream.tell() - offset
-    return WriteResult(index=item.index, size_in_bytes=length, storage_data=_StorageInfo(relative_path, offset, length))
+    info = _StorageInfo(relative_path, offset, length)
+    return ChecksummedWriteResult(index=item.index, size_in_bytes=length, storage_data=info, crc32=stream.take())
+
+
+def _checksums(results: list[WriteResult]) -> dict:
+    """What ``.metadata`` records to check every data byte at load (IN-1): plain types only, so stock readers
+    unpickle it. ``items`` maps (file, offset) to the item's CRC32; ``files`` gives each file's size."""
+    items: dict[tuple[str, int], int | None] = {}
+    files: dict[str, int] = {}
+    for wr in results:
+        info = wr.storage_data
+        items[(info.relative_path, info.offset)] = getattr(wr, "crc32", None)
+        files[info.relative_path] = max(files.get(info.relative_path, 0), info.offset + info.length)
+    return {"algorithm": "crc32", "items": items, "files": files}
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or a copy of only its elements when it views a larger storage (torch.save writes whole storages)."""
-    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+    """``t``, or a copy of only its elements when it views a larger storage (torch.save writes whole storages).
+
+    The test and the copy (``clone`` keeps the memory format) are torch's ``FileSystemWriter``'s.
+    """
+    if t.untyped_storage().nbytes() != t.nbytes:
         return t.clone()
     return t
 
 
 def _split_by_size_and_type(bins: int, items: list[WriteItem]) -> list[list[WriteItem]]:
-    """Non-empty buckets: byte items round-robin, tensors largest first into the lightest bucket."""
+    """Non-empty buckets, exactly as torch's ``FileSystemWriter`` forms them (so the files are byte-identical).
+
+    One bin keeps the plan's order; otherwise byte items go round-robin, then tensors, largest first, into
+    the lightest bucket (the first of equally light ones). Empty buckets can only be the last ones.
+    """
+    if bins == 1:
+        return [items] if items else []
     buckets: list[list[WriteItem]] = [[] for _ in range(bins)]
     byte_items = [i for i in items if i.type == WriteItemType.BYTE_IO]
     tensor_items = sorted((i for i in items if i.type != WriteItemType.BYTE_IO), key=_item_size, reverse=True)
@@ -367,8 +414,9 @@ def _split_by_size_and_type(bins: int, items: list[WriteItem]) -> list[list[Writ
 
 
 def _item_size(item: WriteItem) -> int:
+    """The bytes of the whole tensor (torch's measure, also for a chunk of a sharded tensor)."""
     assert item.tensor_data is not None  # only tensor items are sized
-    return prod(item.tensor_data.chunk.sizes) * item.tensor_data.properties.dtype.itemsize
+    return prod(item.tensor_data.size) * item.tensor_data.properties.dtype.itemsize
 
 
 # --------------------------------------------------------------------------------- validation

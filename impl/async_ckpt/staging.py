@@ -7,8 +7,8 @@ Contract:
   the tensor there: one copy per distinct view, so tied tensors stay tied. A ``Slab`` is one Linux
   memfd segment; the ``SlabPool`` keys slabs by byte size and reuses one once its request completes.
 * Worker side, ``unstage`` maps the slab behind the one file descriptor that crossed and turns
-  placeholders back into tensors, each with its own storage over the shared pages (no copy), so
-  ``torch.save`` writes what it would have written for the originals.
+  placeholders back into tensors, each with its own storage over the shared pages (no copy) and the strides a
+  ``clone`` of the original has, so ``torch.save`` writes what torch's ``FileSystemWriter`` writes for it.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class Staged:
     numel: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+    stride: tuple[int, ...]
 
 
 class Slab:
@@ -78,7 +79,7 @@ class Slab:
 
     def write(self, place: Staged, t: torch.Tensor) -> None:
         size = place.numel * t.element_size()
-        dst = self.data[place.offset : place.offset + size].view(t.dtype).view(t.shape)
+        dst = self.data[place.offset : place.offset + size].view(t.dtype).as_strided(place.shape, place.stride)
         dst.copy_(t.detach())  # detach: copying from a grad-requiring tensor would record it
 
     def pin(self) -> None:
@@ -143,7 +144,9 @@ def _stage_layout(obj: Any) -> tuple[Any, list[tuple[torch.Tensor, Staged]], int
         nonlocal size
         if t.layout != torch.strided or t.is_quantized or t.numel() == 0:
             return t.detach().clone()  # rare or empty: a private copy, pickled by torch
-        staged = Staged(size, t.numel(), t.dtype, tuple(t.shape))
+        # The strides a clone would get: a dense tensor keeps its own, so torch.save writes the same bytes.
+        stride = torch.empty_like(t, device="meta").stride()
+        staged = Staged(size, t.numel(), t.dtype, tuple(t.shape), tuple(stride))
         layout.append((t, staged))
         nbytes = t.numel() * t.element_size()
         size += -(-nbytes // _ALIGN) * _ALIGN
@@ -190,7 +193,7 @@ def unstage(request: AsyncRequest, slab_ref: tuple[Any, int] | None) -> AsyncReq
             return x
         if x.offset not in tensors:
             flat = torch.frombuffer(pages, dtype=x.dtype, count=x.numel, offset=x.offset)
-            tensors[x.offset] = flat.view(x.shape)
+            tensors[x.offset] = flat.as_strided(x.shape, x.stride)
         return tensors[x.offset]
 
     args, kwargs = tree_map(rebuild, (request.async_fn_args, request.async_fn_kwargs or {}))

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import IO, Any
 
+from ..integrity import make_dirs, open_new
+
 __all__ = ["MSC_SCHEME", "MscStorage", "PosixStorage", "Storage", "storage_for"]
 
 MSC_SCHEME = "msc://"
@@ -78,11 +80,11 @@ class PosixStorage(Storage):
         return os.path.isfile(path)
 
     def mkdir(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        make_dirs(path)  # never group- or world-writable (IN-5)
 
     @contextmanager
     def create_stream(self, path: str) -> Iterator[IO[bytes]]:
-        with open(path, "wb") as stream:
+        with open_new(path) as stream:
             yield stream
             stream.flush()
             os.fsync(stream.fileno())

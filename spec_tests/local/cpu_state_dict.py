@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from spec_tests.harness.targets import current_target
+from spec_tests.harness.workloads import PickleGate
 
 __all__ = ["CpuTensorAwareStateDict", "Slot"]
 
@@ -102,3 +103,8 @@ class CpuTensorAwareStateDict(_Base):
 
     def restore_tensor_device(self, non_blocking=True):
         self._check(False, "restore_tensor_device")
+
+
+# What a user of a custom TensorAwareStateDict does so that parts load with torch.load(weights_only=True)
+# (IN-4): allow exactly the classes a part holds (PickleGate: a value some tests put in their state dicts).
+torch.serialization.add_safe_globals([CpuTensorAwareStateDict, Slot, PickleGate])

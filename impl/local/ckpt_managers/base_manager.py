@@ -13,7 +13,7 @@ complete iteration, or -1.
 Save protocol (commit by rename, two phases):
 
 1. ``save`` checks that the iteration is newer than the newest complete one, snapshots the state dict
-   (CPU copies; the caller's object is left as it was), replicates it, and writes every part as *dirty*
+   (CPU copies; the caller's object is left as it was; ``_snapshot``), replicates it, and writes every part as *dirty*
    (in the background when ``is_async``).
 2. The finalize step, on all ranks: publish (dirty -> clean), then one collective scan. If any rank
    failed, or the iteration is not complete, every rank removes that iteration's parts and raises
@@ -33,6 +33,7 @@ Decisions (the seed leaves these open):
 
 from __future__ import annotations
 
+import copy
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -78,6 +79,14 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _raised_in(exc: BaseException) -> str:
+    """The name of the function that raised ``exc`` (its innermost frame)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_name if tb is not None else "?"
+
+
 class BaseCheckpointManager(ABC):
     """The local checkpointing protocol; subclasses store, list, load and remove parts."""
 
@@ -106,6 +115,10 @@ class BaseCheckpointManager(ABC):
     @abstractmethod
     def _save_call(self, parts: dict[CkptID, TensorAwareStateDict], tag: Tag) -> tuple[Callable, tuple]:
         """(fn, args): a picklable call that writes ``parts`` as dirty parts; it may run in another process."""
+
+    @abstractmethod
+    def _check_part(self, ckpt_id: CkptID, tag: Tag) -> None:
+        """Raise if the clean part is not intact (find_latest counts only intact parts, IN-3)."""
 
     @abstractmethod
     def _publish(self, ckpt_ids: Sequence[CkptID], tag: Tag) -> None:
@@ -168,7 +181,7 @@ class BaseCheckpointManager(ABC):
             raise CheckpointingException(f"iteration must be a non-negative int, got {iteration!r}")
         snapshot, error = None, None
         try:
-            snapshot = local_copy(state_dict, "cpu")
+            snapshot = self._snapshot(state_dict)
         except Exception as exc:
             error = f"cannot snapshot the state dict: {_describe(exc)}"
         newest = self._scan(strict=False, local_error=error)  # also spreads a snapshot error to every rank
@@ -205,6 +218,29 @@ class BaseCheckpointManager(ABC):
         return None
 
     # -------------------------------------------------------------------------------- steps
+
+    def _snapshot(self, state_dict: TensorAwareStateDict) -> TensorAwareStateDict:
+        """A CPU copy of ``state_dict`` (LM-17).
+
+        With the full interface the tensors are popped, copied and put back, so the caller's object is left as
+        it was (LM-15). Without replication, a TASD that implements only the device moves is copied the way
+        NVRx saves it: ``copy_tensors_to_cpu``, a deep copy, ``restore_tensor_device``.
+        """
+        try:
+            return local_copy(state_dict, "cpu")
+        except NotImplementedError as exc:
+            method = _raised_in(exc)
+            if self.repl_strategy is not None:
+                raise CheckpointingException(
+                    f"replication needs {type(state_dict).__name__}.{method}(), which raised NotImplementedError: "
+                    "a TensorAwareStateDict saved with a replication strategy must implement the whole interface"
+                ) from exc
+            logger.debug("%s.%s() is not implemented: snapshot by device moves", type(state_dict).__name__, method)
+        state_dict.copy_tensors_to_cpu(non_blocking=False)
+        try:
+            return copy.deepcopy(state_dict)
+        finally:
+            state_dict.restore_tensor_device(non_blocking=False)
 
     def _finalize(self, iteration: int, ids: list[CkptID], tag: Tag, write_error: str | None) -> None:
         """Publish this rank's parts, then agree (collectively) on success or roll back everywhere."""
@@ -246,7 +282,10 @@ class BaseCheckpointManager(ABC):
         tags: dict[CkptID, Tag] = {}
         if local_error is None:
             try:
-                usable, mismatched, tags = self._classify(self._my_parts())
+                parts = self._my_parts()
+                if strict:  # find_latest: never count a part that cannot be loaded intact
+                    parts = [(ckpt_id, tag) for ckpt_id, tag in parts if self._intact(ckpt_id, tag)]
+                usable, mismatched, tags = self._classify(parts)
             except Exception as exc:
                 local_error = f"cannot read local checkpoint storage: {_describe(exc)}"
         gathered = all_gather((usable, mismatched, local_error))
@@ -269,6 +308,16 @@ class BaseCheckpointManager(ABC):
         newest = max((i for i, o in owners.items() if o == everyone), default=-1)
         logger.debug("rank %d: newest complete local checkpoint iteration %d", self.rank, newest)
         return newest
+
+    def _intact(self, ckpt_id: CkptID, tag: Tag) -> bool:
+        if ckpt_id[2] != self.session_id:
+            return True  # not ours: never counted anyway
+        try:
+            self._check_part(ckpt_id, tag)
+        except Exception as exc:
+            logger.error("rank %d: local checkpoint part %s is not used: %s", self.rank, ckpt_id[:2], _describe(exc))
+            return False
+        return True
 
     def _my_tag(self) -> Tag:
         return None if self.repl_strategy is None else self.repl_strategy.placement_tag

@@ -3,25 +3,39 @@
 Layout: ``<root_local_ckpt_dir>/<session_id>/<rank>/iter_<iteration:07d>_<owner>_<tag>.pt`` where tag is
 ``local`` for a part saved without replication, else the strategy's placement tag (e.g. ``w4c0-1``).
 A part being written carries the extra suffix ``.dirty``; it is renamed to the clean name only when
-the save is finalized. Each file is ``torch.save`` of the part's TensorAwareStateDict, flushed to disk
-before it is reported written. Other files in the directory are never touched.
+the save is finalized. Each file is ``torch.save`` of the part's TensorAwareStateDict followed by a trailer
+with the CRC32 of those bytes and the part's (iteration, owner), computed while writing (``impl.integrity``),
+flushed to disk before it is reported written. Other files in the directory are never touched.
+
+Integrity and safety (IN-*): ``find_latest`` checks every part it counts, so a part damaged after its save
+(truncated, a flipped bit, another part copied over it) is logged and left out, and an intact replica takes its
+place where one exists; ``load`` checks the part again as it reads it and raises ``CheckpointingException``
+naming the file. Parts load with ``torch.load(weights_only=True)``: besides tensors and plain containers, only
+the classes in ``SAFE_GLOBALS`` and those the user allows with ``torch.serialization.add_safe_globals`` can
+be unpickled, so a planted file cannot run code. Files and directories are never group- or world-writable.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import pickle
 import re
+import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO, cast
 
 import torch
 
+from ...integrity import ChecksumStream, IntegrityError, make_dirs, open_new, seal, unseal
 from ..base_state_dict import TensorAwareStateDict
+from ..basic_state_dict import BasicTensorAwareStateDict, TensorPlaceholder
 from ..replication.strategies import ReplicationStrategy
 from .base_manager import BaseCheckpointManager, CheckpointingException, CkptID, SameMachineReplicationException, Tag
 
-__all__ = ["LocalCheckpointManager"]
+__all__ = ["SAFE_GLOBALS", "LocalCheckpointManager"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +43,24 @@ _DIRTY = ".dirty"
 _PART = re.compile(r"iter_(\d+)_(\d+)_(local|w\d+c[\d-]+)\.pt(\.dirty)?")
 
 
-def _write_parts(writes: list[tuple[str, TensorAwareStateDict]]) -> None:
-    """Write each part to its (dirty) path and flush it to disk. The async function of a save."""
-    for path, part in writes:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            torch.save(part, f)
+SAFE_GLOBALS: list = [BasicTensorAwareStateDict, TensorPlaceholder, bytes]
+"""Classes a part may hold besides what ``torch.load(weights_only=True)`` allows anyway (``bytes``: pickle
+protocol 2 rebuilds an empty bytes value by calling it)."""
+
+
+def _label(ckpt_id: CkptID) -> bytes:
+    """What a part's trailer records of its id: (iteration, owner)."""
+    return struct.pack("<II", ckpt_id[0] & 0xFFFFFFFF, ckpt_id[1])
+
+
+def _write_parts(writes: list[tuple[str, bytes, TensorAwareStateDict]]) -> None:
+    """Write each part, checksummed as it goes, to its (dirty) path and flush it to disk. The async function."""
+    for path, label, part in writes:
+        make_dirs(os.path.dirname(path))
+        with open_new(path) as f:
+            stream = ChecksumStream(f)
+            torch.save(part, cast(IO[bytes], stream))
+            f.write(seal(stream.take(), stream.total, label))
             f.flush()
             os.fsync(f.fileno())
         logger.debug("wrote %s", path)
@@ -85,19 +111,39 @@ class LocalCheckpointManager(BaseCheckpointManager):
 
     def _load(self, ckpt_id: CkptID, tag: Tag) -> TensorAwareStateDict:
         path = self._path(ckpt_id, tag)
+        body = self._intact_body(ckpt_id, tag)
         try:
-            return torch.load(path, weights_only=False)
+            with torch.serialization.safe_globals(SAFE_GLOBALS):
+                return torch.load(io.BytesIO(body), weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointingException(
+                f"local checkpoint part {path} holds objects that are not allowed to load: {exc} (a trusted "
+                "TensorAwareStateDict class can be allowed with torch.serialization.add_safe_globals)"
+            ) from None
+
+    def _intact_body(self, ckpt_id: CkptID, tag: Tag) -> memoryview:
+        """The part's torch.save bytes, read once and checked against its trailer."""
+        path = self._path(ckpt_id, tag)
+        try:
+            data = path.read_bytes()
         except FileNotFoundError:
             raise CheckpointingException(f"local checkpoint part {path} does not exist") from None
+        try:
+            return unseal(data, _label(ckpt_id), f"local checkpoint part {path}")
+        except IntegrityError as exc:
+            raise CheckpointingException(str(exc)) from None
+
+    def _check_part(self, ckpt_id: CkptID, tag: Tag) -> None:
+        self._intact_body(ckpt_id, tag)
 
     def _save_call(self, parts: dict[CkptID, TensorAwareStateDict], tag: Tag):
-        writes: dict[str, TensorAwareStateDict] = {}
+        writes: dict[str, tuple[bytes, TensorAwareStateDict]] = {}
         for ckpt_id, part in parts.items():
             path = str(self._path(ckpt_id, tag, dirty=True))
             if path in writes:
                 raise SameMachineReplicationException(ckpt_id)
-            writes[path] = part
-        return _write_parts, (list(writes.items()),)
+            writes[path] = (_label(ckpt_id), part)
+        return _write_parts, ([(path, label, part) for path, (label, part) in writes.items()],)
 
     def _publish(self, ckpt_ids: Sequence[CkptID], tag: Tag) -> None:
         for ckpt_id in ckpt_ids:

@@ -1,0 +1,123 @@
+"""Checksums, sealed files and safe file creation, shared by the DCP writer and the local managers.
+
+* ``ChecksumStream`` wraps a binary stream being written and keeps a CRC32 of the bytes that pass through
+  it, so a checksum costs no second pass over the data; ``take()`` returns the CRC32 since the last take.
+* ``seal`` / ``unseal``: a file body followed by a 28-byte trailer (magic, the body's length, its CRC32 and
+  an 8-byte label such as the part's id), so that truncation, a flipped bit anywhere, or another file put in
+  its place is detected before a single byte is interpreted. ``unseal`` raises ``IntegrityError``.
+* ``open_new`` / ``make_dirs`` create files (0o644) and directories (0o755) with the user's umask applied on
+  top: never group- or world-writable, whatever the umask (node-local storage such as /dev/shm is shared).
+
+Decision: CRC32 (zlib, about 3 GB/s on one core, the GIL released) rather than SHA-256 (about 1 GB/s):
+it detects every burst error up to 32 bits and random damage with probability 1 - 2**-32, which is what
+storage damage needs; it is no defence against someone who can rewrite the checksum as well.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from typing import IO, Any
+
+__all__ = [
+    "ChecksumStream",
+    "IntegrityError",
+    "TRAILER_SIZE",
+    "crc32",
+    "make_dirs",
+    "open_new",
+    "seal",
+    "unseal",
+]
+
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+_MAGIC = b"CKPTCRC1"
+_TRAILER = struct.Struct("<8sQI8s")  # magic, body length, CRC32 of body + label, label
+TRAILER_SIZE = _TRAILER.size
+
+
+class IntegrityError(ValueError):
+    """A checkpoint file does not match the checksum recorded when it was committed."""
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    return zlib.crc32(data, value)
+
+
+class ChecksumStream:
+    """A write-only stream over ``stream`` that checksums what is written (CRC32)."""
+
+    def __init__(self, stream: IO[bytes]):
+        self._stream = stream
+        self._crc = 0
+        self._total = 0
+
+    def write(self, data: Any) -> int:
+        n = self._stream.write(data)
+        self._crc = zlib.crc32(data, self._crc)
+        self._total += len(memoryview(data).cast("B"))
+        return n
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    @property
+    def total(self) -> int:
+        """Bytes written through this stream."""
+        return self._total
+
+    def take(self) -> int:
+        """The CRC32 of the bytes written since the previous take (or the start)."""
+        value, self._crc = self._crc, 0
+        return value
+
+
+def seal(body_crc: int, body_length: int, label: bytes) -> bytes:
+    """The trailer to write after a body of ``body_length`` bytes whose CRC32 is ``body_crc``."""
+    label = label.ljust(8, b"\0")[:8]
+    return _TRAILER.pack(_MAGIC, body_length, zlib.crc32(label, body_crc), label)
+
+
+def unseal(data: bytes | memoryview, label: bytes, what: str) -> memoryview:
+    """The body of sealed ``data``; IntegrityError (naming ``what``) unless it is intact and carries ``label``."""
+    view = memoryview(data)
+    if len(view) < TRAILER_SIZE:
+        raise IntegrityError(f"{what} is damaged: {len(view)} bytes, too short for its checksum trailer")
+    magic, length, value, stored_label = _TRAILER.unpack(view[-TRAILER_SIZE:])
+    body = view[:-TRAILER_SIZE]
+    if magic != _MAGIC or length != len(body):
+        raise IntegrityError(f"{what} is damaged: truncated or extended (no valid checksum trailer at its end)")
+    if zlib.crc32(stored_label, zlib.crc32(body)) != value:
+        raise IntegrityError(f"{what} is damaged: its CRC32 does not match the one recorded when it was saved")
+    if stored_label != label.ljust(8, b"\0")[:8]:
+        raise IntegrityError(f"{what} holds another checkpoint's data (recorded as {stored_label!r}, not {label!r})")
+    return body
+
+
+def open_new(path: str | os.PathLike) -> IO[bytes]:
+    """Open ``path`` for writing (created or truncated), mode 0o644 less the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    return os.fdopen(fd, "wb")
+
+
+def make_dirs(path: str | os.PathLike) -> None:
+    """``os.makedirs(path, exist_ok=True)``, but every directory it creates gets mode 0o755 less the umask.
+
+    (``os.makedirs`` gives intermediate directories 0o777 less the umask.)
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if parent != path:
+        make_dirs(parent)
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
