@@ -18,6 +18,10 @@ spec_tests.harness.plugin): {"target", "version", "clauses": {id: {...}}, "tests
         those files. Pytest exit codes 0 and 1 are data; any other code is an error. `run_target` and
         `cli` serve fault_injection.matrix too (its --run runs fault_injection the same way).
 
+The protocol table (clause x target of the P-* clauses) is the block `protocol` of the README:
+`python -m spec_tests.harness.report --run impl nvrx mcore dcp-thread dcp-process dcp-staged --suite
+spec_tests/protocol --areas protocol --block protocol --out conformance/protocol --update README.md`.
+
 The README is refreshed with `python -m spec_tests.harness.report --run impl nvrx mcore --areas async_ckpt storage
 local --update README.md` (the FI-* clauses of the faults area have the fault matrix instead).
 
@@ -385,6 +389,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE instead of printing",
     )
+    parser.add_argument(
+        "--suite",
+        default="spec_tests",
+        metavar="DIR",
+        help="what --run runs (default: spec_tests; spec_tests/protocol for the protocol table)",
+    )
+    parser.add_argument(
+        "--block",
+        default="conformance",
+        metavar="NAME",
+        help="with --update, the block between <!-- NAME:start --> and <!-- NAME:end --> (default: conformance)",
+    )
     return parser
 
 
@@ -392,10 +408,11 @@ def _report(args: argparse.Namespace) -> None:
     runs = []
     for target in args.run:
         json_path = (args.out / f"{target}.json").resolve()
-        run_target(target, json_path)
+        run_target(target, json_path, args.suite)
         runs.append(json_path)
     paths = [*args.files, *runs]
-    write_block(render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas))), args.update)
+    block = render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas)))
+    write_block(block, args.update, f"<!-- {args.block}:start -->", f"<!-- {args.block}:end -->")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ NAME = "mcore"
 DISTRIBUTION = "megatron-core"
 INSTALL = 'pip install "torch==2.13.0" -e ".[test,mcore]"'
 MODULES = {"async_ckpt.core": "megatron.core.dist_checkpointing.strategies.async_utils"}
-CAPABILITIES = frozenset({"persistent_caller", "temporal_caller"})
+CAPABILITIES = frozenset({"persistent_caller", "temporal_caller", "protocol"})
 EXPECTATIONS = str(Path(__file__).with_name("mcore.expectations.toml"))
 
 
@@ -21,3 +21,12 @@ def install() -> None:
     from megatron.core.dist_checkpointing.strategies.async_utils import PersistentAsyncCaller
 
     _cpu_cuda.install_for(NAME, MODULES.values(), PersistentAsyncCaller)
+
+
+def protocol_saver(persistent: bool | None = None):
+    """The protocol interface over Megatron-Core's own writer and saver (same recipe as NVRx's)."""
+    from spec_tests.targets._queue_saver import saver_of
+
+    root = "megatron.core.dist_checkpointing.strategies."
+    modules = (MODULES["async_ckpt.core"], root + "filesystem_async", root + "state_dict_saver")
+    return saver_of(NAME, persistent, modules)
