@@ -31,6 +31,9 @@ BOUND = 30.0
 """Seconds for a wait, an error or a save's completion (as PC-5 and AQ-7)."""
 EXIT_BOUND = 10.0
 """Seconds for processes to be gone (as PC-4 and AQ-11)."""
+WARM_BOUND = 120.0
+"""Seconds for a saver's first save, which starts its workers (spawning a process that imports torch can take
+tens of seconds on a loaded machine); the clauses' bounds apply to the saves after it."""
 
 
 def rank_state(rank: int, version: int, numel: int = 12) -> dict:
@@ -55,20 +58,17 @@ def wait(handle: SaveHandle, bound: float = BOUND):
     return bounded(bound, "wait()", handle.wait)
 
 
-def save(state_dict: dict, path: str, saver: Saver | None = None) -> None:
-    """One complete save (start, wait) with a saver of its own unless one is given; closes its own."""
+def save(state_dict: dict, path: str, saver: Saver | None = None, bound: float = BOUND) -> None:
+    """One complete save (start, wait, each within `bound`) with a saver of its own unless one is given, which it
+    closes; a new saver's first save gets WARM_BOUND (it starts the saver's workers)."""
     own = saver is None
     saver = saver or protocol_saver()
+    bound = max(bound, WARM_BOUND) if own else bound
     try:
-        wait(start(saver, state_dict, path))
+        wait(bounded(bound, "start()", saver.start, state_dict, path), bound)
     finally:
         if own:
-            bounded(BOUND, "close()", saver.close)
-
-
-WARM_BOUND = 120.0
-"""Seconds for a saver's first save, which starts its workers (spawning a process that imports torch can take
-tens of seconds on a loaded machine); the clauses' bounds apply to the saves after it."""
+            bounded(bound, "close()", saver.close)
 
 
 def warm_saver(path: str, **options) -> Saver:

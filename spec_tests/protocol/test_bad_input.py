@@ -8,7 +8,7 @@ import pytest
 
 from spec_tests.harness.asserts import HUNG, attempt
 from spec_tests.harness.ranks import run_on_ranks, world
-from spec_tests.protocol.common import BOUND, assert_loads, expected, rank_state, start, warm_saver
+from spec_tests.protocol.common import BOUND, assert_loads, expected, rank_state, save, start, warm_saver
 from spec_tests.protocol.test_failures import _save_outcome
 from spec_tests.storage.saving import tree
 
@@ -27,13 +27,17 @@ def _unsaveable(path):
     return outcome
 
 
+def _save_first(path):
+    save(rank_state(world()[0], 1), path)
+
+
 def _before(tmp, case):
     path = os.path.join(tmp, "c")
     if case == "file":
         with open(path, "w") as f:
             f.write("not a directory")
     elif case == "checkpoint":
-        run_on_ranks(_save_outcome, 2, (path, False), timeout=180)
+        run_on_ranks(_save_first, 2, (path,), timeout=240)
         assert os.path.exists(os.path.join(path, ".metadata")), "the first save was not committed"
     return path
 

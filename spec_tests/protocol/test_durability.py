@@ -17,9 +17,10 @@ import torch.distributed as dist
 from fault_injection import faultfs
 from fault_injection.faults import on_ranks
 from fault_injection.test_crash_consistency import SAVE_PHASES, _crash_points, _in_child, durability_problems
+from spec_tests.harness.asserts import bounded
 from spec_tests.harness.processes import remove
 from spec_tests.harness.protocol import protocol_saver
-from spec_tests.protocol.common import assert_loads, committed, expected, rank_state, save
+from spec_tests.protocol.common import WARM_BOUND, assert_loads, committed, expected, rank_state, save
 
 pytestmark = pytest.mark.needs("protocol")
 ALL_POINTS = {phase: 0 for phase in SAVE_PHASES}  # every point counts as the last phase's: the whole save
@@ -30,7 +31,11 @@ def _save(path: str, version: int, log: str | None, fault):
     remove(path)
     plan = faultfs.Plan(root=path, log=log, faults=(fault,) if fault else ()) if log else None
     with faultfs.installed(plan):
-        save(rank_state(0, version), path, protocol_saver(persistent=False))
+        saver = protocol_saver(persistent=False)
+        try:
+            save(rank_state(0, version), path, saver, bound=WARM_BOUND)
+        finally:
+            bounded(WARM_BOUND, "close()", saver.close)
     return ALL_POINTS
 
 
@@ -67,14 +72,15 @@ def test_a_reported_success_is_durable(tmp_path):
 
 def _crashes(tmp: str):
     old, new = os.path.join(tmp, "old"), os.path.join(tmp, "new")
-    save(rank_state(0, 0), old)
-    _trace(tmp)
+    _trace(tmp)  # skips where nothing can be seen
+    kind, detail = _in_child(tmp, "old", _save, old, 0, None, None)
+    assert kind == "ok", f"saving the previous checkpoint failed: {detail}"
 
     def check():
         problems = []
         for what, load in (
             ("previous", lambda: assert_loads(old, expected(1, 0))),
-            ("new", lambda: committed(new) and assert_loads(new, expected(1, 1))),
+            ("new", lambda: assert_loads(new, expected(1, 1)) if committed(new) else None),
         ):
             try:
                 load()

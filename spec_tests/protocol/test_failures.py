@@ -13,7 +13,6 @@ import signal
 import pytest
 
 from spec_tests.harness.asserts import HUNG, attempt
-from spec_tests.harness.protocol import protocol_saver
 from spec_tests.harness.ranks import run_on_ranks, world
 from spec_tests.protocol.common import BOUND, EXIT_BOUND, committed, rank_state, start, warm_saver
 
@@ -25,10 +24,10 @@ def data_file(path: str, rank: int) -> str:
     return os.path.join(path, f"__{rank}_0.distcp")
 
 
-def _save_outcome(path, warm=True):
+def _save_outcome(path):
     """What a whole save (start, then wait) of a warm saver did on this rank, within BOUND."""
     rank, _ = world()
-    saver = warm_saver(path) if warm else protocol_saver()
+    saver = warm_saver(path)
     outcome = attempt(lambda: start(saver, rank_state(rank, 1), path).wait(), bound=BOUND, what="start() and wait()")
     attempt(saver.close, bound=BOUND, what="close()")
     return outcome

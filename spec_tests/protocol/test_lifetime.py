@@ -16,11 +16,13 @@ import time
 import pytest
 
 from spec_tests.harness.asserts import attempt
+from spec_tests.harness.processes import wait_for_file
 from spec_tests.harness.ranks import run_on_ranks, world
 from spec_tests.harness.targets import ENV_VAR, current_target
 from spec_tests.protocol.common import (
     BOUND,
     EXIT_BOUND,
+    WARM_BOUND,
     assert_loads,
     expected,
     in_group,
@@ -96,14 +98,15 @@ def test_a_trainer_ending_without_close_exits_and_its_save_is_committed(tmp_path
         [sys.executable, "-m", "spec_tests.protocol.trainer", path], env=env, start_new_session=True
     )
     try:
+        wait_for_file(path + ".started", WARM_BOUND)  # start-up (importing torch) is not the subject
         code = trainer.wait(timeout=BOUND)
-    except subprocess.TimeoutExpired:
+    except (subprocess.TimeoutExpired, AssertionError):
         code = None
     left = _gone_within(trainer.pid, EXIT_BOUND)
     for pid in [trainer.pid, *left] if code is None else left:
         os.kill(pid, signal.SIGKILL)
     trainer.wait()
-    assert code is not None, f"a trainer that ended without close() did not exit within {BOUND:g}s"
+    assert code is not None, f"a trainer that ended without close() did not exit within {BOUND:g}s of start()"
     assert not left, f"processes {left} of a trainer that ended without close() outlived it by {EXIT_BOUND:g}s"
     assert code == 0, f"the trainer exited with code {code}"
     assert_loads(path, expected(1, 1, 1 << 20), call="dcp.load of the save of a trainer that ended without close()")

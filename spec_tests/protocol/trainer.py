@@ -2,8 +2,9 @@
 
     python -m spec_tests.protocol.trainer CHECKPOINT
 
-World of one rank (gloo, a FileStore next to CHECKPOINT); the target is CKPTSPEC_IMPL's. The test starts it in
-a session of its own and checks that nothing of that session remains once it has exited.
+World of one rank (gloo, a FileStore next to CHECKPOINT); the target is CKPTSPEC_IMPL's. Once the save is
+started it writes CHECKPOINT + ".started": the test bounds the exit from then (start-up is not the subject). The
+test starts it in a session of its own and checks that nothing of that session remains once it has exited.
 """
 
 import sys
@@ -21,6 +22,8 @@ def main(path: str):
     dist.init_process_group("gloo", store=dist.FileStore(path + ".store", 1), rank=0, world_size=1)
     saver = protocol_saver()
     saver.start(rank_state(0, 1, 1 << 20), path)
+    with open(path + ".started", "w") as f:
+        f.write("started")
     return saver
 
 

@@ -66,8 +66,10 @@ class DcpSaver(Saver):
     def start(self, state_dict: dict, path: str) -> SaveHandle:
         import torch.distributed.checkpoint as dcp
 
-        extra = {"async_stager": self.stager} if self.stager is not None else {}
-        handle = _DcpHandle(dcp.async_save(state_dict, checkpoint_id=path, async_checkpointer_type=self.type, **extra))
+        result = dcp.async_save(
+            state_dict, checkpoint_id=path, async_checkpointer_type=self.type, async_stager=self.stager
+        )
+        handle = _DcpHandle(result)
         self.handles.append(handle)
         return handle
 

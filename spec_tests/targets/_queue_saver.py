@@ -64,4 +64,5 @@ def saver_of(name: str, persistent: bool | None = None, modules: tuple[str, ...]
 
     target = load_target(name)
     found = [importlib.import_module(m) for m in modules] if modules else [target.module(p) for p in SPEC_PATHS]
-    return QueueSaver(*found, persistent=persistent)
+    core, writers, saver = found
+    return QueueSaver(core, writers, saver, persistent=persistent)
