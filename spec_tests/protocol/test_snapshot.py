@@ -31,7 +31,11 @@ def _save_then_change(path, state_dict, wait_staged=False, device="cpu"):
     handle = start(rank_state["saver"], mine, path)
     if wait_staged:
         handle.staged()
-    strategies.mutate_in_place(mine)  # a training step, right after start() (or staged()) returned
+    # A training step, right after start() (or staged()) returned; the small drawn tensors first, while a copy
+    # made in the background after the return (if any) is still busy with the large one.
+    own = mine[f"r{rank}"]
+    strategies.mutate_in_place({k: v for k, v in own.items() if k != "big"})
+    strategies.mutate_in_place(own["big"])
     wait(handle)
     want: dict = {}
     for r in range(world_size):
