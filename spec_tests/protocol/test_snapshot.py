@@ -43,7 +43,7 @@ def _save_then_change(path, state_dict, wait_staged=False, device="cpu"):
     return mismatch(load(want, path), want, "dcp.load of a save whose state changed after start() returned")
 
 
-@pytest.mark.spec("P-SNAP-1", "P-LOAD-1")
+@pytest.mark.spec("P-SNAP-1")
 @given(state_dict=strategies.dcp_state_dicts())
 def test_checkpoint_holds_the_state_when_start_returned(rank_pool, tmp_path_factory, state_dict):
     path = str(tmp_path_factory.mktemp("snap") / uuid.uuid4().hex)
