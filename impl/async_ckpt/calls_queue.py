@@ -14,7 +14,9 @@ Contract (signature-compatible with NVRx ``async_ckpt.core``):
 
 from __future__ import annotations
 
+import atexit
 import logging
+import weakref
 from collections import deque
 from typing import Any, NamedTuple
 
@@ -29,6 +31,19 @@ from .request import AsyncRequest, raise_failure
 __all__ = ["AsyncCallsQueue"]
 
 logger = logging.getLogger(__name__)
+
+_open_queues: weakref.WeakSet[AsyncCallsQueue] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_queues() -> None:
+    """A trainer that ends without close() still gets its saves in flight finalized (protocol clause P-EXIT-2)."""
+    for queue in list(_open_queues):
+        if queue.get_num_unfinalized_calls():
+            try:
+                queue.close()
+            except BaseException:
+                logger.exception("finalizing the calls in flight at interpreter exit failed")
 
 
 class _ActiveAsyncRequest(NamedTuple):
@@ -66,6 +81,7 @@ class AsyncCallsQueue:
         self._persistent_caller: PersistentAsyncCaller | None = None
         self._warned_temporal = False
         self._closed = False
+        _open_queues.add(self)
 
     def schedule_async_request(self, async_request: AsyncRequest) -> int:
         """Start ``async_request`` in the background; return its queue index. On all ranks."""

@@ -149,7 +149,7 @@ class FileSystemWriterAsync(StorageWriter):
         """Nothing to set up: every rank plans alike, and only the coordinator is ever asked to ``finish``."""
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Refuse a path that is a file or holds a checkpoint; create the directory."""
+        """Refuse a path that is a file or holds a checkpoint (the directory is created once every rank planned)."""
         storage = self._storage
         if storage.is_file(self.checkpoint_dir):
             raise NotADirectoryError(f"checkpoint path {self.checkpoint_dir!r} is a file, not a directory")
@@ -158,7 +158,6 @@ class FileSystemWriterAsync(StorageWriter):
                 f"{self.checkpoint_dir!r} already holds a checkpoint ({METADATA_NAME}); "
                 "FileSystemWriterAsync never overwrites one: save into a new directory"
             )
-        storage.mkdir(self.checkpoint_dir)
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -211,6 +210,7 @@ class FileSystemWriterAsync(StorageWriter):
         self._discard_results()
         self._prepare_error = None
         try:
+            self._storage.mkdir(self.checkpoint_dir)  # here, not at planning: a refused save creates nothing
             self.write_buckets = self._buckets(plan, planner)
         except Exception as exc:
             self._prepare_error, self.write_buckets = exc, []

@@ -28,9 +28,11 @@ backend (its flag tensor lives where the backend wants it).
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
@@ -163,8 +165,24 @@ def save_state_dict_async_plan(
     return ret
 
 
+def _check_saveable(value, key: str = "state_dict") -> None:
+    """Refuse, before anything is written, a value that the writer could not serialize (it pickles non-tensors)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_saveable(v, f"{key}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_saveable(v, f"{key}[{i}]")
+    elif not isinstance(value, torch.Tensor):
+        try:
+            pickle.dumps(value)
+        except Exception as exc:
+            raise ValueError(f"{key} cannot be saved: {type(value).__name__} is not picklable ({exc})") from exc
+
+
 def _local_step(planner, writer, state_dict, is_coordinator) -> tuple[SavePlan | None, BaseException | None]:
     try:
+        _check_saveable(state_dict)
         planner.set_up_planner(state_dict, is_coordinator=is_coordinator)
         writer.set_up_storage_writer(is_coordinator)
         return writer.prepare_local_plan(planner.create_local_plan()), None

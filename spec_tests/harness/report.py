@@ -21,7 +21,10 @@ spec_tests.harness.plugin): {"target", "version", "clauses": {id: {...}}, "tests
         TARGET-RELEASE runs that release in its nox session (`nox -s "spec(nvrx-0.7.0)"`, noxfile.py).
 
 The README is refreshed with `python -m spec_tests.harness.report --run impl nvrx-0.4.1 nvrx-0.7.0 mcore-0.16.1
-mcore-0.19.2 --areas async_ckpt storage local --update README.md` (the FI-* clauses of the faults area have the fault matrix instead).
+mcore-0.19.2 --areas async_ckpt storage local integrity --update README.md` (the FI-* clauses of the faults area have
+the fault matrix instead). The protocol table (clause x target of the P-* clauses) is the block `protocol` of the
+README: `python -m spec_tests.harness.report --run impl nvrx mcore dcp-thread dcp-process dcp-staged --suite
+spec_tests/protocol --areas protocol --block protocol --out conformance/protocol --update README.md`.
 
 Table contract: one row per clause id, registry order first (spec_tests.harness.clauses.load(), so a
 clause no test cites is still a row), then ids only the input files know; columns clause,
@@ -437,6 +440,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE instead of printing",
     )
+    parser.add_argument(
+        "--suite",
+        default="spec_tests",
+        metavar="DIR",
+        help="what --run runs (default: spec_tests; spec_tests/protocol for the protocol table)",
+    )
+    parser.add_argument(
+        "--block",
+        default="conformance",
+        metavar="NAME",
+        help="with --update, the block between <!-- NAME:start --> and <!-- NAME:end --> (default: conformance)",
+    )
     return parser
 
 
@@ -444,10 +459,11 @@ def _report(args: argparse.Namespace) -> None:
     runs = []
     for target in args.run:
         json_path = (args.out / f"{target}.json").resolve()
-        run_target(target, json_path)
+        run_target(target, json_path, args.suite)
         runs.append(json_path)
     paths = [*args.files, *runs]
-    write_block(render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas))), args.update)
+    block = render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas)))
+    write_block(block, args.update, f"<!-- {args.block}:start -->", f"<!-- {args.block}:end -->")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,8 @@ Resolution order of the target name: `--impl NAME`, then the environment variabl
 `CKPTSPEC_IMPL`, then "impl". The plugin writes the resolved name back into the environment
 so xdist workers, rank processes and their children resolve the same target. NAME is
 - a built-in: a module of the package `spec_tests.targets` whose name does not start with `_`
-  (discovered, so a new adapter there needs no change here),
+  (discovered, so a new adapter there needs no change here); an underscore in the module name is a
+  hyphen in the target name (`dcp_thread.py` is target `dcp-thread`),
 - a name registered under the entry-point group "ckptspec.targets" (value: the adapter module),
 - or the (dotted) name of an importable adapter module.
 
@@ -73,6 +74,7 @@ CAPABILITY_DOCS = {
     "storage_writer": "async_ckpt.filesystem_async.FileSystemWriterAsync and async_ckpt.state_dict_saver",
     "msc": "FileSystemWriterAsync(use_msc=True) writing msc:// URLs through multi-storage-client",
     "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
+    "protocol": "protocol_saver() in the adapter: start, staged, wait, abort, close (spec_tests.harness.protocol)",
 }
 
 
@@ -149,10 +151,11 @@ _loaded: dict[str, Target] = {}
 
 
 def builtin_targets() -> dict[str, str]:
-    """Name -> adapter module of the adapters in the package `spec_tests.targets` (names not starting with `_`)."""
+    """Name -> adapter module of the adapters in the package `spec_tests.targets` (names not starting with `_`;
+    `_` in a module name is `-` in the target name)."""
     package = importlib.import_module(BUILTIN_PACKAGE)
     return {
-        info.name: f"{BUILTIN_PACKAGE}.{info.name}"
+        info.name.replace("_", "-"): f"{BUILTIN_PACKAGE}.{info.name}"
         for info in pkgutil.iter_modules(package.__path__)
         if not info.ispkg and not info.name.startswith("_")
     }

@@ -16,6 +16,14 @@ CAPABILITIES = frozenset(
         "storage_writer",
         "msc",
         "local_checkpointing",
+        "protocol",
     }
 )
 EXPECTATIONS = str(Path(__file__).with_name("impl.expectations.toml"))
+
+
+def protocol_saver(persistent: bool | None = None):
+    """The protocol interface over the NVRx guide's recipe (spec_tests.targets._queue_saver)."""
+    from spec_tests.targets._queue_saver import saver_of
+
+    return saver_of(NAME, persistent)

@@ -41,7 +41,15 @@ _CUDA_MODULES = [
     )
 ] + [_ROOT + "local.replication." + m for m in ("_torch_future", "group_utils", "torch_device_utils")]
 CAPABILITIES = frozenset(
-    {"persistent_caller", "temporal_caller", "torch_async_checkpoint", "storage_writer", "msc", "local_checkpointing"}
+    {
+        "persistent_caller",
+        "temporal_caller",
+        "torch_async_checkpoint",
+        "storage_writer",
+        "msc",
+        "local_checkpointing",
+        "protocol",
+    }
 )
 EXPECTATIONS = str(Path(__file__).with_name("nvrx.expectations.toml"))
 
@@ -94,3 +102,10 @@ def _cpu_replica_transfers() -> None:
 
     isend_state_dict._ckptspec_original = original  # type: ignore[attr-defined]  # marks the patch (read above)
     wrapper.isend_state_dict = isend_state_dict
+
+
+def protocol_saver(persistent: bool | None = None):
+    """The protocol interface over the NVRx guide's recipe (spec_tests.targets._queue_saver)."""
+    from spec_tests.targets._queue_saver import saver_of
+
+    return saver_of(NAME, persistent)

@@ -16,17 +16,18 @@ from spec_tests.harness import clauses, targets
 
 
 def test_builtin_targets_are_the_adapter_modules():
-    assert targets.builtin_targets() == {name: f"spec_tests.targets.{name}" for name in ("impl", "mcore", "nvrx")}
+    names = ("impl", "mcore", "nvrx", "dcp_process", "dcp_staged", "dcp_thread")
+    assert targets.builtin_targets() == {name.replace("_", "-"): f"spec_tests.targets.{name}" for name in names}
 
 
 def test_a_new_adapter_module_is_a_builtin_target(tmp_path, monkeypatch):
     package = tmp_path / "more_targets"
     package.mkdir()
-    for name in ("__init__", "extra", "_private"):
+    for name in ("__init__", "extra", "_private", "two_words"):
         (package / f"{name}.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(targets, "BUILTIN_PACKAGE", "more_targets")
-    assert targets.builtin_targets() == {"extra": "more_targets.extra"}
+    assert targets.builtin_targets() == {"extra": "more_targets.extra", "two-words": "more_targets.two_words"}
     sys.modules.pop("more_targets", None)
 
 
@@ -42,7 +43,10 @@ def test_entry_points_and_dotted_paths_name_targets(monkeypatch):
 
 
 def test_an_unknown_target_lists_the_known_ones():
-    with pytest.raises(targets.TargetError, match="unknown target 'nope'; known targets: impl, mcore, nvrx"):
+    with pytest.raises(
+        targets.TargetError,
+        match="unknown target 'nope'; known targets: dcp-process, dcp-staged, dcp-thread, impl, mcore, nvrx",
+    ):
         targets.load_target("nope")
 
 
@@ -59,7 +63,7 @@ def test_a_missing_package_names_the_install_command(monkeypatch):
 
 
 def test_clause_areas_keep_the_table_order():
-    assert clauses.AREAS == ("async_ckpt", "storage", "local", "integrity", "faults")
+    assert clauses.AREAS == ("async_ckpt", "storage", "local", "integrity", "protocol", "faults")
     assert [path.name for path in clauses.FILES] == [f"{area}.toml" for area in clauses.AREAS]
 
 

@@ -122,7 +122,11 @@ def _env(project, **extra):
 
 
 BAD_INPUTS = {
-    "unknown --impl": (["--impl", "bogus"], {}, ["unknown target 'bogus'", "known targets: impl, mcore, nvrx"]),
+    "unknown --impl": (
+        ["--impl", "bogus"],
+        {},
+        ["unknown target 'bogus'", "known targets: dcp-process, dcp-staged, dcp-thread, impl, mcore, nvrx"],
+    ),
     "unknown $CKPTSPEC_IMPL": ([], {"CKPTSPEC_IMPL": "bogus"}, ["unknown target 'bogus'"]),
     "--impl nvrx not installed": (
         ["-p", "block_packages", "--impl", "nvrx"],

@@ -1,0 +1,64 @@
+"""The protocol layer: what any asynchronous checkpoint save offers, whatever library provides it.
+
+Five calls, implemented in a few lines by each target's adapter (`protocol_saver(**options)`, capability
+"protocol"), so the `P-*` clauses (spec_tests/clauses/protocol.toml) judge NVRx, Megatron-Core, torch DCP's
+`async_save` and impl alike:
+
+    saver = protocol_saver()             a Saver: what a trainer keeps between saves
+    handle = saver.start(state, path)    start saving `state` to directory `path`; collective
+    handle.staged()                      returns once `state` may be changed (its snapshot is taken)
+    handle.wait()                        returns once the checkpoint is durable and committed; raises if the
+                                         save failed on any rank; collective
+    handle.abort()                       stops the save without waiting for it
+    saver.close()                        waits for what is in flight and ends every thread and process
+                                         the saver started
+
+Bounds are the caller's (asserts.bounded): a method may block forever; the spec says it must not.
+A target lacking a call raises NotImplementedError from it, which the clause citing it records as a failure.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from spec_tests.harness.targets import MissingCapability, Target, current_target
+
+__all__ = ["SaveHandle", "Saver", "protocol_saver"]
+
+
+class SaveHandle(abc.ABC):
+    """One save in flight (see the module docstring)."""
+
+    def staged(self) -> None:
+        """Return once the state dict handed to start() may be changed; default: at once (copied in start)."""
+        return None
+
+    @abc.abstractmethod
+    def wait(self) -> Any:
+        """Return once the checkpoint is durable and committed on every rank; raise if it failed on any."""
+
+    def abort(self) -> None:
+        """Stop this save without waiting for it; nothing of it may be committed afterwards unless complete."""
+        raise NotImplementedError("this target has no way to abort a save in flight")
+
+
+class Saver(abc.ABC):
+    """What a trainer keeps between saves: queues, workers, stagers (see the module docstring)."""
+
+    @abc.abstractmethod
+    def start(self, state_dict: dict, path: str) -> SaveHandle:
+        """Start saving state_dict to the directory `path`; collective over the default process group."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Wait for saves in flight, then end every thread and process this saver started."""
+
+
+def protocol_saver(target: Target | None = None, **options) -> Saver:
+    """A new Saver of `target` (the current one by default); MissingCapability if its adapter has none."""
+    target = target or current_target()
+    make = getattr(target.adapter, "protocol_saver", None)
+    if make is None or not target.has("protocol"):
+        raise MissingCapability(f"target {target.name!r} has no protocol adapter")
+    return make(**options)

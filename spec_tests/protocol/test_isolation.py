@@ -1,0 +1,53 @@
+"""Several saves in flight at once never mix (P-ISO-1): each through the real DCP write path, each committing
+exactly its own data, whether the second comes from the same saver (the tensors changed in place in between,
+as a training step does) or from a second saver with a state dict of its own."""
+
+import pytest
+import torch
+
+from spec_tests.harness.asserts import bounded
+from spec_tests.harness.ranks import run_on_ranks, world
+from spec_tests.protocol.common import BOUND, assert_loads, expected, rank_state, start, wait, warm_saver
+
+pytestmark = pytest.mark.needs("protocol")
+NUMEL = 1 << 20  # 4 MiB per rank and save: the first save is still in flight when the second starts
+
+
+def _copy_into(state: dict, values: dict) -> None:
+    """Give the trainer's tensors new values in place (its next training step)."""
+    for key, value in values.items():
+        if isinstance(value, dict):
+            _copy_into(state[key], value)
+        elif isinstance(value, torch.Tensor):
+            state[key].copy_(value)
+        else:
+            state[key] = value
+
+
+def _two_in_flight(tmp, same_saver):
+    rank, _ = world()
+    first, second = warm_saver(f"{tmp}/first"), None
+    savers = [first]
+    try:
+        state = rank_state(rank, 1, NUMEL)
+        h1 = start(first, state, f"{tmp}/v1")
+        if same_saver:
+            _copy_into(state, rank_state(rank, 2, NUMEL))
+            h2 = start(first, state, f"{tmp}/v2")
+        else:
+            second = warm_saver(f"{tmp}/second")
+            savers.append(second)
+            h2 = start(second, rank_state(rank, 2, NUMEL), f"{tmp}/v2")
+        wait(h1)
+        wait(h2)
+    finally:
+        for saver in savers:
+            bounded(BOUND, "close()", saver.close)
+
+
+@pytest.mark.spec("P-ISO-1")
+@pytest.mark.parametrize("same_saver", [True, False], ids=["one-saver", "two-savers"])
+def test_saves_in_flight_together_each_commit_their_own_data(tmp_path, same_saver):
+    run_on_ranks(_two_in_flight, 2, (str(tmp_path), same_saver), timeout=400)
+    for version in (1, 2):
+        assert_loads(f"{tmp_path}/v{version}", expected(2, version, NUMEL), call=f"dcp.load of save v{version}")

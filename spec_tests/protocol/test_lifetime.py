@@ -1,0 +1,150 @@
+"""Nothing outlives the trainer (P-EXIT-1 killed, P-EXIT-2 ending without close()), and host memory stays flat
+over consecutive saves (P-MEM-1).
+
+Ranks and the P-EXIT-2 trainer lead a process group (a session) of their own, which every process they start
+joins unless it leaves on purpose: what remains of that group after the trainer is gone outlived it.
+"""
+
+import gc
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spec_tests.harness.asserts import attempt
+from spec_tests.harness.processes import wait_for_file
+from spec_tests.harness.ranks import run_on_ranks, world
+from spec_tests.harness.targets import ENV_VAR, current_target
+from spec_tests.protocol.common import (
+    BOUND,
+    EXIT_BOUND,
+    WARM_BOUND,
+    assert_loads,
+    expected,
+    in_group,
+    rank_state,
+    save,
+    start,
+    warm_saver,
+)
+from spec_tests.protocol.test_failures import data_file, release
+
+pytestmark = pytest.mark.needs("protocol")
+
+
+def _blocked_on_fifo(pgid: int) -> bool:
+    """Whether a thread of group `pgid` waits in open() of a FIFO (the hung write of the test has begun)."""
+    for pid in in_group(pgid):
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    if f.read().strip() == "wait_for_partner":
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def _kill_me_mid_save(tmp):
+    """Save once (workers started), then start a save whose write hangs, and die once the write has begun."""
+    saver = warm_saver(f"{tmp}/v0")
+    start(saver, rank_state(0, 1), f"{tmp}/v1")
+    deadline = time.monotonic() + BOUND
+    while not _blocked_on_fifo(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _gone_within(pgid: int, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := in_group(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
+@pytest.mark.spec("P-EXIT-1")
+def test_nothing_the_saver_started_outlives_a_killed_trainer(tmp_path):
+    tmp = str(tmp_path)
+    os.makedirs(f"{tmp}/v1")
+    os.mkfifo(data_file(f"{tmp}/v1", 0))
+    pidfile = f"{tmp}/rank.pid"
+    try:
+        run_on_ranks(_record_and_run, 1, (pidfile, tmp), timeout=120, expect_exit={0: -signal.SIGKILL})
+        with open(pidfile) as f:
+            pgid = int(f.read())
+        left = _gone_within(pgid, EXIT_BOUND)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)  # what the trainer started, so that the test leaves nothing behind
+    finally:
+        release(data_file(f"{tmp}/v1", 0))
+    assert not left, f"processes {left} of the killed trainer still ran {EXIT_BOUND:g}s after it was killed"
+
+
+def _record_and_run(pidfile, tmp):
+    with open(pidfile, "w") as f:
+        f.write(str(os.getpid()))
+    _kill_me_mid_save(tmp)
+
+
+@pytest.mark.spec("P-EXIT-2")
+def test_a_trainer_ending_without_close_exits_and_its_save_is_committed(tmp_path):
+    path = str(tmp_path / "c")
+    env = {**os.environ, ENV_VAR: current_target().name}
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "spec_tests.protocol.trainer", path], env=env, start_new_session=True
+    )
+    try:
+        wait_for_file(path + ".started", WARM_BOUND)  # start-up (importing torch) is not the subject
+        code = trainer.wait(timeout=BOUND)
+    except (subprocess.TimeoutExpired, AssertionError):
+        code = None
+    left = _gone_within(trainer.pid, EXIT_BOUND)
+    for pid in [trainer.pid, *left] if code is None else left:
+        os.kill(pid, signal.SIGKILL)
+    trainer.wait()
+    assert code is not None, f"a trainer that ended without close() did not exit within {BOUND:g}s of start()"
+    assert not left, f"processes {left} of a trainer that ended without close() outlived it by {EXIT_BOUND:g}s"
+    assert code == 0, f"the trainer exited with code {code}"
+    assert_loads(path, expected(1, 1, 1 << 20), call="dcp.load of the save of a trainer that ended without close()")
+
+
+SIZE_NUMEL = 4 << 20  # 16 MiB per save
+WARM_SAVES, MEASURED_SAVES = 2, 15
+MIB = 1 << 20
+
+
+def _rss() -> int:
+    gc.collect()
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _growth_over_saves(tmp):
+    rank, _ = world()
+    saver = warm_saver(f"{tmp}/first")
+    state = rank_state(rank, 1, SIZE_NUMEL)
+    try:
+        for i in range(WARM_SAVES + MEASURED_SAVES):
+            if i == WARM_SAVES:
+                before = _rss()
+            path = f"{tmp}/s{i}"
+            save(state, path, saver)
+            shutil.rmtree(path)
+        after = _rss()
+    finally:
+        attempt(saver.close, bound=BOUND, what="close()")
+    return after - before
+
+
+@pytest.mark.spec("P-MEM-1")
+def test_host_memory_stays_flat_over_consecutive_saves(tmp_path):
+    growth = run_on_ranks(_growth_over_saves, 1, (str(tmp_path),), timeout=300)[0]
+    limit = 16 * MIB + SIZE_NUMEL * 4 // 10
+    assert growth <= limit, (
+        f"resident memory grew by {growth / MIB:.1f} MiB over {MEASURED_SAVES} saves of a "
+        f"{SIZE_NUMEL * 4 / MIB:.0f} MiB state dict, but should grow by at most {limit / MIB:.1f} MiB"
+    )

@@ -1,0 +1,31 @@
+"""A trainer that starts one save and ends normally without wait() or close() (P-EXIT-2).
+
+    python -m spec_tests.protocol.trainer CHECKPOINT
+
+World of one rank (gloo, a FileStore next to CHECKPOINT); the target is CKPTSPEC_IMPL's. Once the save is
+started it writes CHECKPOINT + ".started": the test bounds the exit from then (start-up is not the subject). The
+test starts it in a session of its own and checks that nothing of that session remains once it has exited.
+"""
+
+import sys
+
+import torch.distributed as dist
+
+from spec_tests.harness.protocol import protocol_saver
+from spec_tests.harness.targets import current_target
+from spec_tests.protocol.common import rank_state
+
+
+def main(path: str):
+    """Start the save and return the saver, which the trainer keeps to its end (but never closes)."""
+    current_target()  # installs the adapter, as a rank does
+    dist.init_process_group("gloo", store=dist.FileStore(path + ".store", 1), rank=0, world_size=1)
+    saver = protocol_saver()
+    saver.start(rank_state(0, 1, 1 << 20), path)
+    with open(path + ".started", "w") as f:
+        f.write("started")
+    return saver
+
+
+if __name__ == "__main__":
+    SAVER = main(sys.argv[1])

@@ -1,0 +1,15 @@
+"""Adapter for torch DCP's `async_save` with the staged configuration (target `dcp-staged`; see spec_tests.targets._dcp)."""
+
+from pathlib import Path
+
+from spec_tests.targets._dcp import CAPABILITIES, DISTRIBUTION, INSTALL, MODULES, DcpSaver
+
+__all__ = ["CAPABILITIES", "DISTRIBUTION", "EXPECTATIONS", "INSTALL", "MODULES", "NAME", "protocol_saver"]
+
+NAME = "dcp-staged"
+EXPECTATIONS = str(Path(__file__).with_name("dcp-staged.expectations.toml"))
+
+
+def protocol_saver(**options) -> DcpSaver:
+    """dcp.async_save with the staged configuration; options of other targets' savers are ignored."""
+    return DcpSaver("staged")

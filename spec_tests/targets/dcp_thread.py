@@ -1,0 +1,15 @@
+"""Adapter for torch DCP's `async_save` with the thread configuration (target `dcp-thread`; see spec_tests.targets._dcp)."""
+
+from pathlib import Path
+
+from spec_tests.targets._dcp import CAPABILITIES, DISTRIBUTION, INSTALL, MODULES, DcpSaver
+
+__all__ = ["CAPABILITIES", "DISTRIBUTION", "EXPECTATIONS", "INSTALL", "MODULES", "NAME", "protocol_saver"]
+
+NAME = "dcp-thread"
+EXPECTATIONS = str(Path(__file__).with_name("dcp-thread.expectations.toml"))
+
+
+def protocol_saver(**options) -> DcpSaver:
+    """dcp.async_save with the thread configuration; options of other targets' savers are ignored."""
+    return DcpSaver("thread")
