@@ -83,7 +83,8 @@ def test_noise_suggests_a_threshold_above_the_worst_spread():
 
 
 def test_the_heading_names_the_peer_versions_the_run_imported():
-    info = {**RUN["machine_info"]["ckptspec"], "versions": {"nvidia-resiliency-ext": "0.7.0", "megatron-core": None}}
+    base: dict = RUN
+    info = {**base["machine_info"]["ckptspec"], "versions": {"nvidia-resiliency-ext": "0.7.0", "megatron-core": None}}
     run = {**RUN, "machine_info": {"ckptspec": info}}
     heading = summary.render_compact(run).splitlines()[0]
     assert heading.endswith("(2026-01-02, torch 2.13.0, NVRx 0.7.0)")
