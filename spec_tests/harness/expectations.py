@@ -12,6 +12,9 @@ The file (named by the adapter's EXPECTATIONS) is TOML:
     level = "strict"                             optional: the target misses only the strict level of the
                                                  clause; allowed only when the clause has a weak level
                                                  (`weakens`) whose tests run here unlisted, so must pass
+    intermittent = "failed 2 of 3 runs"          optional: the failure does not happen on every run (a race
+                                                 in the target); the xfail is then not strict, and the
+                                                 value says how often it was seen
 
 One file per target, its entries for every release (array-api-tests' per-library xfail files, with
 versions): `for_version` keeps the entries that apply to the release under test; the others are neither
@@ -21,7 +24,7 @@ applied nor reported as stale.
 - `apply` marks the matching tests xfail. Strict (a fixed bug shows up as XPASS, a failure) unless the test
   draws examples with hypothesis and the profile is randomized (`dev`, `nightly`): such a run may miss the
   failing example and pass, so it gets a non-strict xfail (array-api-tests' README warns of exactly this).
-  Under the derandomized profile (`ci`) every listed test is strict.
+  Under the derandomized profile (`ci`) every listed test is strict, except entries marked `intermittent`.
 - `unmatched` lists the entries that match no collected test, among the test files this run collected whole:
   a run of one area, one file or one node id (or with -k, which deselects after this check) says nothing
   about entries of files it did not collect whole.
@@ -59,6 +62,7 @@ class Entry:
     reason: str
     versions: str | None = None  # a packaging specifier set, e.g. "<0.5"; None: every release
     level: str | None = None  # "strict": the target still meets the clause's weak level
+    intermittent: str | None = None  # how often the failure was seen, when not on every run: a non-strict xfail
 
     @property
     def file(self) -> str:
@@ -92,12 +96,12 @@ def load(path: str | None) -> tuple[Entry, ...]:
         fields = {"test", "clause", "reason"}
         if (
             not isinstance(entry, dict)
-            or not fields <= set(entry) <= fields | {"versions", "level"}
+            or not fields <= set(entry) <= fields | {"versions", "level", "intermittent"}
             or not all(isinstance(value, str) for value in entry.values())
         ):
             raise ExpectationsError(
                 f"expectations file {path}: xfail entry {index + 1} needs exactly the string "
-                f"fields test, clause, reason and optionally versions, level "
+                f"fields test, clause, reason and optionally versions, level, intermittent "
                 f"(has {sorted(entry) if isinstance(entry, dict) else entry})"
             )
         if "versions" in entry:
@@ -115,7 +119,14 @@ def load(path: str | None) -> tuple[Entry, ...]:
                 f"level {entry['level']!r} is not 'strict' (a weak-level failure is an entry for the weak clause)"
             )
         entries.append(
-            Entry(entry["test"], entry["clause"], entry["reason"], entry.get("versions"), entry.get("level"))
+            Entry(
+                entry["test"],
+                entry["clause"],
+                entry["reason"],
+                entry.get("versions"),
+                entry.get("level"),
+                entry.get("intermittent"),
+            )
         )
     return tuple(entries)
 
@@ -149,8 +160,10 @@ def apply(
                 problems.append(f"{path}: {entry.test} does not cite clause {entry.clause}")
                 continue
             reason = f"[{entry.clause}] {entry.reason}"
-            strict = randomized_profile is None or not is_hypothesis_test(item)
-            if not strict:
+            strict = entry.intermittent is None and (randomized_profile is None or not is_hypothesis_test(item))
+            if entry.intermittent is not None:
+                reason += f" (not strict: intermittent, {entry.intermittent})"
+            elif not strict:
                 reason += f" (not strict: hypothesis under the randomized profile {randomized_profile!r})"
             item.add_marker(pytest.mark.xfail(strict=strict, reason=reason))
     return problems + _level_problems(path, list(entries), items, cited)

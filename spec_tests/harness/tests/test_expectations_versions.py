@@ -6,6 +6,8 @@ imported; an entry without `versions` applies to every release; a malformed spec
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from spec_tests.harness import expectations
@@ -75,3 +77,28 @@ def test_a_bad_versions_field_is_one_clear_error(tmp_path, extra, message):
 def test_the_version_is_the_one_imported():
     """A target's version comes from the installed copy its modules are imported from; impl has none."""
     assert load_target("impl").version == "(source tree)"
+
+
+class _Item:
+    """What `apply` reads of a collected test: its node id, markers, and no hypothesis."""
+
+    def __init__(self, nodeid: str):
+        self.nodeid, self.obj = nodeid, None
+        self.markers: list = []
+
+    def add_marker(self, marker) -> None:
+        self.markers.append(marker)
+
+    def get_closest_marker(self, name):
+        return None
+
+
+@pytest.mark.parametrize(("intermittent", "strict"), [(None, True), ("failed 2 of 3 runs", False)])
+def test_only_an_intermittent_entry_is_a_non_strict_xfail(tmp_path, intermittent, strict):
+    extra = f'intermittent = "{intermittent}"\n' if intermittent else ""
+    entries = _load(tmp_path, f'[[xfail]]\ntest = "spec_tests/a.py::t"\nclause = "AQ-1"\nreason = "r"\n{extra}')
+    item: Any = _Item("spec_tests/a.py::t[x]")
+    assert expectations.apply("f", entries, [item], lambda i: ["AQ-1"], randomized_profile=None) == []
+    (marker,) = item.markers
+    assert marker.kwargs["strict"] is strict
+    assert ("intermittent" in marker.kwargs["reason"]) is not strict
