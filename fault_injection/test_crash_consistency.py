@@ -37,7 +37,8 @@ from fault_injection.faults import PHASES, on_ranks, private_tmpdir
 from spec_tests.harness import assert_state_dict_equal, current_target, remove
 
 CHILD_TIMEOUT = 60.0
-SAVE_PHASES = tuple(p for p in PHASES if p not in ("exchange", "committed"))  # one rank: no exchange; committed: after the save
+# One rank has no replica exchange, and "committed" (damage after the save) is not a phase of a running save.
+SAVE_PHASES = tuple(p for p in PHASES if p not in ("exchange", "committed"))
 
 
 # ------------------------------------------------------------------------------------ helpers
