@@ -20,14 +20,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fault_injection import faultfs
 from spec_tests.harness import alive, attempt, run_on_ranks, workloads
 
 __all__ = [
     "BOUND",
+    "ERRNOS",
     "EXIT_BOUND",
     "PHASES",
+    "STORAGE_FAULTS",
     "Hooks",
     "Step",
     "exits_within",
@@ -44,6 +47,21 @@ EXIT_BOUND = 10.0
 """Seconds within which processes must be gone after abort or trainer death (as AQ-11 and PC-4)."""
 PHASES = ("plan", "staging", "write", "finalize", "exchange", "committed")
 """Phases of a save, in order; the fault matrix has one column per phase."""
+
+ERRNOS = ("ENOSPC", "EACCES", "EIO")
+STORAGE_FAULTS: dict[tuple[str, str], tuple[int | str, dict[str, Any]]] = {
+    ("plan", "ENOSPC"): ("all", dict(op="mkdir")),
+    ("plan", "EACCES"): ("all", dict(op="mkdir")),
+    ("plan", "EIO"): ("all", dict(op="mkdir")),
+    ("write", "ENOSPC"): (1, dict(limit=64, name="*.distcp")),
+    ("write", "EACCES"): (1, dict(op="open", name="*.distcp")),
+    ("write", "EIO"): (1, dict(op="write", nth=2, name="*.distcp")),
+    ("finalize", "ENOSPC"): (0, dict(limit=16, name=".metadata*")),
+    ("finalize", "EACCES"): (0, dict(op="open", name=".metadata*")),
+    ("finalize", "EIO"): (0, dict(op="write", name=".metadata*")),
+}
+"""(phase, errno) -> (the ranks it hits, the faultfs.Fault fields that place it in that phase of a DCP save): the
+checkpoint directory's mkdir on every rank, rank 1's data files, or the coordinator's metadata."""
 
 current_tmpdir: str | None = None
 """The running test's private TMPDIR, set by the audit fixture (fault_injection/conftest.py)."""

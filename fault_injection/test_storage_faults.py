@@ -13,31 +13,18 @@ phase in the process(es) that run it:
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
 from fault_injection import faultfs, saves
-from fault_injection.faults import BOUND, EXIT_BOUND, Hooks, Step, on_ranks
+from fault_injection.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, Hooks, Step, on_ranks
 from spec_tests.harness import HUNG, async_core, close_quietly, current_target, outcome_of, world
 
 WORLD = 2
-ERRNOS = ("ENOSPC", "EACCES", "EIO")
-_FAULTS: dict[tuple[str, str], tuple[int | str, dict[str, Any]]] = {  # (phase, errno) -> (ranks hit, fault)
-    ("plan", "ENOSPC"): ("all", dict(op="mkdir")),
-    ("plan", "EACCES"): ("all", dict(op="mkdir")),
-    ("plan", "EIO"): ("all", dict(op="mkdir")),
-    ("write", "ENOSPC"): (1, dict(limit=64, name="*.distcp")),
-    ("write", "EACCES"): (1, dict(op="open", name="*.distcp")),
-    ("write", "EIO"): (1, dict(op="write", nth=2, name="*.distcp")),
-    ("finalize", "ENOSPC"): (0, dict(limit=16, name=".metadata*")),
-    ("finalize", "EACCES"): (0, dict(op="open", name=".metadata*")),
-    ("finalize", "EIO"): (0, dict(op="write", name=".metadata*")),
-}
 
 
 def _hooks(tmp, phase, errno_name, rank, new):
-    ranks, where = _FAULTS[phase, errno_name]
+    ranks, where = STORAGE_FAULTS[phase, errno_name]
     if ranks != "all" and ranks != rank:
         return Hooks(), None
     log = os.path.join(tmp, f"fs-{errno_name}-{rank}.log")

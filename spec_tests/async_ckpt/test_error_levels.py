@@ -6,7 +6,6 @@ regression (the error swallowed everywhere, a failed call reported as finalized)
 strict test is an expected failure.
 """
 
-import functools
 import os
 from pathlib import Path
 
@@ -27,15 +26,9 @@ def _failing_rank_outcome(tmp, persistent, where):
     """Rank 1's async_fn or finalize function fails; what each rank's blocking finalize did, and what ran."""
     rank, _ = world()
     log = os.path.join(tmp, f"log{rank}")
-    fail = f"injected failure on rank {rank}" if rank == 1 else None
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=persistent)
-    if where == "async_fn":
-        fns = [functools.partial(workloads.append_line, log, "fin")]
-        queue.schedule_async_request(core.AsyncRequest(workloads.gated, (None, fail), fns))
-    else:
-        fn = functools.partial(workloads.fail, fail) if fail else functools.partial(workloads.append_line, log, "fin")
-        queue.schedule_async_request(core.AsyncRequest(workloads.gated, (None, None), [fn]))
+    queue.schedule_async_request(workloads.failing_on_rank1(core, rank, log, where))
     outcome = attempt(queue.maybe_finalize_async_calls, True, False, bound=WEAK_BOUND, what="blocking finalize")
     close_quietly(queue)
     ran = Path(log).read_text().split() if os.path.exists(log) else []

@@ -209,19 +209,9 @@ def test_caller_answers_with_a_bool_after_one_all_reduce(rank_pool, tmp_path, ca
 
 def _error_on_rank1(tmp, persistent, where):
     rank, _ = world()
-    log = os.path.join(tmp, f"log{rank}")
-    fail = f"injected failure on rank {rank}" if rank == 1 else None
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=persistent)
-    if where == "async_fn":
-        queue.schedule_async_request(_request(None, fail_with=fail, log=log, tag="fin"))
-    else:
-        fns = (
-            [functools.partial(workloads.fail, fail)]
-            if fail
-            else [functools.partial(workloads.append_line, log, "fin")]
-        )
-        queue.schedule_async_request(core.AsyncRequest(workloads.gated, (None, None), fns))
+    queue.schedule_async_request(workloads.failing_on_rank1(core, rank, os.path.join(tmp, f"log{rank}"), where))
     outcome = attempt(queue.maybe_finalize_async_calls, True, False, bound=30, what="blocking finalize")
     close_quietly(queue)
     if isinstance(outcome.error, CheckpointException):  # outcome.text == "CheckpointException"

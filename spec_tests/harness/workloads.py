@@ -6,6 +6,7 @@ only touch files: a gate file lets a test decide when an async call may finish.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ __all__ = [
     "append_line",
     "call_when_open",
     "fail",
+    "failing_on_rank1",
     "gated",
     "open_gate",
     "save_when_open",
@@ -68,6 +70,16 @@ def call_when_open(gate: str, fn, *args, **kwargs):
 def append_line(path: str, text: str) -> None:
     with open(path, "a") as f:
         f.write(text + "\n")
+
+
+def failing_on_rank1(core, rank: int, log: str, where: str):
+    """An AsyncRequest whose async_fn (`where` "async_fn") or finalize function ("finalize_fn") fails on rank 1;
+    every finalize function that runs appends "fin" to `log`."""
+    message = f"injected failure on rank {rank}" if rank == 1 else None
+    record = functools.partial(append_line, log, "fin")
+    if where == "async_fn":
+        return core.AsyncRequest(gated, (None, message), [record])
+    return core.AsyncRequest(gated, (None, None), [functools.partial(fail, message) if message else record])
 
 
 def write_pid(path: str, gate: str | None = None) -> None:
