@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from spec_tests.harness.reaper import harness_pids
+
 __all__ = ["Audit", "GRACE"]
 
 GRACE = 10.0  # the bound PC-4 gives a worker to exit after its trainer is gone
@@ -46,22 +48,9 @@ def _become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def _harness_pids() -> set[int]:
-    """This process's long-lived multiprocessing helpers: its forkserver and its resource tracker."""
-    pids = set()
-    from multiprocessing import forkserver, resource_tracker
-
-    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
-    for pid in (server, tracker):
-        if pid:
-            pids.add(pid)
-    return pids
-
-
 def _owned_children() -> set[int]:
     """Direct children that some object here will wait for (never reap those behind its back)."""
-    owned = {p.pid for p in multiprocessing.active_children() if p.pid is not None} | _harness_pids()
+    owned = {p.pid for p in multiprocessing.active_children() if p.pid is not None} | harness_pids()
     owned |= {p.pid for p in getattr(subprocess, "_active", None) or []}
     return owned
 
@@ -102,7 +91,7 @@ class Audit:
 
     def _processes(self) -> list[psutil.Process]:
         """Live descendants, without the harness's long-lived helpers."""
-        harness = _harness_pids()
+        harness = harness_pids()
         result = []
         for proc in psutil.Process().children(recursive=True):
             try:

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import expectations
+from spec_tests.harness import expectations, reaper
 from spec_tests.harness.ranks import RankPool
 from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, TargetError, TargetUnavailable, load_target
 
@@ -342,15 +342,33 @@ class _Recorder:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
-        """An xdist worker's stale expectation entries (the controller collects nothing itself)."""
-        stale = getattr(node, "workeroutput", {}).get("ckptspec_stale")
-        if stale:
-            self.config.ckptspec_stale = stale
+        """An xdist worker's stale expectation entries and reaped processes (the controller collects nothing)."""
+        output = getattr(node, "workeroutput", {})
+        if output.get("ckptspec_stale"):
+            self.config.ckptspec_stale = output["ckptspec_stale"]
+        self.config.ckptspec_reaped = getattr(self.config, "ckptspec_reaped", []) + output.get("ckptspec_reaped", [])
 
     def pytest_terminal_summary(self, terminalreporter):
         for line in getattr(self.config, "ckptspec_stale", []):
             terminalreporter.write_line(f"ckptspec: warning: expectations entry {line}", yellow=True)
+        for line in getattr(self.config, "ckptspec_reaped", []):
+            terminalreporter.write_line(f"ckptspec: warning: still running at the end, killed: {line}", yellow=True)
         cited = {c for r in self.records for c in r["clauses"]}
         uncovered = [c for c in clause_registry.load() if c not in cited]
         if cited and uncovered:
             terminalreporter.write_line(f"ckptspec: clauses not covered by this run: {', '.join(uncovered)}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist sends the worker's output to the controller
+def pytest_sessionfinish(session):
+    """End what still runs below this process once its tests are done (every background process is reaped).
+
+    Not on an xdist controller, whose children are the workers (each reaps its own).
+    """
+    config = session.config
+    if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
+        return
+    reaped = reaper.kill_descendants(keep=reaper.harness_pids())
+    config.ckptspec_reaped = getattr(config, "ckptspec_reaped", []) + reaped
+    if hasattr(config, "workeroutput"):
+        config.workeroutput["ckptspec_reaped"] = reaped

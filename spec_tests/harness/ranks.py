@@ -102,7 +102,9 @@ def _rank_main(rank: int, spec: _WorldSpec, conn, job) -> None:
 
 def _join_world(rank: int, spec: _WorldSpec) -> None:
     os.setpgid(0, 0)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank))
+    from spec_tests.harness.reaper import MARK
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank), **{MARK: spec.dump_dir})
     from spec_tests.harness.targets import ENV_VAR, load_target
 
     os.environ[ENV_VAR] = spec.target_name
@@ -301,11 +303,15 @@ class _Ranks:
             return f.read() or "(no stack was dumped)"
 
     def kill(self) -> None:
-        """End every rank and everything it started (its process group), then remove the workdir."""
+        """End every rank and everything it started (its process group, and what left it), remove the workdir."""
+        from spec_tests.harness import reaper
+
         for proc in self.procs:
             if proc.pid is not None:
+                reaper.kill_tree(proc.pid)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
+        reaper.kill_marked(self.workdir)
         for proc in self.procs:
             proc.join(timeout=10)
         for conn in self.conns:

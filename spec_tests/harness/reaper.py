@@ -1,0 +1,79 @@
+"""Ending what the harness's ranks started, wherever it went, and whatever outlives a pytest session.
+
+A rank is the leader of its own process group, and stopping it with killpg ends what stayed in that group. A
+process that left the group (a worker that called setsid) or was re-parented after its rank exited escapes that:
+
+- every rank exports `MARK` = its run's work directory, which the programs it starts inherit; `kill_marked` ends
+  every process whose environment carries a value, wherever it went (a forked child that never exec'd shows its
+  parent's original environment instead, and is found as a descendant by `kill_tree` while its rank lives);
+- `kill_tree(pid)` ends every descendant of pid;
+- `kill_descendants(keep)` ends what still runs below this process when a session ends.
+
+Each returns a line per process it ended, for the caller to report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import psutil
+
+__all__ = ["MARK", "harness_pids", "kill_descendants", "kill_marked", "kill_tree"]
+
+MARK = "CKPTSPEC_RANK_RUN"
+_WAIT = 5.0  # seconds to collect what was SIGKILLed
+
+
+def harness_pids() -> set[int]:
+    """This process's long-lived multiprocessing helpers, which end by themselves: forkserver, resource tracker."""
+    from multiprocessing import forkserver, resource_tracker
+
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return {pid for pid in (server, tracker) if pid}
+
+
+def _kill(procs: list[psutil.Process]) -> list[str]:
+    ended = []
+    for proc in procs:
+        try:
+            line = f"pid {proc.pid}: {' '.join(proc.cmdline())[:160] or proc.name()}"
+            proc.kill()
+            ended.append(line)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(procs, timeout=_WAIT)
+    return ended
+
+
+def kill_marked(value: str) -> list[str]:
+    """SIGKILL every other process whose environment has MARK=value."""
+    me, found = os.getpid(), []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != me and proc.environ().get(MARK) == value:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return _kill(found)
+
+
+def kill_tree(pid: int) -> list[str]:
+    """SIGKILL every descendant of pid (not pid itself)."""
+    try:
+        return _kill(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def kill_descendants(keep: Iterable[int] = ()) -> list[str]:
+    """SIGKILL every descendant of this process but those in `keep` (and their own descendants)."""
+    keep = set(keep)
+    spared = set(keep)
+    for pid in keep:
+        try:
+            spared |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            continue
+    return _kill([p for p in psutil.Process().children(recursive=True) if p.pid not in spared])
