@@ -51,6 +51,15 @@ def _start_grandchild_then_hang(pid_file):
     _a_function_that_never_returns()
 
 
+def _start_escapees(tmp):
+    """Two processes that leave the rank's process group: one in its own session, one whose parent exits."""
+    own_session = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    shell = subprocess.run(
+        ["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    return [own_session.pid, int(shell.stdout)]
+
+
 def _remember(value):
     rank_state["value"] = value
     return value
@@ -112,6 +121,14 @@ def test_processes_started_by_a_stopped_rank_are_ended(tmp_path):
     while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
     assert not alive(pid), f"grandchild {pid} of a stopped rank is still running"
+
+
+def test_processes_that_left_a_ranks_process_group_are_ended(tmp_path):
+    pids = run_on_ranks(_start_escapees, 1, (str(tmp_path),), timeout=30)[0]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    assert not [pid for pid in pids if alive(pid)], f"of {pids}, started by a rank in sessions of their own, these run"
 
 
 def test_a_pool_keeps_rank_state_and_respawns_after_a_failure():
