@@ -14,8 +14,10 @@ import pytest
 from spec_tests.harness import workloads
 from spec_tests.harness.asserts import HUNG, assert_equal, attempt
 from spec_tests.harness.processes import CALLERS, async_core, close_quietly
-from spec_tests.harness.ranks import world
+from spec_tests.harness.ranks import run_on_ranks, world
 
+# Fresh ranks for every test: a target whose queue hangs in close() would otherwise leave it to be collected (and
+# hang again in its __del__) in the next test's warm rank.
 # The weak level promises an end to the wait, not the strict clause's 30 s; a healthy rank may wait that long too
 # (in the next collective), so the ranks get time for it and for closing their queue.
 WEAK_BOUND = 90
@@ -54,8 +56,8 @@ EXPECTED = {
 
 @pytest.mark.spec("AQ-7w")
 @pytest.mark.parametrize("persistent", CALLERS)
-def test_async_fn_error_surfaces_on_the_failing_rank(rank_pool, tmp_path, persistent):
-    outcomes = rank_pool(2).run(_failing_rank_outcome, str(tmp_path), persistent, "async_fn", timeout=RUN_TIMEOUT)
+def test_async_fn_error_surfaces_on_the_failing_rank(tmp_path, persistent):
+    outcomes = run_on_ranks(_failing_rank_outcome, 2, (str(tmp_path), persistent, "async_fn"), timeout=RUN_TIMEOUT)
     assert_equal(
         f"blocking finalize per rank {[text for text, _ in outcomes]}",
         _weak_verdict(outcomes),
@@ -66,8 +68,8 @@ def test_async_fn_error_surfaces_on_the_failing_rank(rank_pool, tmp_path, persis
 
 @pytest.mark.spec("AQ-8w")
 @pytest.mark.parametrize("persistent", CALLERS)
-def test_finalize_fn_error_surfaces_on_the_failing_rank(rank_pool, tmp_path, persistent):
-    outcomes = rank_pool(2).run(_failing_rank_outcome, str(tmp_path), persistent, "finalize_fn", timeout=RUN_TIMEOUT)
+def test_finalize_fn_error_surfaces_on_the_failing_rank(tmp_path, persistent):
+    outcomes = run_on_ranks(_failing_rank_outcome, 2, (str(tmp_path), persistent, "finalize_fn"), timeout=RUN_TIMEOUT)
     assert_equal(
         f"blocking finalize per rank {[text for text, _ in outcomes]}",
         _weak_verdict(outcomes),

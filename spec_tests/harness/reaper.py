@@ -7,7 +7,8 @@ process that left the group (a worker that called setsid) or was re-parented aft
   every process whose environment carries a value, wherever it went (a forked child that never exec'd shows its
   parent's original environment instead, and is found as a descendant by `kill_tree` while its rank lives);
 - `kill_tree(pid)` ends every descendant of pid;
-- `kill_descendants(keep)` ends what still runs below this process when a session ends.
+- `kill_descendants(keep)` ends what still runs below this process when a session ends;
+- `children()` and `kill_new_children(before)` end what a test started in this process and left running.
 
 Each returns a line per process it ended, for the caller to report.
 """
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 
 import psutil
 
-__all__ = ["MARK", "harness_pids", "kill_descendants", "kill_marked", "kill_tree"]
+__all__ = ["MARK", "children", "harness_pids", "kill_descendants", "kill_marked", "kill_new_children", "kill_tree"]
 
 MARK = "CKPTSPEC_RANK_RUN"
 _WAIT = 5.0  # seconds to collect what was SIGKILLed
@@ -77,3 +78,28 @@ def kill_descendants(keep: Iterable[int] = ()) -> list[str]:
         except psutil.Error:
             continue
     return _kill([p for p in psutil.Process().children(recursive=True) if p.pid not in spared])
+
+
+def children() -> set[tuple[int, float]]:
+    """(pid, start time) of this process's live children, its multiprocessing helpers excepted."""
+    harness, found = harness_pids(), set()
+    for proc in psutil.Process().children():
+        try:
+            if proc.pid not in harness and proc.status() != psutil.STATUS_ZOMBIE:
+                found.add((proc.pid, proc.create_time()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def kill_new_children(before: set[tuple[int, float]]) -> list[str]:
+    """SIGKILL the children of this process (and their descendants) that `children()` did not list `before`."""
+    new = [pid for pid, _ in children() - before]
+    procs = []
+    for pid in new:
+        try:
+            proc = psutil.Process(pid)
+            procs += [*proc.children(recursive=True), proc]
+        except psutil.Error:
+            continue
+    return _kill(procs)
