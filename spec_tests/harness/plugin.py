@@ -252,6 +252,11 @@ def pytest_runtest_makereport(item, call):
             note = f"[{cid}] {known[cid]['statement']}" if cid in known else f"[{cid}] (unknown clause)"
             if note not in present:
                 excinfo.value.add_note(note)
+        # A failed (or expectedly failing) test may leave a broken queue in its warm ranks, whose close() or __del__
+        # can hang a later test there: the next test of the module gets fresh ranks.
+        pools = item.funcargs.get("rank_pool") if hasattr(item, "funcargs") else None
+        if pools is not None:
+            pools.reset()
     return (yield)
 
 
@@ -301,6 +306,14 @@ def rank_pool():
         if key not in pools:
             pools[key] = RankPool(world_size, backend)
         return pools[key]
+
+    def reset() -> None:
+        """Close every pool: the next get() starts fresh ranks."""
+        for pool in pools.values():
+            pool.close()
+        pools.clear()
+
+    get.reset = reset  # type: ignore[attr-defined]
 
     yield get
     for pool in pools.values():

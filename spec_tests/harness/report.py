@@ -32,8 +32,9 @@ statement (shortened to about 70 characters), then one column per input file hea
 "target version". A test is counted once per nodeid, with its worst recorded phase (a passing call
 with a failing teardown is an error). A cell aggregates the tests citing the clause:
 
-    fail   any failed, error or xpass (a strict xfail that passed is recorded as failed)
-    xfail  else any xfail (a known failure listed in the target's expectations)
+    fail   any failed or error (a strict xfail that passed is recorded as failed)
+    xfail  else any xfail or xpass (a known failure listed in the target's expectations; xpass: a non-strict
+           entry, intermittent or under a randomized profile, that passed this time)
     pass   else any passed
     skip   else any skipped
     not covered  no test cites the clause
@@ -89,7 +90,7 @@ STATEMENT_WIDTH = 70
 _VERDICT_OF = {
     "failed": "fail",
     "error": "fail",
-    "xpass": "fail",
+    "xpass": "xfail",  # only non-strict entries pass as xpass; a strict one that passes is recorded as failed
     "xfail": "xfail",
     "passed": "pass",
     "skipped": "skip",
@@ -99,7 +100,7 @@ OUTCOMES = frozenset(_VERDICT_OF)
 NOT_COVERED = "not covered"
 LEGEND = (
     "Legend: **fail** = a citing test failed, errored or passed unexpectedly; **xfail** = "
-    "a known failure from the target's expectations file, none failed; **pass** = none "
+    "a known failure from the target's expectations file (an intermittent one may have passed), none failed; **pass** = none "
     "failed, some passed; **skip** = all skipped; **not covered** = no test cites the "
     "clause; (n) = all n citing tests, (k/n) = k of the n citing tests. A clause with a weak level "
     "(`weakens`) shows the level reached: **strict**, **weak** (strict tests xfail, weak ones pass) or **fails** "
