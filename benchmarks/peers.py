@@ -1,6 +1,7 @@
 """The checkpointing methods the benchmarks compare ("peers"), each behind the same three calls.
 
     phases = peer.save(state_dict, path)   # returns when the trainer may go on; {step: seconds}
+    peer.poll()                            # a training step's non-blocking finalize; True while a save runs
     peer.wait()                            # returns once the last save is committed on every rank
     peer.close()
 
@@ -39,13 +40,19 @@ __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
 
 
 class Peer:
-    """Base: `name`, `family`, `durable`; subclasses implement save/wait/close."""
+    """Base: `name`, `family`, `durable`, `synchronous`; subclasses implement save/poll/wait/close."""
 
     name = family = ""
     durable = True
+    synchronous = False  # the save is complete when save() returns
 
     def save(self, state_dict, path: str) -> dict[str, float]:
         raise NotImplementedError
+
+    def poll(self) -> bool:
+        """Finalize what has finished, without blocking, as a training loop does every step; True while
+        a save is still in flight."""
+        return False
 
     def wait(self) -> None:
         """Nothing to wait for (synchronous peers)."""
@@ -85,6 +92,10 @@ class _WriterPeer(Peer):
         self._queue.schedule_async_request(request)
         return {"plan": planned - start, "schedule": perf_counter() - planned}
 
+    def poll(self):
+        self._queue.maybe_finalize_async_calls(blocking=False, no_dist=False)
+        return self._queue.get_num_unfinalized_calls() > 0
+
     def wait(self):
         self._queue.maybe_finalize_async_calls(blocking=True, no_dist=False)
 
@@ -102,6 +113,10 @@ class _TorchAsyncPeer(Peer):
             ckpt = target.module("async_ckpt.torch_ckpt").TorchAsyncCheckpoint(persistent_queue=persistent)
             own_fn = vars(ckpt).get("async_fn", vars(type(ckpt)).get("async_fn"))
             self._schedule = partial(_async_save_with_own_fn, ckpt, own_fn)
+            self._finalize = partial(ckpt.finalize_async_save, blocking=False)
+            # TorchAsyncCheckpoint says nothing of its calls in flight (NVRx 0.4.1 returns None from
+            # finalize_async_save); its queue does, under the same name in impl and NVRx.
+            self._unfinalized = ckpt._async_calls_queue.get_num_unfinalized_calls
             self._wait = partial(ckpt.finalize_async_save, blocking=True)
             self._close = partial(ckpt.finalize_async_save, blocking=True, terminate=True)
         else:  # Megatron-Core: its queue with the request TorchAsyncCheckpoint would build
@@ -110,6 +125,8 @@ class _TorchAsyncPeer(Peer):
             self._schedule = lambda sd, path: queue.schedule_async_request(
                 core.AsyncRequest(torch.save, (sd, path), [])
             )
+            self._finalize = partial(queue.maybe_finalize_async_calls, blocking=False, no_dist=True)
+            self._unfinalized = queue.get_num_unfinalized_calls
             self._wait = partial(queue.maybe_finalize_async_calls, blocking=True, no_dist=True)
             self._close = queue.close
 
@@ -117,6 +134,10 @@ class _TorchAsyncPeer(Peer):
         start = perf_counter()
         self._schedule(state_dict, path)
         return {"schedule": perf_counter() - start}
+
+    def poll(self):
+        self._finalize()
+        return self._unfinalized() > 0
 
     def wait(self):
         self._wait()
@@ -166,6 +187,11 @@ class _DcpAsyncSavePeer(Peer):
         self._future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
         return {"schedule": perf_counter() - start}
 
+    def poll(self):
+        if self._future is not None and self._future.done():
+            self.wait()  # raises what the save raised
+        return self._future is not None
+
     def wait(self):
         if self._future is not None:
             self._future.result()
@@ -193,7 +219,7 @@ def _stop_dcp_checkpoint_process() -> None:
 
 
 class _SyncDcpPeer(Peer):
-    family = "dcp"
+    family, synchronous = "dcp", True
 
     def save(self, state_dict, path):
         start = perf_counter()
@@ -202,7 +228,7 @@ class _SyncDcpPeer(Peer):
 
 
 class _SyncTorchPeer(Peer):
-    family, durable = "torch", False
+    family, durable, synchronous = "torch", False, True
 
     def save(self, state_dict, path):
         start = perf_counter()
