@@ -3,9 +3,9 @@
     python -m benchmarks.goodput_plot RUN.json   # writes RUN-steps.png and RUN-interval.png next to RUN.json
     write(output_json, json_path)                # the same from a hook; ImportError without matplotlib
 
-- `RUN-steps.png`: each peer's step times over its run at the middle save interval, in baseline steps (the
-  baseline's median step is 1), steps that started with a save in flight in orange, and each save marked
-  at its step by its stall (the call plus any wait for the previous save). Log scale.
+- `RUN-steps.png`: each peer's step times over its run at the middle save interval, in steps of that run
+  (its median step without a save in flight is 1), steps that began with a save in flight in orange, and
+  each save marked at its step by its stall (the call plus any wait for the previous save). Log scale.
 - `RUN-interval.png`: goodput against the save interval, one line per peer; a peer with a wrong snapshot
   is dashed and labelled so.
 """
@@ -84,7 +84,7 @@ def _steps(run: Run, found, path: Path) -> None:
     for ax, peer in zip(axes.flat, peers, strict=False):
         f = found[peer, interval]
         row = run.get(goodput_summary.FIGURE, peer, interval=interval)[0]
-        base = f.base_step_s
+        base = f.step_s
         x = range(1, len(row["step_s"]) + 1)
         y = [t / base for t in row["step_s"]]
         ax.plot(x, y, color="0.55", linewidth=0.8)
@@ -111,7 +111,7 @@ def _steps(run: Run, found, path: Path) -> None:
     for ax in axes[-1]:
         ax.set_xlabel("step")
     for ax in axes[:, 0]:
-        ax.set_ylabel("time / baseline step")
+        ax.set_ylabel("time / step time")
     handles, labels = [], []
     for ax in axes.flat:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -131,7 +131,7 @@ def _interval(run: Run, found, path: Path) -> None:
 
     intervals = sorted({n for _, n in found})
     peers = goodput_summary.order(found, intervals[-1])
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(10.5, 5.5))
     for peer in peers:
         points = [(n, found[peer, n].goodput) for n in intervals if (peer, n) in found]
         wrong = peer in goodput_summary.wrong_peers(found)
@@ -147,10 +147,10 @@ def _interval(run: Run, found, path: Path) -> None:
     ax.set_xticks(intervals, [str(n) for n in intervals])
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("save every N steps")
-    ax.set_ylabel("goodput (baseline step time x steps / wall time)")
+    ax.set_ylabel("goodput = 1 / (1 + slowdown)")
     ax.grid(True, linewidth=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_title(f"Goodput against save interval\n{run.label}", fontsize=9)
+    ax.set_title(f"Goodput against save interval\n{run.label}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

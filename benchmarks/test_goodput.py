@@ -132,7 +132,8 @@ def test_goodput_regression(benchmark, bench, process_group, paths):
 
     def setup():
         box["trainer"] = Trainer(bench.size, bench.device)
-        box.setdefault("peer", _start(peers, "dcp:impl", box["trainer"], paths))
+        if "peer" not in box:
+            box["peer"] = _start(peers, "dcp:impl", box["trainer"], paths)
 
     def train():
         box["loop"] = goodput.run(box["trainer"], box["peer"], REGRESSION_STEPS, REGRESSION_INTERVAL, paths.new)
