@@ -96,7 +96,7 @@ def _tensors(state_dict: dict) -> dict[str, torch.Tensor]:
 def load(family: str, path: str, trainer: Trainer) -> dict:
     """What a peer of `family` saved at `path`, loaded into fresh CPU tensors (`torch.load` or `dcp.load`)."""
     if family == "torch":
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, map_location="cpu")
     live = trainer.state_dict()
     out: dict = {
         group: {k: torch.empty_like(t, device="cpu") for k, t in live[group].items()} for group in ("model", "optim")
