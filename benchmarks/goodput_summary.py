@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from benchmarks.figures import Run, fmt_bytes, fmt_time, md_table
 
-__all__ = ["Figures", "figures", "goals", "order", "render", "render_compact", "wrong_peers"]
+__all__ = ["Figures", "alone", "figures", "goals", "order", "render", "render_compact", "wrong_peers"]
 
 FIGURE = "goodput"
 BASELINE = "none"
@@ -128,6 +128,11 @@ def figures(run: Run) -> dict[tuple[str, int], Figures]:
             wrong=len(r["wrong_snapshots"]),
         )
     return out
+
+
+def alone(run: Run) -> bool:
+    """A run of the goodput benchmark alone (`-k goodput`): no save figures, so no save goals either."""
+    return bool(run.get(FIGURE)) and not run.get("stall")
 
 
 def _intervals(found: dict[tuple[str, int], Figures]) -> list[int]:

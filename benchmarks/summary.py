@@ -305,30 +305,26 @@ def _checksum_cost(run: Run) -> list[str]:
     ]
 
 
-def _goodput_only(run: Run) -> bool:
-    """A run of the goodput benchmark alone (`-k goodput`): no save figures, so no save goals either."""
-    return bool(run.get("goodput")) and not run.get("stall")
-
-
 def render(output_json: dict, heading: str = "###") -> str:
     """The full Markdown summary of one run: goals, then one table per figure, then goodput."""
     run = Run(output_json)
+    alone = goodput_summary.alone(run)
     lines = [f"{heading} {run.label}", ""]
-    if not _goodput_only(run):
+    if not alone:
         lines += [f"{heading}# Goals for impl", "", *_goals(run), "", *_checksum_cost(run)]
     for title, section in SECTIONS:
         table = section(run)
         if table:
             lines += [f"{heading}# {title}", "", *table, ""]
     lines += goodput_summary.render(run, heading)
-    return "\n".join(lines if _goodput_only(run) else [*lines, _FOOTNOTE]) + "\n"
+    return "\n".join(lines if alone else [*lines, _FOOTNOTE]) + "\n"
 
 
 def render_compact(output_json: dict, heading: str = "####") -> str:
     """One table per run for the README: each peer's main figures, the ceilings, the goals; the goodput table."""
     run = Run(output_json)
     goodput = goodput_summary.render_compact(run)
-    if _goodput_only(run):
+    if goodput_summary.alone(run):
         return "\n".join([f"{heading} Goodput: {run.label}", "", *goodput]) + "\n"
     return _compact_saves(run, heading) + ("\n" + "\n".join(goodput) if goodput else "")
 
