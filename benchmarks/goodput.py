@@ -3,8 +3,9 @@
     loop = run(trainer, peer, steps, interval, new_path)   # the timed loop; peer None: no checkpointing
     wrong = verify(loop, peer.family, trainer)             # afterwards: {step: names} of the saves that differ
 
-One iteration is `trainer.step()` and then `peer.poll()`, the non-blocking finalize a training loop calls
-every step; its time is the step's time. After step s, for s a multiple of `interval` below `steps`, the
+One iteration is `trainer.step(peer.before_update)` (a peer that stages in the background is waited for
+before the optimizer step, as its contract asks) and then `peer.poll()`, the non-blocking finalize a
+training loop calls every step; its time is the step's time. After step s, for s a multiple of `interval` below `steps`, the
 loop saves: it first finishes the previous save if that is still in flight (`peer.wait()`), then
 fingerprints the state (not timed), then calls `peer.save`. The stall of a save is that wait plus the call.
 At most one save is in flight, as torchtitan runs `dcp.async_save`: it bounds host memory to one checkpoint
@@ -68,7 +69,7 @@ def run(trainer: Trainer, peer: Peer | None, steps: int, interval: int, new_path
     for s in range(1, steps + 1):
         begin = perf_counter()
         loop.in_flight.append(since is not None)
-        trainer.step()
+        trainer.step(peer.before_update)
         if since is not None and not peer.poll():
             loop.saves[-1].durable_s, since = perf_counter() - since, None
         loop.step_s.append(perf_counter() - begin)

@@ -1,6 +1,7 @@
 """The checkpointing methods the benchmarks compare ("peers"), each behind the same three calls.
 
     phases = peer.save(state_dict, path)   # returns when the trainer may go on; {step: seconds}
+    peer.before_update()                   # before the trainer changes the state in place (optimizer step)
     peer.poll()                            # a training step's non-blocking finalize; True while a save runs
     peer.wait()                            # returns once the last save is committed on every rank
     peer.close()
@@ -14,9 +15,11 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
   AsyncCallsQueue of the target, as in the NVRx usage guide; finalize writes `.metadata`.
 - `torch:impl`, `torch:nvrx` (+ `-temporal`): TorchAsyncCheckpoint. `torch:mcore` (+ `-temporal`):
   Megatron-Core's AsyncCallsQueue running `torch.save` (Megatron has no TorchAsyncCheckpoint).
-- `dcp:async_save-thread` / `-process` / `-pinned`: `torch.distributed.checkpoint.async_save` with
-  the thread or process executor; `-pinned` stages into a reused pinned buffer (needs CUDA;
-  UNTESTED, no GPU where this was written).
+- `dcp:async_save-thread` / `-process` / `-pinned` / `-staged`: `torch.distributed.checkpoint.async_save`
+  with the thread or process executor; `-pinned` stages into a reused pinned buffer (needs CUDA;
+  UNTESTED, no GPU where this was written); `-staged` stages in the background through a kept
+  DefaultStager (shared memory, pinned on a GPU; the `dcp-staged` target's configuration), and the
+  trainer waits for the staging in `before_update()`, as the documented contract asks.
 - `dcp:save`, `torch:save`: the synchronous baselines.
 
 Targets are loaded with `load_target`, so NVRx and Megatron-Core get the adapters' CPU neutralisation.
@@ -48,6 +51,10 @@ class Peer:
 
     def save(self, state_dict, path: str) -> dict[str, float]:
         raise NotImplementedError
+
+    def before_update(self) -> None:
+        """Called before the trainer changes the saved tensors in place; a peer whose snapshot completes
+        in the background waits for it here. Nothing to wait for by default: save() took the snapshot."""
 
     def poll(self) -> bool:
         """Finalize what has finished, without blocking, as a training loop does every step; True while
@@ -162,21 +169,23 @@ def _async_save_with_own_fn(ckpt, async_fn, state_dict, path):
 class _DcpAsyncSavePeer(Peer):
     family = "dcp"
 
-    def __init__(self, executor: str, pinned: bool = False):
+    def __init__(self, executor: str, pinned: bool = False, staged: bool = False):
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         self._executor = AsyncCheckpointerType(executor)
         self._stager = None
-        if pinned:
+        if pinned or staged:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-            # Kept across saves: the pinned buffer is allocated by the first save and reused.
+            gpu = pinned or torch.cuda.is_available()  # pinned memory and non-blocking copies need CUDA
+            # Kept across saves: the staging buffer is allocated by the first save and reused.
             self._stager = DefaultStager(
                 StagingOptions(
-                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+                    use_pinned_memory=gpu, use_shared_memory=staged, use_async_staging=staged, use_non_blocking_copy=gpu
                 )
             )
         self._future: Future | None = None
+        self._staging: Future | None = None
 
     def save(self, state_dict, path):
         start = perf_counter()
@@ -184,8 +193,16 @@ class _DcpAsyncSavePeer(Peer):
             state_dict, checkpoint_id=path, async_checkpointer_type=self._executor, async_stager=self._stager
         )
         # A staged save answers an AsyncSaveResponse; the others answer the upload future itself.
-        self._future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
+        if isinstance(response, AsyncSaveResponse):
+            self._staging, self._future = response.staging_completion, response.upload_completion
+        else:
+            self._future = response
         return {"schedule": perf_counter() - start}
+
+    def before_update(self):
+        if self._staging is not None:
+            self._staging.result()
+            self._staging = None
 
     def poll(self):
         if self._future is not None and self._future.done():
@@ -244,6 +261,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "dcp:async_save-thread": partial(_DcpAsyncSavePeer, "thread"),
     "dcp:async_save-process": partial(_DcpAsyncSavePeer, "process"),
     "dcp:async_save-pinned": partial(_DcpAsyncSavePeer, "thread", pinned=True),
+    "dcp:async_save-staged": partial(_DcpAsyncSavePeer, "thread", staged=True),
     "dcp:save": _SyncDcpPeer,
     "torch:impl": partial(_TorchAsyncPeer, "impl", True),
     "torch:impl-temporal": partial(_TorchAsyncPeer, "impl", False),

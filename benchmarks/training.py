@@ -1,7 +1,7 @@
 """The goodput benchmark's training workload: a small MLP stack with Adam, sized by the bytes of its state.
 
     trainer = Trainer(nbytes, device)    # parameters + Adam's two moments: about nbytes
-    trainer.step()                       # forward, backward, optimizer step; every tensor changes in place
+    trainer.step(before_update)          # forward, backward, before_update(), optimizer step (in place)
     trainer.state_dict()                 # the live tensors, no copies: what a save has to snapshot
     fingerprint = trainer.fingerprint()  # a few elements of every tensor, taken at the save
     wrong = mismatches(load(family, path, trainer), fingerprint)   # [] if the checkpoint holds that state
@@ -13,6 +13,7 @@ The state dict is flat, by name, as a trainer's `get_state_dict` hands it to DCP
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -49,13 +50,16 @@ class Trainer:
         self._picks: dict[str, torch.Tensor] = {}
         self.step()  # creates Adam's moments, so every save holds the same tensors
 
-    def step(self) -> None:
-        """One training step: every parameter and both of its moments change, in place."""
+    def step(self, before_update: Callable[[], None] | None = None) -> None:
+        """One training step: every parameter and both of its moments change, in place, after
+        `before_update()` (where a trainer waits for a save's background staging)."""
         out = self.inputs
         for block in self.blocks:
             out = out + block(out)
         loss = nn.functional.mse_loss(out, self.targets)
         loss.backward()
+        if before_update is not None:
+            before_update()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
