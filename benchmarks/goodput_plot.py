@@ -59,6 +59,7 @@ _COLORS = {
     "async_save-thread": "tab:green",
     "async_save-process": "yellowgreen",
     "async_save-pinned": "darkgreen",
+    "async_save-staged": "teal",
     "save": "tab:gray",
 }
 

@@ -251,8 +251,9 @@ def _notes(run: Run, found: dict[tuple[str, int], Figures]) -> list[str]:
         + ", ".join(f"{f.steps} steps saving every {f.interval}" for f in base)
         + f"; baseline step {fmt_time(_median(f.step_s for f in base))}. Slowdown: the stalls, the final wait and "
         "what the steps with a save in flight took beyond the run's other steps, over the run's training time; "
-        "goodput = 1 / (1 + slowdown); stall and time to durable in steps of the same run. The full summary "
-        "adds, per interval, the wall time against the run without checkpointing."
+        "goodput = 1 / (1 + slowdown); stall and time to durable in steps of the same run; host memory includes "
+        "what training itself allocates during the run (gradients, the allocator's caches: the `none` row). The full "
+        "summary adds, per interval, the wall time against the run without checkpointing."
     ]
     spread = _noise(run)
     loads_text = f"load average {min(loads):.1f} to {max(loads):.1f} during the runs" if loads else ""
