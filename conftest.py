@@ -52,6 +52,18 @@ def pytest_addoption(parser):
         help="device of the state dict (default: cuda if available)",
     )
     group.addoption(
+        "--goodput-intervals",
+        default="5,20,100",
+        help="save intervals of the goodput benchmark, in steps, comma-separated (only the smallest without "
+        "--benchmark-enable)",
+    )
+    group.addoption(
+        "--goodput-steps",
+        type=int,
+        default=100,
+        help="training steps of a goodput run (at least twice its save interval; default 100)",
+    )
+    group.addoption(
         "--bench-threads",
         type=int,
         default=None,

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import summary
+from benchmarks import goodput_plot, summary
 from benchmarks.harness import Bench, Paths, PeerCache
 from benchmarks.workload import MiB, clone_state_dict, make_state_dict
 
@@ -54,13 +54,18 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):
         return
     path = Path(config.option.benchmark_json).with_suffix(".md")
     path.write_text(summary.render(output_json))
-    config.ckptspec_summary = path
+    config.ckptspec_summary = [f"benchmark summary written to {path}"]
+    try:
+        pictures = goodput_plot.write(output_json, Path(config.option.benchmark_json))
+    except ImportError:
+        config.ckptspec_summary.append("goodput pictures skipped: matplotlib is not installed (extra `bench`)")
+    else:
+        config.ckptspec_summary += [f"goodput picture written to {p}" for p in pictures]
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    path = getattr(config, "ckptspec_summary", None)
-    if path is not None:
-        terminalreporter.write_line(f"ckptspec: benchmark summary written to {path}")
+    for line in getattr(config, "ckptspec_summary", []):
+        terminalreporter.write_line(f"ckptspec: {line}")
 
 
 def _version(distribution: str) -> str | None:
@@ -82,6 +87,12 @@ def pytest_generate_tests(metafunc):
         sizes = sorted(int(s) for s in metafunc.config.getoption("bench_sweep_mib").split(","))
         sizes = sizes if _enabled(metafunc.config) else sizes[:1]
         metafunc.parametrize("d2h_mib", sizes, ids=[f"{s}MiB" for s in sizes])
+    if "goodput_interval" in metafunc.fixturenames:
+        intervals = sorted(int(s) for s in metafunc.config.getoption("goodput_intervals").split(","))
+        if intervals[0] < 1:
+            raise pytest.UsageError("--goodput-intervals must be positive")
+        intervals = intervals if _enabled(metafunc.config) else intervals[:1]
+        metafunc.parametrize("goodput_interval", intervals, ids=[f"every{n}" for n in intervals])
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ from datetime import timedelta
 
 import psutil
 
-__all__ = ["TreeSample", "profile"]
+__all__ = ["TreeSample", "profile", "tree_pss"]
 
 _SHM_PREFIXES = ("/dev/shm/", "/memfd:", "/SYSV")
 
@@ -50,6 +50,16 @@ class TreeSample:
         status = [_status_kib(pid) for pid in pids]
         self.rss = sum(s.get("VmRSS", 0) for s in status) * 1024
         self.pinned = sum(s.get("VmPin", 0) + s.get("VmLck", 0) for s in status) * 1024
+
+
+def tree_pss(root: int, exclude: int | None = None) -> int:
+    """Pss_Anon + Pss_Shmem of process `root` and its descendants, `exclude` (a pid) left out (bytes)."""
+    try:
+        tree = psutil.Process(root)
+        pids = [root] + [p.pid for p in tree.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    return sum(_pss(pid) for pid in pids if pid != exclude)
 
 
 def _read(path: str) -> str:

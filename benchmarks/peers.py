@@ -1,6 +1,8 @@
 """The checkpointing methods the benchmarks compare ("peers"), each behind the same three calls.
 
     phases = peer.save(state_dict, path)   # returns when the trainer may go on; {step: seconds}
+    peer.before_update()                   # before the trainer changes the state in place (optimizer step)
+    peer.poll()                            # a training step's non-blocking finalize; True while a save runs
     peer.wait()                            # returns once the last save is committed on every rank
     peer.close()
 
@@ -13,9 +15,11 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
   AsyncCallsQueue of the target, as in the NVRx usage guide; finalize writes `.metadata`.
 - `torch:impl`, `torch:nvrx` (+ `-temporal`): TorchAsyncCheckpoint. `torch:mcore` (+ `-temporal`):
   Megatron-Core's AsyncCallsQueue running `torch.save` (Megatron has no TorchAsyncCheckpoint).
-- `dcp:async_save-thread` / `-process` / `-pinned`: `torch.distributed.checkpoint.async_save` with
-  the thread or process executor; `-pinned` stages into a reused pinned buffer (needs CUDA;
-  UNTESTED, no GPU where this was written).
+- `dcp:async_save-thread` / `-process` / `-pinned` / `-staged`: `torch.distributed.checkpoint.async_save`
+  with the thread or process executor; `-pinned` stages into a reused pinned buffer (needs CUDA;
+  UNTESTED, no GPU where this was written); `-staged` stages in the background through a kept
+  DefaultStager (shared memory, pinned on a GPU; the `dcp-staged` target's configuration), and the
+  trainer waits for the staging in `before_update()`, as the documented contract asks.
 - `dcp:save`, `torch:save`: the synchronous baselines.
 
 Targets are loaded with `load_target`, so NVRx and Megatron-Core get the adapters' CPU neutralisation.
@@ -39,13 +43,23 @@ __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
 
 
 class Peer:
-    """Base: `name`, `family`, `durable`; subclasses implement save/wait/close."""
+    """Base: `name`, `family`, `durable`, `synchronous`; subclasses implement save/poll/wait/close."""
 
     name = family = ""
     durable = True
+    synchronous = False  # the save is complete when save() returns
 
     def save(self, state_dict, path: str) -> dict[str, float]:
         raise NotImplementedError
+
+    def before_update(self) -> None:
+        """Called before the trainer changes the saved tensors in place; a peer whose snapshot completes
+        in the background waits for it here. Nothing to wait for by default: save() took the snapshot."""
+
+    def poll(self) -> bool:
+        """Finalize what has finished, without blocking, as a training loop does every step; True while
+        a save is still in flight."""
+        return False
 
     def wait(self) -> None:
         """Nothing to wait for (synchronous peers)."""
@@ -85,6 +99,10 @@ class _WriterPeer(Peer):
         self._queue.schedule_async_request(request)
         return {"plan": planned - start, "schedule": perf_counter() - planned}
 
+    def poll(self):
+        self._queue.maybe_finalize_async_calls(blocking=False, no_dist=False)
+        return self._queue.get_num_unfinalized_calls() > 0
+
     def wait(self):
         self._queue.maybe_finalize_async_calls(blocking=True, no_dist=False)
 
@@ -102,6 +120,10 @@ class _TorchAsyncPeer(Peer):
             ckpt = target.module("async_ckpt.torch_ckpt").TorchAsyncCheckpoint(persistent_queue=persistent)
             own_fn = vars(ckpt).get("async_fn", vars(type(ckpt)).get("async_fn"))
             self._schedule = partial(_async_save_with_own_fn, ckpt, own_fn)
+            self._finalize = partial(ckpt.finalize_async_save, blocking=False)
+            # TorchAsyncCheckpoint says nothing of its calls in flight (NVRx 0.4.1 returns None from
+            # finalize_async_save); its queue does, under the same name in impl and NVRx.
+            self._unfinalized = ckpt._async_calls_queue.get_num_unfinalized_calls
             self._wait = partial(ckpt.finalize_async_save, blocking=True)
             self._close = partial(ckpt.finalize_async_save, blocking=True, terminate=True)
         else:  # Megatron-Core: its queue with the request TorchAsyncCheckpoint would build
@@ -110,6 +132,8 @@ class _TorchAsyncPeer(Peer):
             self._schedule = lambda sd, path: queue.schedule_async_request(
                 core.AsyncRequest(torch.save, (sd, path), [])
             )
+            self._finalize = partial(queue.maybe_finalize_async_calls, blocking=False, no_dist=True)
+            self._unfinalized = queue.get_num_unfinalized_calls
             self._wait = partial(queue.maybe_finalize_async_calls, blocking=True, no_dist=True)
             self._close = queue.close
 
@@ -117,6 +141,10 @@ class _TorchAsyncPeer(Peer):
         start = perf_counter()
         self._schedule(state_dict, path)
         return {"schedule": perf_counter() - start}
+
+    def poll(self):
+        self._finalize()
+        return self._unfinalized() > 0
 
     def wait(self):
         self._wait()
@@ -141,21 +169,23 @@ def _async_save_with_own_fn(ckpt, async_fn, state_dict, path):
 class _DcpAsyncSavePeer(Peer):
     family = "dcp"
 
-    def __init__(self, executor: str, pinned: bool = False):
+    def __init__(self, executor: str, pinned: bool = False, staged: bool = False):
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         self._executor = AsyncCheckpointerType(executor)
         self._stager = None
-        if pinned:
+        if pinned or staged:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-            # Kept across saves: the pinned buffer is allocated by the first save and reused.
+            gpu = pinned or torch.cuda.is_available()  # pinned memory and non-blocking copies need CUDA
+            # Kept across saves: the staging buffer is allocated by the first save and reused.
             self._stager = DefaultStager(
                 StagingOptions(
-                    use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+                    use_pinned_memory=gpu, use_shared_memory=staged, use_async_staging=staged, use_non_blocking_copy=gpu
                 )
             )
         self._future: Future | None = None
+        self._staging: Future | None = None
 
     def save(self, state_dict, path):
         start = perf_counter()
@@ -163,8 +193,21 @@ class _DcpAsyncSavePeer(Peer):
             state_dict, checkpoint_id=path, async_checkpointer_type=self._executor, async_stager=self._stager
         )
         # A staged save answers an AsyncSaveResponse; the others answer the upload future itself.
-        self._future = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
+        if isinstance(response, AsyncSaveResponse):
+            self._staging, self._future = response.staging_completion, response.upload_completion
+        else:
+            self._future = response
         return {"schedule": perf_counter() - start}
+
+    def before_update(self):
+        if self._staging is not None:
+            self._staging.result()
+            self._staging = None
+
+    def poll(self):
+        if self._future is not None and self._future.done():
+            self.wait()  # raises what the save raised
+        return self._future is not None
 
     def wait(self):
         if self._future is not None:
@@ -193,7 +236,7 @@ def _stop_dcp_checkpoint_process() -> None:
 
 
 class _SyncDcpPeer(Peer):
-    family = "dcp"
+    family, synchronous = "dcp", True
 
     def save(self, state_dict, path):
         start = perf_counter()
@@ -202,7 +245,7 @@ class _SyncDcpPeer(Peer):
 
 
 class _SyncTorchPeer(Peer):
-    family, durable = "torch", False
+    family, durable, synchronous = "torch", False, True
 
     def save(self, state_dict, path):
         start = perf_counter()
@@ -218,6 +261,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "dcp:async_save-thread": partial(_DcpAsyncSavePeer, "thread"),
     "dcp:async_save-process": partial(_DcpAsyncSavePeer, "process"),
     "dcp:async_save-pinned": partial(_DcpAsyncSavePeer, "thread", pinned=True),
+    "dcp:async_save-staged": partial(_DcpAsyncSavePeer, "thread", staged=True),
     "dcp:save": _SyncDcpPeer,
     "torch:impl": partial(_TorchAsyncPeer, "impl", True),
     "torch:impl-temporal": partial(_TorchAsyncPeer, "impl", False),

@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks import goodput_summary
 from benchmarks.figures import (
     GiB,
     MiB,
@@ -305,19 +306,30 @@ def _checksum_cost(run: Run) -> list[str]:
 
 
 def render(output_json: dict, heading: str = "###") -> str:
-    """The full Markdown summary of one run: goals, then one table per figure."""
+    """The full Markdown summary of one run: goals, then one table per figure, then goodput."""
     run = Run(output_json)
-    lines = [f"{heading} {run.label}", "", f"{heading}# Goals for impl", "", *_goals(run), "", *_checksum_cost(run)]
+    alone = goodput_summary.alone(run)
+    lines = [f"{heading} {run.label}", ""]
+    if not alone:
+        lines += [f"{heading}# Goals for impl", "", *_goals(run), "", *_checksum_cost(run)]
     for title, section in SECTIONS:
         table = section(run)
         if table:
             lines += [f"{heading}# {title}", "", *table, ""]
-    return "\n".join(lines + [_FOOTNOTE]) + "\n"
+    lines += goodput_summary.render(run, heading)
+    return "\n".join(lines if alone else [*lines, _FOOTNOTE]) + "\n"
 
 
 def render_compact(output_json: dict, heading: str = "####") -> str:
-    """One table per run for the README: each peer's main figures, the ceilings, the goals."""
+    """One table per run for the README: each peer's main figures, the ceilings, the goals; the goodput table."""
     run = Run(output_json)
+    goodput = goodput_summary.render_compact(run)
+    if goodput_summary.alone(run):
+        return "\n".join([f"{heading} Goodput: {run.label}", "", *goodput]) + "\n"
+    return _compact_saves(run, heading) + ("\n" + "\n".join(goodput) if goodput else "")
+
+
+def _compact_saves(run: Run, heading: str) -> str:
     best_stall = min((r["seconds"] for r in run.get("stall")), default=None)
     rows = []
     for r in sorted(run.get("stall"), key=lambda r: r["seconds"]):

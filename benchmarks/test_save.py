@@ -77,7 +77,8 @@ def test_stall(benchmark, bench, peers, state_dict, paths, peer_name):
     """Steady-state stall: from the call that schedules a save to its return, worker already warm.
 
     Afterwards one more save checks the snapshot: the state dict is updated in place right after
-    the call returns, and the checkpoint must still hold the values from the call.
+    the call returns (and `before_update()`, where a staged peer waits for its staging), and the
+    checkpoint must still hold the values from the call.
     """
     peer, rounds, box = peers.get(peer_name), [], {}
 
@@ -94,6 +95,7 @@ def test_stall(benchmark, bench, peers, state_dict, paths, peer_name):
     bench.run(benchmark, save, setup=setup, teardown=finish, warmup=1)
     path = paths.new()
     peer.save(state_dict, path)
+    peer.before_update()
     negate_(state_dict)
     bench.wait(peer)
     correct = saved_before_update(peer.family, path, state_dict)
