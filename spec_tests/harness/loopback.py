@@ -39,8 +39,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun_command(args: list[str], *, nodes: int, nproc_per_node: int, port: int, run_id: str) -> list[str]:
-    """The command of one "node": torchrun with a c10d rendezvous on loopback, running `python -m pytest ARGS`."""
+def torchrun_command(
+    args: list[str],
+    *,
+    nodes: int,
+    nproc_per_node: int,
+    port: int,
+    run_id: str,
+    module: str = "pytest",
+    max_restarts: int = 0,
+    rdzv_conf: str | None = None,
+) -> list[str]:
+    """The command of one "node": torchrun with a c10d rendezvous on loopback, running `python -m MODULE ARGS`.
+
+    rdzv_conf: e.g. "is_host=1" for the node whose agent must host the rendezvous store (else the first to bind).
+    """
+    conf = [f"--rdzv-conf={rdzv_conf}"] if rdzv_conf else []
     return [
         sys.executable,
         "-m",
@@ -50,9 +64,10 @@ def torchrun_command(args: list[str], *, nodes: int, nproc_per_node: int, port: 
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{port}",
         f"--rdzv-id={run_id}",
-        "--max-restarts=0",
+        *conf,
+        f"--max-restarts={max_restarts}",
         "-m",
-        "pytest",
+        module,
         *args,
     ]
 
@@ -69,7 +84,22 @@ class Node:
         return self.log.read_text(errors="replace")
 
     def kill(self) -> None:
-        """SIGKILL the launch's process group: torchrun's agent and every rank it started."""
+        """SIGKILL the whole "node": torchrun's agent, every rank it started and their descendants.
+
+        torchrun starts each rank in a session of its own, so the launch's process group alone would miss them.
+        """
+        import psutil
+
+        if self.proc.poll() is not None:  # exited (and reaped: its pid may name another process by now)
+            return
+        try:
+            agent = psutil.Process(self.proc.pid)
+            procs = [agent, *agent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            procs = []
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
