@@ -195,8 +195,10 @@ class Driver:
         k, members = self._runs, range(world_size)
         plan = self._plans.setdefault(id(pool), _Plan(f"pool{k}")) if pool is not None else _Plan(f"run{k}")
         if plan.group is None or plan.backend != backend or any(self._holds[r] != plan.group for r in members):
+            # A new process group (the pool's first, or after another pool's group took its ranks): the pool's
+            # rank_state may hold groups of the old one (new_group), so it starts empty, as a respawned pool's does.
             self._groups += 1
-            plan.group, plan.backend = self._groups, backend
+            plan.group, plan.backend, plan.epoch = self._groups, backend, plan.epoch + 1
             for r in members:
                 self._holds[r] = plan.group
         pg_timeout = max(pool.timeout if pool is not None else timeout, 30.0) + 30.0
@@ -210,7 +212,6 @@ class Driver:
         self.gone.update((r, _current_test()) for r in collector.gone)
         if pool is None or any(o.kind != "ok" for o in collector.outcomes):
             plan.group = None  # as the forked runner respawns a pool after a failure
-            plan.epoch += 1
             for r in members:
                 self._holds[r] = None
         return _finish(collector.outcomes, timeout, {})
@@ -303,6 +304,20 @@ class _Session:
             os.write(2, f"ckptspec: rank {self.world.rank} lost the launched session: {exc}\n".encode())
             self.status = pytest.ExitCode.INTERNAL_ERROR
         return True
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config):
+        """Rank 0 is done: the other ranks may exit now (with a failing status, the first to exit makes torchrun stop
+        its node's other ranks: rank 0 must not be stopped before its report is written)."""
+        try:
+            if _driver is not None:
+                self.store.set("closed", b"1")
+            elif self.status is not None:
+                deadline = time.monotonic() + END_WAIT
+                while not self.store.check(["closed"]) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+        except Exception:  # the store is gone with rank 0's node: nothing to wait for
+            pass
 
     def pytest_sessionfinish(self, session, exitstatus):
         if _driver is not None:

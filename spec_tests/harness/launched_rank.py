@@ -164,6 +164,7 @@ class _Watchdog(threading.Thread):
         self.side, self.store = side, side.store.clone()
         self.armed = threading.Condition()
         self.k: int | None = None
+        self.done = False
 
     def arm(self, k: int | None) -> None:
         with self.armed:
@@ -172,7 +173,7 @@ class _Watchdog(threading.Thread):
 
     def run(self) -> None:
         beat, next_beat = f"beat/{self.side.world.rank}", 0.0
-        while True:
+        while not self.done:
             if time.monotonic() >= next_beat:  # rank 0 takes a rank whose count stops for a lost one
                 self.store.add(beat, 1)
                 next_beat = time.monotonic() + BEAT
@@ -239,7 +240,9 @@ class RankSide:
         for key in {*self._saved, *self._spawned, *self._epochs, self._current or ""} - {""}:
             self._drop(key)
         self._leave()
+        self._watchdog.done = True  # not left inside a store call at interpreter exit
         self._watchdog.arm(None)
+        self._watchdog.join(timeout=5)
 
     def execute(self, msg) -> None:
         if isinstance(msg, Close):
@@ -254,6 +257,8 @@ class RankSide:
                 self.store, f"out/{msg.k}/{self.world.rank}", ("error", f"rank setup failed:\n{traceback.format_exc()}")
             )
             self._leave()
+            if msg.one_shot:
+                self._drop(key)
             return
         before = _children()
         with contextlib.suppress(Stopped):  # a stop request that came as the body returned
@@ -263,6 +268,11 @@ class RankSide:
             self._drop(key)
 
     def _run(self, msg: Run) -> None:
+        # What a forked rank's environment says; restored after the body (rank 0's is the pytest process's).
+        saved = {var: os.environ.get(var) for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        os.environ.update(
+            RANK=str(self.world.rank), WORLD_SIZE=str(msg.group[1]), LOCAL_RANK=str(self.world.local_rank)
+        )
         with self._lock:
             self._body = msg.k
         self._watchdog.arm(msg.k)
@@ -278,6 +288,11 @@ class RankSide:
         finally:
             self._body = None
             self._watchdog.arm(None)
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
         with self._lock:
             if msg.k in self._answered:
                 return
@@ -316,7 +331,6 @@ class RankSide:
         if self._group == group_id:
             return
         self._leave()
-        os.environ.update(RANK=str(self.world.rank), WORLD_SIZE=str(n), LOCAL_RANK=str(self.world.local_rank))
         if backend == "nccl":
             torch.cuda.set_device(self.world.local_rank % torch.cuda.device_count())
         dist.init_process_group(
