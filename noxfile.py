@@ -11,7 +11,7 @@
                                            `-- fault_injection` runs the fault suite instead (writes
                                            conformance/faults-<target>-<release>.json), `-- benchmarks ...` the
                                            benchmarks; other posargs go to pytest (`-- -n 2`)
-    launched                               spec_tests on two torchrun "nodes" of this machine (2 x 2 ranks, loopback)
+    launched                               spec_tests on two torchrun "nodes" of this machine (2 x 4 ranks, loopback)
                                            against impl, compared verdict by verdict with a forked run (issue 19)
 
 The conformance table of every release: `python -m spec_tests.harness.report conformance/*.json`.
@@ -157,7 +157,7 @@ def spec(session: nox.Session, target: str, release: str) -> None:
 def launched(session: nox.Session) -> None:
     """spec_tests on two torchrun "nodes" of this machine (loopback, gloo) against impl, compared with a forked run.
 
-    World of 4 (2 launches x 2 ranks: the suite's largest bodies); the verdicts of every test and clause must agree.
+    World of 8 (2 launches x 4 ranks: the suite's largest bodies); the verdicts of every test and clause must agree.
     Posargs replace the selection and options (`nox -s launched -- spec_tests/storage -q`).
     """
     session.install(TORCH, "-e", ".[test]")
@@ -170,7 +170,7 @@ def launched(session: nox.Session) -> None:
         "--nodes",
         "2",
         "--nproc-per-node",
-        "2",
+        "4",
         "--forked",
         "--",
         *args,

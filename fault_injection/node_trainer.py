@@ -5,9 +5,9 @@
 First attempt (TMP holds no outcome yet): every rank saves checkpoint `old` in full, then saves `new` with rank 1's
 save held in PHASE (it writes its pid to TMP/in-phase, then waits for a gate that never opens) until the test kills
 rank 1's whole node. Rank 0 records what its save did (within BOUND) in TMP/outcome.json and exits 1, as a trainer
-whose save failed does, so that torchrun restarts the job.
-After the restart (node 0's agent restarts its rank; a replacement node joins): every rank checks that `old` loads
-exactly and that `new`, if committed, loads exactly, and records it in TMP/recovered<rank>.json.
+whose save failed does, which ends the job.
+When the job runs again (TMP/outcome.json exists): every rank checks that `old` loads exactly and that `new`, if
+committed, loads exactly, and records it in TMP/recovered<rank>.json.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ def _after_restart(tmp: str, rank: int, world_size: int) -> None:
     save = saves.for_target(current_target())
     old, new = _paths(tmp)
     record = {
-        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         "old": _check(save.assert_loads, old, 0, world_size),
         "new_committed": save.committed(new),
     }
@@ -76,7 +75,7 @@ def main(tmp: str, phase: str) -> None:
     if os.environ.get("CKPTSPEC_FI_TMPDIR"):  # the orphan audit's TMPDIR of the test (fault_injection/audit.py)
         faults.private_tmpdir(f"node-rank{rank}")
     first = [not os.path.exists(os.path.join(tmp, "outcome.json"))]
-    dist.broadcast_object_list(first, src=0)  # rank 0 decides: the replacement node starts afresh
+    dist.broadcast_object_list(first, src=0)  # rank 0 decides, for every rank
     if first[0]:
         _first_attempt(tmp, phase, rank, world_size)
     else:

@@ -27,7 +27,7 @@ SELECTION = [
     f"{DIST}::test_a_declared_death_is_not_a_failure",
     f"{DIST}::test_the_decorator_runs_the_body_on_every_rank_with_fixtures",
     f"{QUEUE}::test_a_poll_is_one_single_integer_all_reduce_and_no_dist_is_none",
-    f"{QUEUE}::test_async_fn_error_on_one_rank_raises_on_every_rank",
+    f"{QUEUE}::test_async_fn_error_on_one_rank_raises_on_every_rank[persistent]",
 ]
 TOO_MANY_RANKS = SELECTION[0]
 OPTIONS = ["-p", "no:xdist", "-p", "no:randomly", "-q", "-rs"]
