@@ -42,7 +42,7 @@ COLLECT_WAIT = 1800.0  # seconds rank 0 waits for the other ranks' collection (a
 END_WAIT = 60.0
 ANSWER_WAIT = DUMP_WAIT + 8.0  # after a stop request: for each rank to dump its stack and answer
 POLL = 0.01
-GONE_AFTER = 20.0  # seconds without a heartbeat after which a rank is lost
+GONE_AFTER = 60.0  # seconds without a heartbeat after which a rank is lost
 BEAT_CHECK = 1.0
 GONE = "(lost: no heartbeat for {:g}s; its process is gone, see its node's launcher for the exit status)"
 NO_ANSWER = "(no answer to the stop request: the rank is stuck outside Python, e.g. in a collective, or is gone)"
@@ -75,7 +75,12 @@ def configure(config) -> None:
             "under torchrun the launched ranks run the multi-rank tests and pytest-xdist must be off: "
             "drop -n/--dist (or give -n 0, or -p no:xdist)"
         )
-    world, store = connect()
+    try:
+        world, store = connect()
+    except (RuntimeError, KeyError, ValueError) as exc:  # DistStoreError, DistNetworkError: nobody listens
+        raise pytest.UsageError(
+            f"ckptspec: could not join torchrun's store (MASTER_ADDR, MASTER_PORT): {exc}"
+        ) from None
     _side = RankSide(world, store)
     if world.rank == 0:
         _driver = Driver(world, store, _side)
@@ -107,22 +112,22 @@ class _Collector(threading.Thread):
     it): it is reported hung, with that reason, and listed in `gone`.
     """
 
-    def __init__(self, store, k: int, n: int, timeout: float):
+    def __init__(self, store, k: int, n: int, timeout: float, beats: dict):
         super().__init__(name="ckptspec-collector", daemon=True)
         self.store, self.k, self.timeout = store, k, timeout
         self.outcomes = [_Outcome() for _ in range(n)]
         self.gone: list[int] = []
-        self._beats = {r: (-1, time.monotonic()) for r in range(n)}  # last count seen, and when it changed
+        self.beats = beats  # rank -> (last count seen, when it changed, when it was read): kept across runs
 
     def _lost(self, rank: int, now: float) -> bool:
-        count, since = self._beats[rank]
-        if now - since < BEAT_CHECK:
+        count, changed, read = self.beats.get(rank, (-1, now, 0.0))
+        if now - read < BEAT_CHECK:
             return False
         latest = self.store.add(f"beat/{rank}", 0)
         if latest != count:
-            self._beats[rank] = (latest, now)
-            return False
-        return now - since > GONE_AFTER
+            changed = now
+        self.beats[rank] = (latest, changed, now)
+        return now - changed > GONE_AFTER
 
     def run(self) -> None:
         deadline, failed_at, stopped_at = time.monotonic() + self.timeout, None, None
@@ -160,6 +165,7 @@ class Driver:
         self._plans: dict[int, _Plan] = {}  # id(RankPool) -> plan
         self.forked: list[str] = []  # tests whose ranks were forked (expect_exit)
         self.gone: dict[int, str] = {}  # lost ranks -> the test that noticed
+        self._beats: dict[int, tuple] = {}  # the collectors' view of every rank's heartbeat
 
     def send(self, rank: int, msg) -> None:
         post(self.store, f"msg/{rank}/{self._sent[rank]}", msg)
@@ -205,7 +211,7 @@ class Driver:
         msg = Run(k, job, (plan.group, world_size, backend, pg_timeout), (plan.key, plan.epoch), pool is None)
         for rank in members[1:]:
             self.send(rank, msg)
-        collector = _Collector(self.store.clone(), k, world_size, timeout)
+        collector = _Collector(self.store.clone(), k, world_size, timeout, self._beats)
         collector.start()
         self.side.execute(msg)
         collector.join()
