@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import importlib
 import os
 import pickle
@@ -56,6 +57,7 @@ LAUNCHER_VARS = (
 IDLE_WAIT = timedelta(minutes=10)  # one blocking wait for the next message (torch logs a line at each expiry)
 POLL = 0.05
 BEAT = 1.0  # seconds between heartbeats
+GC_BOUND = 30.0  # seconds for collecting a dropped run's garbage (a finalizer may block)
 STUCK_EXIT = 3  # exit status of a rank still inside a body when the session ends (it could not be stopped)
 
 
@@ -273,6 +275,10 @@ class RankSide:
         os.environ.update(
             RANK=str(self.world.rank), WORLD_SIZE=str(msg.group[1]), LOCAL_RANK=str(self.world.local_rank)
         )
+        # Children a body forks (temporal callers) inherit this heap; frozen, it is never collected in them. An earlier
+        # run's garbage (its process group's C++ objects) freed in a child forked from this multi-threaded process
+        # crashed the child (a segfault in a 2 x 4 loopback run); it is collected here when its run is dropped.
+        gc.freeze()
         with self._lock:
             self._body = msg.k
         self._watchdog.arm(msg.k)
@@ -372,6 +378,7 @@ class RankSide:
             self._current = None
         if self._group_owner == key:
             self._leave()
+        _collect_garbage()
 
     def _end_spawned(self, key: str) -> None:
         import psutil
@@ -382,3 +389,11 @@ class RankSide:
             with contextlib.suppress(psutil.Error):
                 p.kill()  # psutil refuses a pid that now names another process
         psutil.wait_procs(procs, timeout=5)
+
+
+def _collect_garbage() -> None:
+    """Collect, in this rank, what the runs so far left (unfrozen first); a finalizer that blocks is left behind."""
+    gc.unfreeze()
+    collector = threading.Thread(target=gc.collect, name="ckptspec-gc", daemon=True)
+    collector.start()
+    collector.join(GC_BOUND)
