@@ -11,6 +11,8 @@
                                            `-- fault_injection` runs the fault suite instead (writes
                                            conformance/faults-<target>-<release>.json), `-- benchmarks ...` the
                                            benchmarks; other posargs go to pytest (`-- -n 2`)
+    launched                               spec_tests on two torchrun "nodes" of this machine (2 x 4 ranks, loopback)
+                                           against impl, compared verdict by verdict with a forked run (issue 19)
 
 The conformance table of every release: `python -m spec_tests.harness.report conformance/*.json`.
 """
@@ -147,5 +149,32 @@ def spec(session: nox.Session, target: str, release: str) -> None:
         target,
         *record,
         *args,
+        env={"HYPOTHESIS_PROFILE": "ci"},
+    )
+
+
+@nox.session(python="3.11")
+def launched(session: nox.Session) -> None:
+    """spec_tests on two torchrun "nodes" of this machine (loopback, gloo) against impl, compared with a forked run.
+
+    World of 8 (2 launches x 4 ranks: the suite's largest bodies); the verdicts of every test and clause must agree.
+    Posargs replace the selection and options (`nox -s launched -- spec_tests/storage -q`).
+    """
+    session.install(TORCH, "-e", ".[test]")
+    json_path = ROOT / "conformance" / "impl-launched.json"
+    args = session.posargs or ["spec_tests", "-q", "-p", "no:randomly"]
+    session.run(
+        "python",
+        "-m",
+        "spec_tests.harness.loopback",
+        "--nodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+        "--forked",
+        "--",
+        *args,
+        "--conformance-json",
+        str(json_path),
         env={"HYPOTHESIS_PROFILE": "ci"},
     )

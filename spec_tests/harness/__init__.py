@@ -5,6 +5,9 @@ Modules (one concept each):
     clauses     the clause registry (spec_tests/clauses/*.toml)
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
     ranks       the multi-rank runner (run a body on N ranks, with a bound and a report of every rank)
+    launched    under torchrun: rank 0 drives the session and the bodies run on the launched ranks
+    launched_rank  what a launched rank does with one body (process group, pool state, stop requests)
+    loopback    several torchrun "nodes" on this machine; comparing the verdicts of two runs
     processes   the async core and its callers; observing processes and files from outside; cleaning up
     asserts     bounded calls and their outcomes; the assertion family (one message shape)
     report      the conformance table and the print-or-update helpers

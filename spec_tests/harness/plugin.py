@@ -15,6 +15,7 @@ loads it too, for a run with another ini file).
 - `--conformance-json PATH` records every test's outcome with its clauses (see spec_tests.harness.report).
 - Hypothesis profiles `ci` (derandomized), `dev`, `nightly`, chosen by --hypothesis-profile, else
   $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`.
+- Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.launched).
 
 Bad input is one line, never a traceback: a bad option value or environment variable, a malformed clause or
 expectations file, or a target whose package is missing is a usage error at start (exit status 4); a wrong
@@ -36,7 +37,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import expectations, reaper
+from spec_tests.harness import expectations, launched, reaper
 from spec_tests.harness.ranks import RankPool
 from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, TargetError, TargetUnavailable, load_target
 
@@ -94,11 +95,12 @@ def pytest_configure(config):
         config.ckptspec_profile = _load_profile(config)
         clause_registry.load()
         expectations.load(config.ckptspec_target.expectations_path)
-        if not hasattr(config, "workerinput"):
+        launched.configure(config)
+        if not hasattr(config, "workerinput") and launched.reports():
             _check_writable(config.getoption("--conformance-json"))
     except (TargetError, TargetUnavailable, clause_registry.ClauseError, expectations.ExpectationsError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    if not hasattr(config, "workerinput"):
+    if not hasattr(config, "workerinput") and launched.reports():
         config.pluginmanager.register(_Recorder(config), "ckptspec-recorder")
 
 
@@ -283,7 +285,8 @@ def _end_leaked_processes(request):
     this keeps a target whose workers never exit from filling the machine's memory over a run. Only below
     spec_tests/: the fault suite's audit fails a test for what it leaves, and benchmarks keep workers between tests.
     """
-    if "spec_tests" not in request.node.path.parts:
+    if "spec_tests" not in request.node.path.parts or launched.active():
+        # Launched ranks end what each run or pool left themselves (rank 0's pool workers are its own children).
         yield
         return
     before = reaper.children()

@@ -18,6 +18,7 @@ A run fails with one `RankFailures` listing every rank: its traceback, its unexp
 or, for a rank that did not finish within the timeout (or within a short grace period after another
 rank failed), its stack dumped by faulthandler. `expect_exit={rank: code}` declares a death the test
 causes on purpose (e.g. `-signal.SIGKILL`). A rank that calls `pytest.skip` skips the test.
+Under torchrun the bodies run on the launched ranks instead (spec_tests.harness.launched), but for expect_exit.
 """
 
 from __future__ import annotations
@@ -58,10 +59,19 @@ def world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _launched():
+    from spec_tests.harness import launched
+
+    return launched.current()
+
+
 def resolve_backend(backend: str, world_size: int) -> str:
     """ "gloo", or "nccl" when asked for (or "auto") and world_size GPUs exist; else skip."""
     import pytest
     import torch
+
+    if _launched():
+        return _launched().resolve_backend(backend, world_size)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
@@ -375,6 +385,10 @@ def run_on_ranks(
 ) -> list:
     """Run fn(*args, **kwargs) once on fresh ranks; return each rank's result."""
     __tracebackhide__ = True
+    if _launched() and not expect_exit:
+        return _launched().run(fn, world_size, args, kwargs, backend=backend, timeout=timeout, unwrap=unwrap)
+    if _launched():
+        _launched().note_forked()  # a rank killed on purpose would end the launched job
     backend, expect_exit = resolve_backend(backend, world_size), dict(expect_exit or {})
     job = _job(fn, unwrap, args, kwargs or {})
     group = _Ranks.start(world_size, backend, timeout, [job] * world_size)
@@ -421,6 +435,8 @@ class RankPool:
         """Run fn(*args, **kwargs) on every rank; return the per-rank results."""
         __tracebackhide__ = True
         timeout = self.timeout if timeout is None else timeout
+        if _launched():
+            return _launched().run(fn, self.world_size, args, kwargs, backend=self.backend, timeout=timeout, pool=self)
         job = _job(fn, False, args, kwargs)
         if self._ranks is None:
             self._ranks = _Ranks.start(self.world_size, self.backend, self.timeout, [job] * self.world_size)
@@ -434,6 +450,8 @@ class RankPool:
         return _finish(outcomes, timeout, {})
 
     def close(self) -> None:
+        if _launched():
+            _launched().close_pool(self)
         if self._ranks is not None:
             ranks_, self._ranks = self._ranks, None
             for conn in ranks_.conns:
