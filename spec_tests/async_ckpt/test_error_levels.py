@@ -1,19 +1,23 @@
-"""Weak levels of the error clauses AQ-7 and AQ-8: what every target must still do when it misses the strict form.
+"""Weak levels: what every target must still do when it misses the strict form of AQ-7, AQ-8, AQ-11 or PC-5.
 
-The strict tests (test_queue.py) want CheckpointException on every rank within the bound. A target that fails them
-may still surface the error on the failing rank; these tests hold every target to that, so that a further
-regression (the error swallowed everywhere, a failed call reported as finalized) fails the run even where the
-strict test is an expected failure.
+The strict tests (test_queue.py, test_workers.py) want CheckpointException on every rank within the bound, an abort
+that has reaped the writer when close returns, a blocking finalize that notices a dead worker. A target that fails
+them must still surface the error on the failing rank, end the aborted writer, never finalize a call that did not
+complete; these tests hold every target to that, so that a further regression (the error swallowed everywhere, a
+failed call reported as finalized, an aborted writer left running) fails the run even where the strict test is an
+expected failure.
 """
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from spec_tests.harness import workloads
 from spec_tests.harness.asserts import HUNG, assert_equal, attempt
-from spec_tests.harness.processes import CALLERS, async_core, close_quietly
+from spec_tests.harness.processes import CALLERS, alive, async_core, close_quietly, wait_for_file
 from spec_tests.harness.ranks import run_on_ranks, world
 
 # Fresh ranks for every test: a target whose queue hangs in close() would otherwise leave it to be collected (and
@@ -75,4 +79,75 @@ def test_finalize_fn_error_surfaces_on_the_failing_rank(tmp_path, persistent):
         _weak_verdict(outcomes),
         EXPECTED,
         call="a finalize function fails on rank 1",
+    )
+
+
+POLLS, POLL_BOUND = 3, 10  # PC-5w: non-blocking polls after the worker died, each bounded
+# Queues whose worker was killed are kept referenced, never closed nor collected: a target without a liveness check
+# waits for the dead worker in close() and __del__. The runner stops these one-shot ranks right after their reply.
+_ABANDONED: list = []
+
+
+def _polls_after_worker_death(tmp):
+    """The persistent worker is SIGKILLed while running a request; what three non-blocking polls did."""
+    log, core = os.path.join(tmp, "log"), async_core()
+    queue = core.AsyncCallsQueue(persistent=True)
+    queue.schedule_async_request(workloads.held_call(core, tmp, log))
+    os.kill(int(wait_for_file(os.path.join(tmp, "pid"))), signal.SIGKILL)
+    what = "maybe_finalize_async_calls(blocking=False)"
+    polls = [attempt(queue.maybe_finalize_async_calls, False, bound=POLL_BOUND, what=what) for _ in range(POLLS)]
+    _ABANDONED.append(queue)
+    return {
+        "a poll hung": any(p.text == HUNG for p in polls),
+        "a poll reported the call finalized": any(p.text == "returned" and p.value for p in polls),
+        "finalize fns run": Path(log).read_text().split() if os.path.exists(log) else [],
+    }
+
+
+@pytest.mark.spec("PC-5w")
+@pytest.mark.needs("persistent_caller")
+def test_polls_never_finalize_a_call_whose_worker_died(tmp_path):
+    assert_equal(
+        "non-blocking polls",
+        run_on_ranks(_polls_after_worker_death, 1, (str(tmp_path),), timeout=RUN_TIMEOUT)[0],
+        {"a poll hung": False, "a poll reported the call finalized": False, "finalize fns run": []},
+        call=f"the persistent worker was killed while running the call; {POLLS} polls",
+    )
+
+
+ABORT_BOUND, GONE_BOUND = 60, 30  # AQ-11w
+
+
+def _late_abort(tmp, persistent):
+    """close(abort=True) while a call is in flight; how it ended, and whether the call's process stopped running."""
+    log, core = os.path.join(tmp, "log"), async_core()
+    queue = core.AsyncCallsQueue(persistent=persistent)
+    queue.schedule_async_request(workloads.held_call(core, tmp, log))
+    runner = int(wait_for_file(os.path.join(tmp, "pid")))
+    closed = attempt(queue.close, abort=True, bound=ABORT_BOUND, what="close(abort=True)").text
+    deadline = time.monotonic() + GONE_BOUND
+    while alive(runner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = alive(runner)
+    if running:
+        os.kill(runner, signal.SIGKILL)  # ours to end: the call this test started
+    return {
+        "close(abort=True)": closed,
+        "finalize fns run": Path(log).read_text().split() if os.path.exists(log) else [],
+        f"call's process running {GONE_BOUND}s after close": running,
+    }
+
+
+@pytest.mark.spec("AQ-11w")
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_abort_ends_the_writer_even_if_late(tmp_path, persistent):
+    assert_equal(
+        "queue",
+        run_on_ranks(_late_abort, 1, (str(tmp_path), persistent), timeout=RUN_TIMEOUT)[0],
+        {
+            "close(abort=True)": "returned",
+            "finalize fns run": [],
+            f"call's process running {GONE_BOUND}s after close": False,
+        },
+        call="close(abort=True) while a call was in flight",
     )

@@ -300,12 +300,7 @@ def _abort_in_flight(tmp, persistent):
     log, pid_file = os.path.join(tmp, "log"), os.path.join(tmp, "pid")
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=persistent)
-    never = os.path.join(tmp, "never-opened")
-    queue.schedule_async_request(
-        core.AsyncRequest(
-            workloads.write_pid, (pid_file, never), [functools.partial(workloads.append_line, log, "fin")]
-        )
-    )
+    queue.schedule_async_request(workloads.held_call(core, tmp, log))
     wait_for_file(pid_file)
     bounded(10, "close(abort=True)", queue.close, abort=True)
     runner = int(Path(pid_file).read_text())

@@ -99,11 +99,10 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
 
 
 def _kill_worker_then_finalize(tmp):
-    pid_file = os.path.join(tmp, "worker")
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=True)
-    queue.schedule_async_request(core.AsyncRequest(workloads.write_pid, (pid_file, os.path.join(tmp, "never")), []))
-    os.kill(int(wait_for_file(pid_file)), signal.SIGKILL)
+    queue.schedule_async_request(workloads.held_call(core, tmp))
+    os.kill(int(wait_for_file(os.path.join(tmp, "pid"))), signal.SIGKILL)
     return attempt(
         queue.maybe_finalize_async_calls,
         True,

@@ -89,6 +89,13 @@ def write_pid(path: str, gate: str | None = None) -> None:
         _wait_for(gate)
 
 
+def held_call(core, tmp: str, log: str | None = None):
+    """An AsyncRequest whose process writes its pid to tmp/pid, then waits for a gate nobody opens; its one
+    finalize function appends "fin" to `log` (none without a log)."""
+    finalize = [functools.partial(append_line, log, "fin")] if log else []
+    return core.AsyncRequest(write_pid, (os.path.join(tmp, "pid"), os.path.join(tmp, "never-opened")), finalize)
+
+
 class PickleGate:
     """A state-dict value whose pickling waits for a gate, except in the process that created it.
 

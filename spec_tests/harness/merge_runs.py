@@ -1,0 +1,64 @@
+"""Merge conformance JSON files of one target into one: a later run of a test replaces the earlier one.
+
+    python -m spec_tests.harness.merge_runs OUT.json FULL.json RERUN.json ...
+
+For a full run completed by later runs of a few modules (a changed test, a new clause) without running the whole
+suite again. Every input must be a run of the same target and version (else an error naming both); a test recorded
+by a later file replaces every record of that nodeid in the earlier ones (all its phases), the clause registry is
+the union (the later file's entry wins), and the output says which files it came from ("merged_from"). The report
+and the fault matrix read the output like any run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from spec_tests.harness.report import ReportError, _read_json, load_run
+
+__all__ = ["merge", "main"]
+
+
+def merge(paths: Sequence[Path | str]) -> dict:
+    """The merged run of `paths`, oldest first (each validated as report.load_run does)."""
+    if not paths:
+        raise ReportError("nothing to merge: give at least one JSON file")
+    merged: dict | None = None
+    for path in paths:
+        label = load_run(path).label  # validates the shape
+        data = _read_json(Path(path))
+        if merged is None:
+            merged, first = dict(data, tests=list(data["tests"]), clauses=dict(data["clauses"])), (path, label)
+            continue
+        if label != first[1]:
+            raise ReportError(f"{path}: a run of {label!r}, but {first[0]} is a run of {first[1]!r}")
+        rerun = {test["nodeid"] for test in data["tests"]}
+        merged["tests"] = [t for t in merged["tests"] if t["nodeid"] not in rerun] + list(data["tests"])
+        merged["clauses"].update(data["clauses"])
+    assert merged is not None
+    merged["merged_from"] = [str(p) for p in paths]
+    return merged
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spec_tests.harness.merge_runs", description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="the merged JSON file to write")
+    parser.add_argument("files", nargs="+", type=Path, help="conformance JSON files of one target, oldest first")
+    args = parser.parse_args(argv)
+    if args.out.resolve() in {p.resolve() for p in args.files}:
+        parser.error(f"{args.out} is also an input: write the merged run to a new file")
+    try:
+        merged = merge(args.files)
+    except ReportError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    args.out.write_text(json.dumps(merged, indent=1) + "\n")
+    print(f"{args.out}: {len(merged['tests'])} records from {len(args.files)} runs of {load_run(args.out).label}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
