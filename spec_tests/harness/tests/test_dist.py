@@ -125,6 +125,7 @@ def test_processes_started_by_a_stopped_rank_are_ended(tmp_path):
     assert not alive(pid), f"grandchild {pid} of a stopped rank is still running"
 
 
+@pytest.mark.skipif(launched.active(), reason="launched ranks find only their descendants (README: torchrun)")
 def test_processes_that_left_a_ranks_process_group_are_ended(tmp_path):
     pids = run_on_ranks(_start_escapees, 1, (str(tmp_path),), timeout=30)[0]
     deadline = time.monotonic() + 10
