@@ -11,6 +11,9 @@ nodes that collected different tests. The full suite on two nodes: `nox -s launc
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -33,8 +36,17 @@ TOO_MANY_RANKS = SELECTION[0]
 OPTIONS = ["-p", "no:xdist", "-p", "no:randomly", "-q", "-rs"]
 
 
-def _launch(tmp_path, args: list[str], name: str, **kwargs) -> tuple[list[int | None], str]:
-    log_dir = tmp_path / name
+@pytest.fixture
+def short_dir():
+    """A directory with a short path for the launches' logs and TMPDIR: the ranks' forkserver sockets go there, and an
+    AF_UNIX path has at most 107 bytes (a pytest-xdist worker's tmp_path is too long)."""
+    path = tempfile.mkdtemp(prefix="ckptspec-lb-")
+    yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _launch(short_dir, args: list[str], name: str, **kwargs) -> tuple[list[int | None], str]:
+    log_dir = short_dir / name
     log_dir.mkdir()
     env = clean_env(HYPOTHESIS_PROFILE="ci")
     nodes = loopback.start(args, log_dir=log_dir, env=env, **kwargs)
@@ -42,13 +54,13 @@ def _launch(tmp_path, args: list[str], name: str, **kwargs) -> tuple[list[int | 
     return codes, "\n".join(f"----- node {i} (exit {codes[i]})\n{node.output}" for i, node in enumerate(nodes))
 
 
-def test_two_loopback_nodes_give_the_forked_verdicts(tmp_path):
+def test_two_loopback_nodes_give_the_forked_verdicts(tmp_path, short_dir):
     forked_json, launched_json = tmp_path / "forked.json", tmp_path / "launched.json"
     forked = run_pytest(
         [*SELECTION, *OPTIONS, "--conformance-json", str(forked_json)], env=clean_env(HYPOTHESIS_PROFILE="ci")
     )
     assert forked.code == 0, forked.describe()
-    codes, output = _launch(tmp_path, [*SELECTION, *OPTIONS, "--conformance-json", str(launched_json)], "launched")
+    codes, output = _launch(short_dir, [*SELECTION, *OPTIONS, "--conformance-json", str(launched_json)], "launched")
     assert codes == [0, 0], output
     assert launched_json.exists(), output
     assert "needs 3 ranks; the launched world has 2" in output, output
@@ -64,7 +76,7 @@ def test_two_loopback_nodes_give_the_forked_verdicts(tmp_path):
     assert sorted(records[1]) == sorted(records[0]), "rank 0 alone reports: every test once, as a forked run does"
 
 
-def test_nodes_that_collected_different_tests_are_refused(tmp_path):
+def test_nodes_that_collected_different_tests_are_refused(short_dir):
     """Two launches (nodes) started with different selections: rank 0 names the difference and runs nothing."""
     port = loopback.free_port()
     commands = [
@@ -73,7 +85,7 @@ def test_nodes_that_collected_different_tests_are_refused(tmp_path):
         )
         for selection in (SELECTION[1], SELECTION[2])
     ]
-    log_dir = tmp_path / "logs"
+    log_dir = short_dir / "logs"
     log_dir.mkdir()
     nodes = loopback.start_commands(commands, log_dir=log_dir, env=clean_env())
     codes = loopback.wait(nodes, LAUNCH_TIMEOUT)
