@@ -4,8 +4,8 @@
 
 First attempt (TMP holds no outcome yet): every rank saves checkpoint `old` in full, then saves `new` with rank 1's
 save held in PHASE (it writes its pid to TMP/in-phase, then waits for a gate that never opens) until the test kills
-rank 1's whole node. Rank 0 records what its save did (within BOUND) in TMP/outcome.json and exits 1, as a trainer
-whose save failed does, which ends the job.
+rank 1's whole node. Rank 0 records what its save did (within BOUND) in TMP/outcome.json and the pids of the
+processes it started in TMP/processes0.json, then exits 1, as a trainer whose save failed does, which ends the job.
 When the job runs again (TMP/outcome.json exists): every rank checks that `old` loads exactly and that `new`, if
 committed, loads exactly, and records it in TMP/recovered<rank>.json.
 """
@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+import psutil
 import torch.distributed as dist
 
 from fault_injection import faults, saves
@@ -29,7 +30,7 @@ def _paths(tmp: str) -> tuple[str, str]:
     return os.path.join(tmp, "old"), os.path.join(tmp, "new")
 
 
-def _write(path: str, record: dict) -> None:
+def _write(path: str, record: dict | list) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(path + ".tmp", path)
@@ -47,6 +48,8 @@ def _first_attempt(tmp: str, phase: str, rank: int, world_size: int) -> None:
     outcome = outcome_of(save.save, queue, new, 1, rank, world_size, hooks, bound=BOUND, what=what)
     if rank == 0:
         _write(os.path.join(tmp, "outcome.json"), {"outcome": outcome})
+        # What this trainer started (its worker, the worker's writers): none may outlive it (FI-ORPHAN-1).
+        _write(os.path.join(tmp, "processes0.json"), [p.pid for p in psutil.Process().children(recursive=True)])
     close_quietly(queue, abort=True, bound=EXIT_BOUND)
     sys.stdout.flush()
     os._exit(1)  # a failed save ends the trainer; a call left running (HUNG) must not keep it alive
