@@ -123,15 +123,17 @@ SUITES = {"spec_tests": "{}.json", "fault_injection": "faults-{}.json", "benchma
 @nox.session
 @nox.parametrize(("python", "target", "release"), RELEASE_IDS)
 def spec(session: nox.Session, target: str, release: str) -> None:
-    """A suite (spec_tests unless the first posarg names another of SUITES) against one release of a target.
+    """A suite (spec_tests unless the first posarg names another of SUITES, or a path inside one) against one
+    release of a target.
 
-    Its expectations entries for that release apply (strict). The run records to conformance/ (SUITES) unless the
-    posargs give --conformance-json; the other posargs go to pytest.
+    Its expectations entries for that release apply (strict). A whole suite records to conformance/ (SUITES) unless
+    the posargs give --conformance-json (a path records only there); the other posargs go to pytest, e.g.
+    `nox -s "spec(nvrx-0.7.0)" -- fault_injection/test_node_faults.py --conformance-json conformance/rerun.json`.
     """
     _install_release(session, target, release)
     args = list(session.posargs)
-    suite = args.pop(0) if args and args[0] in SUITES else "spec_tests"
-    json_name = SUITES[suite]
+    suite = args.pop(0) if args and args[0].split("/")[0] in SUITES else "spec_tests"
+    json_name = SUITES.get(suite)
     record = []
     if json_name and "--conformance-json" not in args:
         record = ["--conformance-json", str(ROOT / "conformance" / json_name.format(f"{target}-{release}"))]
