@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 import weakref
 from abc import ABC, abstractmethod
 from collections import deque
@@ -124,6 +125,16 @@ class AsyncCaller(ABC):
 
         Raises CheckpointException (on all ranks) if it is done everywhere and failed anywhere.
         """
+
+    def _finished_here_by(self, deadline: float) -> bool:
+        """Wait until `deadline` (time.monotonic) for this rank's unreported requests to finish here; whether they
+        all did. Local only: no collective, nothing reported or finalized."""
+        while True:
+            self._poll(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+            if all(idx in self._results for idx in self._pending):
+                return True
+            if time.monotonic() >= deadline:
+                return False
 
     def sync_all_async_calls(self, is_alive: int) -> bool:
         """True iff no rank reports ``is_alive`` (one all-reduce SUM of one int)."""

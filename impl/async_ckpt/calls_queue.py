@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 import weakref
 from collections import deque
 from typing import Any, NamedTuple
@@ -35,13 +36,27 @@ logger = logging.getLogger(__name__)
 _open_queues: weakref.WeakSet[AsyncCallsQueue] = weakref.WeakSet()
 
 
+# P-EXIT-2 gives interpreter exit 30 s: calls still running here after this long are aborted, not waited for.
+_EXIT_WAIT_S = 20.0
+
+
 @atexit.register
 def _close_open_queues() -> None:
-    """A trainer that ends without close() still gets its saves in flight finalized (protocol clause P-EXIT-2)."""
+    """A trainer that ends without close() still gets its saves in flight finalized (protocol clause P-EXIT-2),
+    unless they have not finished here within _EXIT_WAIT_S: those are aborted (logged), so exit never hangs."""
+    deadline = time.monotonic() + _EXIT_WAIT_S
     for queue in list(_open_queues):
         if queue.get_num_unfinalized_calls():
             try:
-                queue.close()
+                if queue._finished_here_by(deadline):
+                    queue.close()
+                else:
+                    logger.error(
+                        "%d async checkpoint call(s) still running %g s into interpreter exit: aborted, not finalized",
+                        queue.get_num_unfinalized_calls(),
+                        _EXIT_WAIT_S,
+                    )
+                    queue.close(abort=True)
             except BaseException:
                 logger.exception("finalizing the calls in flight at interpreter exit failed")
 
@@ -117,6 +132,11 @@ class AsyncCallsQueue:
             self._finalize(head, no_dist)
             finalized.append(head.idx)
         return finalized
+
+    def _finished_here_by(self, deadline: float) -> bool:
+        """Whether this rank's pending calls all finish here by `deadline` (time.monotonic); local, finalizes nothing."""
+        callers = {id(entry.async_caller): entry.async_caller for entry in self._pending}
+        return all(caller._finished_here_by(deadline) for caller in callers.values())
 
     def get_num_unfinalized_calls(self) -> int:
         """Number of requests scheduled but not finalized yet."""
