@@ -48,6 +48,7 @@ __all__ = ["AsyncCaller", "PersistentAsyncCaller", "TemporalAsyncCaller"]
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # blocking waits wake up this often to recheck worker liveness
+_SHUTDOWN_S = 10.0  # an idle worker told to exit has this long (PC-4's bound for a worker to go) before it is killed
 _ABORT_GRACE_S = 5.0  # SIGTERM -> SIGKILL delay when aborting a worker
 
 
@@ -362,10 +363,17 @@ class PersistentAsyncCaller(AsyncCaller):
         self._process = self._conn = self._lifeline = None
 
     def _shutdown_worker(self) -> None:
+        """Tell the idle worker to exit; one that has not within _SHUTDOWN_S is stuck, and is killed (bounded)."""
         assert self._process is not None  # only called with a worker
         self._send(None)
-        while self._process.is_alive():
+        deadline = time.monotonic() + _SHUTDOWN_S
+        while self._process.is_alive() and time.monotonic() < deadline:
             self._poll(_POLL_S)  # keep reading, so the worker never blocks on a full pipe
+        if self._process.is_alive():
+            logger.error(
+                "checkpoint worker (pid %d) did not exit within %g s of close(): killed", self._process.pid, _SHUTDOWN_S
+            )
+            _kill_group(self._process)
         self._process.join()
 
     def _send(self, message) -> None:
