@@ -71,7 +71,9 @@ def lint(session: nox.Session) -> None:
 def mutation(session: nox.Session) -> None:
     """The mutation score of impl: cosmic-ray, targeted tests per module group, a seeded random sample."""
     session.install(TORCH, "-e", ".[test,mutation]")
-    session.run("python", "-m", "mutation.run", *(session.posargs or ["--sample", "200", "--seed", "17"]))
+    session.run(
+        "python", "-m", "mutation.run", *(session.posargs or ["--sample", "200", "--seed", "17", "--jobs", "2"])
+    )
     session.run("python", "-m", "mutation.summary")
 
 

@@ -1,45 +1,53 @@
-"""Run cosmic-ray over `impl/`, on a random sample of its mutants, and record every outcome.
+"""Run cosmic-ray's mutants of `impl/` on a random sample, each judged by the tests, and record every outcome.
 
-    python -m mutation.run --sample 200 --seed 17        # what `nox -s mutation` runs
+    python -m mutation.run --sample 200 --seed 17 --jobs 2      # what `nox -s mutation` runs
 
-Contract: the source is copied to `mutants/tree` (the working copy cosmic-ray edits in place; `mutants/` is
-git-ignored), each group of impl modules gets its own cosmic-ray session (`mutants/<group>.sqlite`) and its own
-targeted tests (one process, `-x`, the derandomized `ci` hypothesis profile), the unmutated tests must pass
-first, and the sampled mutants run in random order, so the results written after each mutant
-(`mutation/results.json`) are a uniform random sample even when the run is stopped early.
+Contract: the source is copied to `mutants/tree-<n>` (one working copy per job, which cosmic-ray edits in place;
+`mutants/` is git-ignored); each group of impl modules has its own targeted tests (one process, `-x`, the
+derandomized `ci` hypothesis profile), which must pass unmutated; the sampled mutants run in random order, so
+`mutation/results.json`, written after each mutant, is a uniform random sample even when the run is stopped early.
+
+A mutant is first run against the tests that executed its lines in the unmutated run (mutation.coverage_map),
+fastest first; only if they all pass is it run against its group's whole selection, which alone can call it
+survived. A mutant at import-time code goes straight to the whole selection. A hang (the run's timeout) kills.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cosmic_ray.plugins
 from cosmic_ray.commands.init import init
-from cosmic_ray.mutating import mutate_and_test
+from cosmic_ray.mutating import use_mutation
 from cosmic_ray.work_db import WorkDB, use_db
-from cosmic_ray.work_item import WorkerOutcome
+
+from mutation import coverage_map
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "mutants"
-TREE = WORK / "tree"
 RESULTS = ROOT / "mutation" / "results.json"
-COPIED = ("impl", "spec_tests", "pyproject.toml", "conftest.py")
-PYTEST = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:randomly", "--impl", "impl"]
+COPIED = ("impl", "spec_tests", "mutation", "pyproject.toml", "conftest.py")
+PYTEST = ["-x", "-q", "-n", "0", "-p", "no:randomly", "--impl", "impl"]
 
 
 @dataclass(frozen=True)
 class Group:
-    """impl modules whose mutants one targeted test selection judges."""
+    """impl modules whose mutants survive only if their group's tests all pass."""
 
     name: str
     modules: tuple[str, ...]
@@ -52,20 +60,16 @@ GROUPS = (
         "async_core",
         tuple(f"{ASYNC}{m}.py" for m in ("request", "callers", "calls_queue", "worker", "core", "torch_ckpt"))
         + ("impl/utils.py",),
-        (
-            "spec_tests/async_ckpt/test_request.py",
-            "spec_tests/async_ckpt/test_workers.py",
-            "spec_tests/async_ckpt/test_torch_ckpt.py",
-            "spec_tests/async_ckpt/test_queue.py",
-        ),
+        ("spec_tests/async_ckpt",),
     ),
     Group(
         "storage",
         tuple(
             f"{ASYNC}{m}.py"
             for m in ("filesystem_async", "state_dict_saver", "storage", "staging", "cached_metadata_filesystem_reader")
-        ),
-        ("spec_tests/storage",),
+        )
+        + ("impl/integrity.py",),
+        ("spec_tests/storage", "spec_tests/integrity"),
     ),
     Group(
         "local",
@@ -77,8 +81,16 @@ GROUPS = (
             "impl/local/replication/group_utils.py",
             "impl/local/replication/strategies.py",
         ),
-        ("spec_tests/local",),
+        ("spec_tests/local", "spec_tests/integrity"),
     ),
+)
+# Run for the coverage map too: a mutant is first tried against every test here that executed its lines.
+MAPPED = (
+    "spec_tests/async_ckpt",
+    "spec_tests/storage",
+    "spec_tests/local",
+    "spec_tests/integrity",
+    "spec_tests/protocol",
 )
 
 
@@ -101,56 +113,88 @@ def in_annotation(item, spans) -> bool:
     return any(start <= tuple(spec.start_pos) < end for start, end in spans)
 
 
-def fresh_tree() -> None:
-    """Copy the sources cosmic-ray will edit into TREE (replacing an earlier copy, by its exact path)."""
-    if TREE.exists():
-        shutil.rmtree(TREE)
-    TREE.mkdir(parents=True)
+def fresh_tree(tree: Path) -> None:
+    """Copy the sources the mutants edit into `tree` (replacing an earlier copy, by its exact path)."""
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
     for name in COPIED:
         src = ROOT / name
         if src.is_dir():
-            shutil.copytree(src, TREE / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(src, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
-            shutil.copy2(src, TREE / name)
+            shutil.copy2(src, tree / name)
 
 
-def test_command(group: Group, timeout_s: int) -> list[str]:
-    return [*PYTEST, f"--timeout={timeout_s}", *group.tests]
+def tree_env(tree: Path) -> dict[str, str]:
+    # No bytecode: a mutant written within the second its module was cached could be run from the stale cache.
+    return {**os.environ, "HYPOTHESIS_PROFILE": "ci", "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def baseline(group: Group) -> float:
-    """Run the group's tests on the unmutated copy; they must pass. Returns the wall time."""
+def run_pytest(tree: Path, args: list[str], timeout_s: float) -> str:
+    """'passed', 'failed' or 'timeout' for `python -m pytest *args` in `tree`; a timeout ends its process group."""
+    cmd = [sys.executable, "-m", "pytest", *PYTEST, f"--timeout={int(timeout_s)}", *args]
+    proc = subprocess.Popen(
+        cmd, cwd=tree, env=tree_env(tree), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        return "passed" if proc.wait(timeout=timeout_s + 60) == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the session pytest leads: its ranks and workers too
+        proc.wait()
+        return "timeout"
+
+
+@dataclass
+class Job:
+    group: Group
+    item: Any  # cosmic-ray's WorkItem (one MutationSpec)
+
+
+def judge(job: Job, tree: Path, cmap: coverage_map.Map, group_seconds: float) -> dict:
+    """Apply the mutant in `tree`, run the tests, restore the module; the result entry."""
+    (spec,) = job.item.mutations
+    module = str(spec.module_path)
+    first, last = spec.start_pos[0], spec.end_pos[0]
+    selected = cmap.tests_for(tree, module, first, last)
+    entry: dict[str, Any] = {
+        "group": job.group.name,
+        "module": module,
+        "operator": spec.operator_name,
+        "occurrence": spec.occurrence,
+        "line": first,
+    }
     start = time.monotonic()
-    proc = subprocess.run(test_command(group, 300), cwd=TREE, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"{group.name}: tests fail without a mutant:\n{proc.stdout[-4000:]}")
-    return time.monotonic() - start
+    operator = cosmic_ray.plugins.get_operator(spec.operator_name)()
+    with use_mutation(tree / module, operator, spec.occurrence) as (original, mutated):
+        if mutated is None:
+            entry["outcome"] = "no_mutation"
+        else:
+            outcome, stage = "passed", "selected"
+            if selected:
+                budget = max(60.0, 3 * sum(cmap.durations.get(t, 60.0) for t in selected) + 30)
+                outcome = run_pytest(tree, selected, budget)
+            if outcome == "passed":
+                stage = "group"
+                outcome = run_pytest(tree, list(job.group.tests), max(120.0, 3 * group_seconds + 60))
+            entry["outcome"] = "survived" if outcome == "passed" else "killed"
+            entry["by"] = f"{stage} ({len(selected) if selected is not None else 'import time'})"
+            if outcome == "timeout":
+                entry["by"] += ", timeout"
+            if outcome == "passed":
+                diff = difflib.unified_diff(original.splitlines(), mutated.splitlines(), module, module, lineterm="")
+                entry["diff"] = "\n".join(diff)
+    entry["seconds"] = round(time.monotonic() - start, 1)
+    return entry
 
 
-def record(entry: dict, results: list[dict], meta: dict) -> None:
-    results.append(entry)
-    tmp = RESULTS.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**meta, "mutants": results}, indent=1) + "\n")
-    tmp.replace(RESULTS)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sample", type=int, default=200, help="mutants drawn at random (0: all of them)")
-    parser.add_argument("--seed", type=int, default=17)
-    parser.add_argument("--groups", nargs="*", default=[g.name for g in GROUPS])
-    args = parser.parse_args(argv)
-    groups = [g for g in GROUPS if g.name in args.groups]
-
-    fresh_tree()
-    os.chdir(TREE)  # cosmic-ray edits module paths relative to the working directory
-    os.environ.update(HYPOTHESIS_PROFILE="ci", PYTHONPATH=str(TREE))
-    jobs: list[tuple[Group, Any]] = []
+def draw(groups: list[Group], sample: int, seed: int) -> tuple[list[Job], int, int]:
+    """Every mutant of the groups' modules outside annotations; a seeded uniform sample of them (0: all)."""
+    jobs: list[Job] = []
     annotations = 0
     for group in groups:
         db_path = WORK / f"{group.name}.sqlite"
-        if db_path.exists():
-            db_path.unlink()
+        db_path.unlink(missing_ok=True)
         with use_db(str(db_path), WorkDB.Mode.create) as db:
             init([Path(m) for m in group.modules], db, {})
             items = sorted(
@@ -161,14 +205,35 @@ def main(argv: list[str] | None = None) -> None:
                     i.mutations[0].occurrence,
                 ),
             )
-            spans = {m: annotation_spans(m) for m in group.modules}
-            annotations += sum(in_annotation(i, spans[str(i.mutations[0].module_path)]) for i in items)
-            jobs += [(group, i) for i in items if not in_annotation(i, spans[str(i.mutations[0].module_path)])]
-    population = len(jobs)
-    rng = random.Random(args.seed)
-    sample = rng.sample(jobs, args.sample) if 0 < args.sample < population else rng.sample(jobs, population)
+        spans = {m: annotation_spans(m) for m in group.modules}
+        inside = [in_annotation(i, spans[str(i.mutations[0].module_path)]) for i in items]
+        annotations += sum(inside)
+        jobs += [Job(group, i) for i, skip in zip(items, inside, strict=True) if not skip]
+    rng = random.Random(seed)
+    drawn = rng.sample(jobs, sample) if 0 < sample < len(jobs) else rng.sample(jobs, len(jobs))
+    return drawn, len(jobs), annotations
 
-    timeouts: dict[str, int] = {}  # from each group's unmutated run, taken when its first mutant comes up
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sample", type=int, default=200, help="mutants drawn at random (0: all of them)")
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--jobs", type=int, default=2, help="mutants judged at once, each in its own tree")
+    parser.add_argument("--groups", nargs="*", default=[g.name for g in GROUPS])
+    args = parser.parse_args(argv)
+    groups = [g for g in GROUPS if g.name in args.groups]
+
+    trees = [WORK / f"tree-{n}" for n in range(args.jobs)]
+    for tree in trees:
+        fresh_tree(tree)
+    os.chdir(ROOT)  # cosmic-ray names module paths relative to the working directory, as the trees do
+    sample, population, annotations = draw(groups, args.sample, args.seed)
+    # Also the baseline: unmutated, every mapped test must pass. Two xdist workers: this run is the long one.
+    command = ["-x", "-q", "-n", "2", "-p", "no:randomly", "--impl", "impl", "--timeout=300", *MAPPED]
+    cmap = coverage_map.build("all", trees[0], command, tree_env(trees[0]), WORK)
+    print(f"coverage map: {cmap.seconds:.0f} s, {len(cmap.durations)} tests", flush=True)
+    group_seconds = {g.name: sum(s for t, s in cmap.durations.items() if t.startswith(g.tests)) for g in groups}
+
     meta = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "command": "nox -s mutation -- " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -179,31 +244,33 @@ def main(argv: list[str] | None = None) -> None:
         "tests": {g.name: list(g.tests) for g in groups},
     }
     results: list[dict] = []
-    for n, (group, item) in enumerate(sample, 1):
-        if group.name not in timeouts:
-            took = baseline(group)
-            timeouts[group.name] = int(max(120, 3 * took))
-            print(f"baseline {group.name}: {took:.0f} s, mutant timeout {timeouts[group.name]} s", flush=True)
-        command = " ".join(test_command(group, timeouts[group.name]))
-        start = time.monotonic()
-        result = mutate_and_test(item.mutations, command, timeouts[group.name] + 30)
-        (spec,) = item.mutations
-        outcome = "killed" if result.is_killed else "survived"
-        if result.worker_outcome != WorkerOutcome.NORMAL:  # no mutation possible, or cosmic-ray failed
-            outcome = str(result.worker_outcome.value)
-        entry = {
-            "group": group.name,
-            "module": str(spec.module_path),
-            "operator": spec.operator_name,
-            "occurrence": spec.occurrence,
-            "line": spec.start_pos[0],
-            "outcome": outcome,
-            "seconds": round(time.monotonic() - start, 1),
-        }
-        if outcome != "killed":
-            entry["diff"] = result.diff
-        record(entry, results, meta)
-        print(f"[{n}/{len(sample)}] {entry['module']}:{entry['line']} {spec.operator_name} -> {outcome}", flush=True)
+    lock = threading.Lock()
+    free = list(trees)
+
+    def work(job: Job) -> None:
+        with lock:
+            tree = free.pop()
+        try:
+            entry = judge(job, tree, cmap, group_seconds[job.group.name])
+        finally:
+            with lock:
+                free.append(tree)
+        with lock:
+            results.append(entry)
+            tmp = RESULTS.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**meta, "mutants": results}, indent=1) + "\n")
+            tmp.replace(RESULTS)
+            done = len(results)
+        by = entry.get("by", "")
+        print(
+            f"[{done}/{len(sample)}] {entry['module']}:{entry['line']} {entry['operator']} -> {entry['outcome']} "
+            f"{by} {entry['seconds']} s",
+            flush=True,
+        )
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for future in [pool.submit(work, job) for job in sample]:
+            future.result()
 
 
 if __name__ == "__main__":
