@@ -133,10 +133,13 @@ class AsyncCallsQueue:
             finalized.append(head.idx)
         return finalized
 
+    def _pending_callers(self) -> dict[int, AsyncCaller]:
+        """The distinct callers of the pending requests, by identity (a persistent caller serves many)."""
+        return {id(entry.async_caller): entry.async_caller for entry in self._pending}
+
     def _finished_here_by(self, deadline: float) -> bool:
         """Whether this rank's pending calls all finish here by `deadline` (time.monotonic); local, finalizes nothing."""
-        callers = {id(entry.async_caller): entry.async_caller for entry in self._pending}
-        return all(caller._finished_here_by(deadline) for caller in callers.values())
+        return all(caller._finished_here_by(deadline) for caller in self._pending_callers().values())
 
     def get_num_unfinalized_calls(self) -> int:
         """Number of requests scheduled but not finalized yet."""
@@ -225,7 +228,7 @@ class AsyncCallsQueue:
 
     def _abort(self) -> None:
         self._closed = True
-        callers = {id(entry.async_caller): entry.async_caller for entry in self._pending}
+        callers = self._pending_callers()
         if self._persistent_caller is not None:
             callers[id(self._persistent_caller)] = self._persistent_caller
         self._pending.clear()

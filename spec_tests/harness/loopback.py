@@ -155,12 +155,7 @@ def wait(nodes: list[Node], timeout: float) -> list[int | None]:
 def launched_only_skips(forked: Path | str, launched: Path | str) -> list[str]:
     """Harness tests (citing no clause) that the launched run skipped and the forked run did not: what the mode
     cannot do (more ranks than the world, killing a launched rank; README: torchrun). No conformance verdict."""
-    a, b = load_run(forked), load_run(launched)
-    return sorted(
-        nodeid
-        for nodeid, (outcome, cited) in b.tests.items()
-        if outcome == "skipped" and not cited and a.tests.get(nodeid, ("skipped",))[0] != "skipped"
-    )
+    return _mode_skips(load_run(forked), load_run(launched))
 
 
 def compare(forked: Path | str, launched: Path | str) -> list[str]:
@@ -168,7 +163,18 @@ def compare(forked: Path | str, launched: Path | str) -> list[str]:
 
     The launched mode's own skips (launched_only_skips) are listed apart, not counted here."""
     a, b = load_run(forked), load_run(launched)
-    mode_skips = set(launched_only_skips(forked, launched))
+    return _differences(a, b, set(_mode_skips(a, b)))
+
+
+def _mode_skips(a, b) -> list[str]:
+    return sorted(
+        nodeid
+        for nodeid, (outcome, cited) in b.tests.items()
+        if outcome == "skipped" and not cited and a.tests.get(nodeid, ("skipped",))[0] != "skipped"
+    )
+
+
+def _differences(a, b, mode_skips: set[str]) -> list[str]:
     problems = [
         f"{nodeid}: forked {a.tests.get(nodeid, ('absent',))[0]}, launched {b.tests.get(nodeid, ('absent',))[0]}"
         for nodeid in sorted(set(a.tests) | set(b.tests))
@@ -220,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"loopback: {args.nodes} node(s) x {args.nproc_per_node} exited {codes} in {wall:.0f}s", flush=True)
     ok = all(code in (0, 1) for code in codes)
     if args.forked and json_path is not None:
-        for nodeid in launched_only_skips(forked_json, json_path):
+        a, b = load_run(forked_json), load_run(json_path)
+        skips = _mode_skips(a, b)
+        for nodeid in skips:
             print(f"loopback: skipped by the launched mode only (a harness test): {nodeid}")
-        problems = compare(forked_json, json_path)
+        problems = _differences(a, b, set(skips))
         print("loopback: verdicts " + ("agree" if not problems else "differ:\n  " + "\n  ".join(problems)))
         ok = ok and not problems
     return 0 if ok else 1

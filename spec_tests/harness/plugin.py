@@ -88,6 +88,8 @@ def in_ci() -> bool:
 def pytest_configure(config):
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    if hasattr(config, "workerinput"):
+        os.environ[reaper.WORKER_MARK] = _worker_mark(config.workerinput)
     try:
         name = config.getoption("--impl") or os.environ.get(ENV_VAR) or "impl"
         os.environ[ENV_VAR] = name
@@ -102,6 +104,10 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     if not hasattr(config, "workerinput") and launched.reports():
         config.pluginmanager.register(_Recorder(config), "ckptspec-recorder")
+
+
+def _worker_mark(workerinput: dict) -> str:
+    return f"{workerinput['testrunuid']}/{workerinput['workerid']}"
 
 
 def _load_profile(config) -> str:
@@ -379,11 +385,17 @@ class _Recorder:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
-        """An xdist worker's stale expectation entries and reaped processes (the controller collects nothing)."""
+        """An xdist worker's stale expectation entries and reaped processes (the controller collects nothing);
+        for a worker that crashed, what it started and left running, found by its mark."""
         output = getattr(node, "workeroutput", {})
         if output.get("ckptspec_stale"):
             self.config.ckptspec_stale = output["ckptspec_stale"]
-        self.config.ckptspec_reaped = getattr(self.config, "ckptspec_reaped", []) + output.get("ckptspec_reaped", [])
+        reaped = output.get("ckptspec_reaped", [])
+        if error is not None:
+            name = node.workerinput["workerid"]
+            orphans = reaper.kill_marked(_worker_mark(node.workerinput), reaper.WORKER_MARK)
+            reaped = reaped + [f"after xdist worker {name} crashed: {line}" for line in orphans]
+        self.config.ckptspec_reaped = getattr(self.config, "ckptspec_reaped", []) + reaped
 
     def pytest_terminal_summary(self, terminalreporter):
         for line in getattr(self.config, "ckptspec_stale", []):

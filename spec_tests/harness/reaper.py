@@ -6,6 +6,8 @@ process that left the group (a worker that called setsid) or was re-parented aft
 - every rank exports `MARK` = its run's work directory, which the programs it starts inherit; `kill_marked` ends
   every process whose environment carries a value, wherever it went (a forked child that never exec'd shows its
   parent's original environment instead, and is found as a descendant by `kill_tree` while its rank lives);
+- every pytest-xdist worker exports `WORKER_MARK` = run and worker id before it starts anything, so that when a
+  worker crashes (killed by the OOM killer, say) the controller ends what it started, which nobody else would;
 - `kill_tree(pid)` ends every descendant of pid;
 - `kill_descendants(keep)` ends what still runs below this process when a session ends;
 - `children()` and `kill_new_children(before)` end what a test started in this process and left running.
@@ -20,9 +22,19 @@ from collections.abc import Iterable
 
 import psutil
 
-__all__ = ["MARK", "children", "harness_pids", "kill_descendants", "kill_marked", "kill_new_children", "kill_tree"]
+__all__ = [
+    "MARK",
+    "WORKER_MARK",
+    "children",
+    "harness_pids",
+    "kill_descendants",
+    "kill_marked",
+    "kill_new_children",
+    "kill_tree",
+]
 
 MARK = "CKPTSPEC_RANK_RUN"
+WORKER_MARK = "CKPTSPEC_XDIST_WORKER"
 _WAIT = 5.0  # seconds to collect what was SIGKILLed
 
 
@@ -48,12 +60,12 @@ def _kill(procs: list[psutil.Process]) -> list[str]:
     return ended
 
 
-def kill_marked(value: str) -> list[str]:
-    """SIGKILL every other process whose environment has MARK=value."""
+def kill_marked(value: str, variable: str = MARK) -> list[str]:
+    """SIGKILL every other process whose environment has `variable`=value."""
     me, found = os.getpid(), []
     for proc in psutil.process_iter():
         try:
-            if proc.pid != me and proc.environ().get(MARK) == value:
+            if proc.pid != me and proc.environ().get(variable) == value:
                 found.append(proc)
         except psutil.Error:
             continue

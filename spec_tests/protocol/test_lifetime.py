@@ -1,5 +1,5 @@
-"""Nothing outlives the trainer (P-EXIT-1 killed, P-EXIT-2 ending without close()), and host memory stays flat
-over consecutive saves (P-MEM-1).
+"""Nothing outlives the trainer (P-EXIT-1 killed, P-EXIT-2 ending without close(), P-EXIT-3 the same while its
+write hangs, with its weak level P-EXIT-3w), and host memory stays flat over consecutive saves (P-MEM-1).
 
 Ranks and the P-EXIT-2 trainer lead a process group (a session) of their own, which every process they start
 joins unless it leaves on purpose: what remains of that group after the trainer is gone outlived it.
@@ -90,26 +90,69 @@ def _record_and_run(pidfile, tmp):
     _kill_me_mid_save(tmp)
 
 
-@pytest.mark.spec("P-EXIT-2")
-def test_a_trainer_ending_without_close_exits_and_its_save_is_committed(tmp_path):
-    path = str(tmp_path / "c")
+def _run_trainer(path: str, bound: float) -> tuple[int | None, list[int]]:
+    """Run spec_tests.protocol.trainer on `path`: its exit code (None: still running `bound` s after its save
+    started, then killed) and the processes of its session left EXIT_BOUND s after it ended (then killed)."""
     env = {**os.environ, ENV_VAR: current_target().name}
     trainer = subprocess.Popen(
         [sys.executable, "-m", "spec_tests.protocol.trainer", path], env=env, start_new_session=True
     )
     try:
         wait_for_file(path + ".started", WARM_BOUND)  # start-up (importing torch) is not the subject
-        code = trainer.wait(timeout=BOUND)
+        code = trainer.wait(timeout=bound)
     except (subprocess.TimeoutExpired, AssertionError):
         code = None
     left = _gone_within(trainer.pid, EXIT_BOUND)
     for pid in [trainer.pid, *left] if code is None else left:
         os.kill(pid, signal.SIGKILL)
     trainer.wait()
+    return code, left
+
+
+@pytest.mark.spec("P-EXIT-2")
+def test_a_trainer_ending_without_close_exits_and_its_save_is_committed(tmp_path):
+    path = str(tmp_path / "c")
+    code, left = _run_trainer(path, BOUND)
     assert code is not None, f"a trainer that ended without close() did not exit within {BOUND:g}s of start()"
     assert not left, f"processes {left} of a trainer that ended without close() outlived it by {EXIT_BOUND:g}s"
     assert code == 0, f"the trainer exited with code {code}"
     assert_loads(path, expected(1, 1, 1 << 20), call="dcp.load of the save of a trainer that ended without close()")
+
+
+HUNG_EXIT_BOUND = 60.0
+_HUNG: list[tuple[int | None, list[int], str]] = []  # the hung-write trainer's run, once per process for both tests
+
+
+def _hung_write_trainer(tmp_path_factory) -> tuple[int | None, list[int], str]:
+    """Run the trainer with its data file a FIFO nobody opens: its write blocks, as on a file system that never
+    accepts it. Its exit code (None: killed after HUNG_EXIT_BOUND), what it left running, its checkpoint path."""
+    if not _HUNG:
+        path = str(tmp_path_factory.mktemp("hung-write") / "c")
+        os.makedirs(path)
+        fifo = data_file(path, 0)
+        os.mkfifo(fifo)
+        try:
+            code, left = _run_trainer(path, HUNG_EXIT_BOUND)
+        finally:
+            release(fifo)  # only once the trainer's processes are gone: nothing may finish the write late
+        _HUNG.append((code, left, path))
+    return _HUNG[0]
+
+
+@pytest.mark.spec("P-EXIT-3w")
+def test_a_write_that_never_happened_is_not_committed_at_exit(tmp_path_factory):
+    _, _, path = _hung_write_trainer(tmp_path_factory)
+    assert not os.path.exists(os.path.join(path, ".metadata")), "a save whose data was never written was committed"
+
+
+@pytest.mark.spec("P-EXIT-3")
+def test_a_trainer_ending_without_close_while_its_write_hangs_still_exits(tmp_path_factory):
+    code, left, path = _hung_write_trainer(tmp_path_factory)
+    assert code is not None, (
+        f"a trainer that ended without close() while its write hung did not exit within {HUNG_EXIT_BOUND:g}s"
+    )
+    assert not left, f"processes {left} of a trainer whose write hung outlived it by {EXIT_BOUND:g}s"
+    assert not os.path.exists(os.path.join(path, ".metadata")), "a save whose data was never written was committed"
 
 
 SIZE_NUMEL = 4 << 20  # 16 MiB per save

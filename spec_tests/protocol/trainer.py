@@ -1,4 +1,4 @@
-"""A trainer that starts one save and ends normally without wait() or close() (P-EXIT-2).
+"""A trainer that starts one save and ends normally without wait() or close() (P-EXIT-2, P-EXIT-3).
 
     python -m spec_tests.protocol.trainer CHECKPOINT
 

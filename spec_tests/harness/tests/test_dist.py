@@ -12,6 +12,7 @@ import torch.distributed as dist
 from spec_tests.harness import launched
 from spec_tests.harness.processes import alive
 from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
+from spec_tests.harness.tests.pytest_runs import clean_env, run_pytest
 
 
 def _sum_of_ranks():
@@ -171,3 +172,23 @@ def test_functions_defined_inside_tests_are_refused():
 
     with pytest.raises(TypeError, match="module-level"):
         run_on_ranks(local, 1)
+
+
+@pytest.mark.skipif(launched.active(), reason="runs pytest-xdist in a subprocess, not a launched body")
+def test_what_a_crashed_xdist_worker_left_running_is_ended(tmp_path):
+    pid_file = tmp_path / "orphan.pid"
+    run = run_pytest(
+        ["-n", "1", "-p", "no:randomly", "spec_tests/harness/tests/crashing_worker.py"],
+        env=clean_env(CKPTSPEC_PROBE_PID_FILE=str(pid_file)),
+    )
+    assert pid_file.exists(), run.describe()
+    pid = int(pid_file.read_text())
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and alive(pid):
+            time.sleep(0.05)
+        assert not alive(pid), f"pid {pid}, started on a rank of the crashed worker, still runs\n{run.describe()}"
+        assert f"after xdist worker gw0 crashed: pid {pid}" in run.output, run.describe()
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)  # the program the probe started, by its exact pid
