@@ -41,7 +41,7 @@ from mutation import coverage_map
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "mutants"
 RESULTS = ROOT / "mutation" / "results.json"
-COPIED = ("impl", "spec_tests", "mutation", "pyproject.toml", "conftest.py")
+COPIED = ("impl", "spec_tests", "fault_injection", "mutation", "pyproject.toml", "conftest.py")
 PYTEST = ["-x", "-q", "-n", "0", "-p", "no:randomly", "--impl", "impl"]
 
 
