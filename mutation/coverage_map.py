@@ -106,3 +106,10 @@ def build(name: str, tree: Path, command: list[str], env: dict[str, str], work: 
     durations = {_nodeid(tree, c): float(c.get("time", "0")) for c in cases}
     (work / f"{name}.map.json").write_text(json.dumps({"lines": lines, "durations": durations, "seconds": seconds}))
     return Map(lines, durations, seconds)
+
+
+def load(path: Path) -> Map:
+    """A map that `build` stored."""
+    stored = json.loads(path.read_text())
+    lines = {module: {int(n): ids for n, ids in by_line.items()} for module, by_line in stored["lines"].items()}
+    return Map(lines, stored["durations"], stored["seconds"])

@@ -36,7 +36,7 @@ from cosmic_ray.commands.init import init
 from cosmic_ray.mutating import use_mutation
 from cosmic_ray.work_db import WorkDB, use_db
 
-from mutation import coverage_map
+from mutation import coverage_map, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "mutants"
@@ -181,9 +181,8 @@ def judge(job: Job, tree: Path, cmap: coverage_map.Map, group_seconds: float) ->
             entry["by"] = f"{stage} ({len(selected) if selected is not None else 'import time'})"
             if outcome == "timeout":
                 entry["by"] += ", timeout"
-            if outcome == "passed":
-                diff = difflib.unified_diff(original.splitlines(), mutated.splitlines(), module, module, lineterm="")
-                entry["diff"] = "\n".join(diff)
+            diff = difflib.unified_diff(original.splitlines(), mutated.splitlines(), module, module, lineterm="")
+            entry["diff"] = "\n".join(diff)
     entry["seconds"] = round(time.monotonic() - start, 1)
     return entry
 
@@ -214,40 +213,13 @@ def draw(groups: list[Group], sample: int, seed: int) -> tuple[list[Job], int, i
     return drawn, len(jobs), annotations
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sample", type=int, default=200, help="mutants drawn at random (0: all of them)")
-    parser.add_argument("--seed", type=int, default=17)
-    parser.add_argument("--jobs", type=int, default=2, help="mutants judged at once, each in its own tree")
-    parser.add_argument("--groups", nargs="*", default=[g.name for g in GROUPS])
-    args = parser.parse_args(argv)
-    groups = [g for g in GROUPS if g.name in args.groups]
-
-    trees = [WORK / f"tree-{n}" for n in range(args.jobs)]
-    for tree in trees:
-        fresh_tree(tree)
-    os.chdir(ROOT)  # cosmic-ray names module paths relative to the working directory, as the trees do
-    sample, population, annotations = draw(groups, args.sample, args.seed)
-    # Also the baseline: unmutated, every mapped test must pass. Two xdist workers: this run is the long one.
-    command = ["-x", "-q", "-n", "2", "-p", "no:randomly", "--impl", "impl", "--timeout=300", *MAPPED]
-    cmap = coverage_map.build("all", trees[0], command, tree_env(trees[0]), WORK)
-    print(f"coverage map: {cmap.seconds:.0f} s, {len(cmap.durations)} tests", flush=True)
+def judge_all(jobs: list[Job], trees: list[Path], cmap: coverage_map.Map, groups: list[Group], done) -> None:
+    """Judge `jobs` in order, len(trees) at once; `done(n, entry)` is called under a lock as each one ends."""
     group_seconds = {g.name: sum(s for t, s in cmap.durations.items() if t.startswith(g.tests)) for g in groups}
-
-    meta = {
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "command": "nox -s mutation -- " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "seed": args.seed,
-        "population": population,
-        "in_annotations": annotations,
-        "sampled": len(sample),
-        "tests": {g.name: list(g.tests) for g in groups},
-    }
-    results: list[dict] = []
     lock = threading.Lock()
     free = list(trees)
 
-    def work(job: Job) -> None:
+    def work(n: int, job: Job) -> None:
         with lock:
             tree = free.pop()
         try:
@@ -256,21 +228,100 @@ def main(argv: list[str] | None = None) -> None:
             with lock:
                 free.append(tree)
         with lock:
-            results.append(entry)
-            tmp = RESULTS.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**meta, "mutants": results}, indent=1) + "\n")
-            tmp.replace(RESULTS)
-            done = len(results)
-        by = entry.get("by", "")
+            done(n, entry)
         print(
-            f"[{done}/{len(sample)}] {entry['module']}:{entry['line']} {entry['operator']} -> {entry['outcome']} "
-            f"{by} {entry['seconds']} s",
+            f"[{n + 1}/{len(jobs)}] {entry['module']}:{entry['line']} {entry['operator']} -> {entry['outcome']} "
+            f"{entry.get('by', '')} {entry['seconds']} s",
             flush=True,
         )
 
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for future in [pool.submit(work, job) for job in sample]:
+    with ThreadPoolExecutor(len(trees)) as pool:
+        for future in [pool.submit(work, n, job) for n, job in enumerate(jobs)]:
             future.result()
+
+
+def write_results(results: dict) -> None:
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1) + "\n")
+    tmp.replace(RESULTS)
+
+
+def _key(spec_or_entry) -> tuple[str, str, int]:
+    if isinstance(spec_or_entry, dict):
+        return (spec_or_entry["module"], spec_or_entry["operator"], int(spec_or_entry["occurrence"]))
+    return (str(spec_or_entry.module_path), spec_or_entry.operator_name, spec_or_entry.occurrence)
+
+
+def rejudge(groups: list[Group], trees: list[Path]) -> None:
+    """Judge again, against the current tests, every survivor of results.json not listed as equivalent; the
+    entries are replaced in place (marked `rejudged`). The mutants must still apply as they did (same diff)."""
+    results = json.loads(RESULTS.read_text())
+    equivalent = {(e["module"], int(e["line"]), e["operator"]) for e in summary.equivalent_entries()}
+    every, _, _ = draw(groups, 0, results["seed"])
+    by_key = {_key(job.item.mutations[0]): job for job in every}
+    todo = [
+        n
+        for n, m in enumerate(results["mutants"])
+        if m["outcome"] == "survived" and (m["module"], int(m["line"]), m["operator"]) not in equivalent
+    ]
+    map_file = WORK / "all.map.json"
+    if not map_file.exists():
+        sys.exit(f"{map_file} is missing: run mutation.run without --rejudge first")
+    cmap = coverage_map.load(map_file)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+
+    def done(i: int, entry: dict) -> None:
+        n = todo[i]
+        old = results["mutants"][n]
+        if old.get("diff") and entry.get("diff") != old["diff"]:
+            sys.exit(f"{old['module']}:{old['line']} {old['operator']}: the mutant no longer applies as it did")
+        results["mutants"][n] = {**entry, "rejudged": today}
+        write_results(results)
+
+    judge_all([by_key[_key(results["mutants"][n])] for n in todo], trees, cmap, groups, done)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sample", type=int, default=200, help="mutants drawn at random (0: all of them)")
+    parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--jobs", type=int, default=2, help="mutants judged at once, each in its own tree")
+    parser.add_argument("--groups", nargs="*", default=[g.name for g in GROUPS])
+    parser.add_argument(
+        "--rejudge", action="store_true", help="judge the survivors of results.json again (after new tests)"
+    )
+    args = parser.parse_args(argv)
+    groups = [g for g in GROUPS if g.name in args.groups]
+
+    trees = [WORK / f"tree-{n}" for n in range(args.jobs)]
+    for tree in trees:
+        fresh_tree(tree)
+    os.chdir(ROOT)  # cosmic-ray names module paths relative to the working directory, as the trees do
+    if args.rejudge:
+        rejudge(groups, trees)
+        return
+    sample, population, annotations = draw(groups, args.sample, args.seed)
+    # Also the baseline: unmutated, every mapped test must pass. Two xdist workers: this run is the long one.
+    command = ["-x", "-q", "-n", "2", "-p", "no:randomly", "--impl", "impl", "--timeout=300", *MAPPED]
+    cmap = coverage_map.build("all", trees[0], command, tree_env(trees[0]), WORK)
+    print(f"coverage map: {cmap.seconds:.0f} s, {len(cmap.durations)} tests", flush=True)
+    results = {
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": "nox -s mutation -- " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "seed": args.seed,
+        "population": population,
+        "in_annotations": annotations,
+        "sampled": len(sample),
+        "tests": {g.name: list(g.tests) for g in groups},
+        "mapped": list(MAPPED),
+        "mutants": [],
+    }
+
+    def done(n: int, entry: dict) -> None:
+        results["mutants"].append(entry)
+        write_results(results)
+
+    judge_all(sample, trees, cmap, groups, done)
 
 
 if __name__ == "__main__":

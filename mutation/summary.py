@@ -7,6 +7,8 @@
 Score = killed / (mutants run - equivalent), per impl module and overall, with the 95% Wilson interval of the
 overall score (the mutants are a uniform random sample of all of impl's). `mutation/equivalent.toml` lists the
 surviving mutants judged equivalent (module, line, operator, and a one-line reason); they count in no denominator.
+Entries with `kind = "gpu"` are survivors in code that runs only with a CUDA device: shown in their own column,
+out of the score, and counted as survivors in the note's second figure.
 A mutant cosmic-ray could not apply (`no_mutation`) counts nowhere either.
 """
 
@@ -25,6 +27,11 @@ HERE = Path(__file__).resolve().parent
 START, END = "<!-- mutation:start -->", "<!-- mutation:end -->"
 
 
+def equivalent_entries() -> list[dict]:
+    """The surviving mutants judged equivalent (mutation/equivalent.toml)."""
+    return tomllib.loads((HERE / "equivalent.toml").read_text()).get("mutant", [])
+
+
 def wilson(killed: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson score interval of a proportion killed/n."""
     if n == 0:
@@ -40,35 +47,34 @@ def _key(m: dict) -> tuple[str, int, str]:
 
 
 def render(results: dict, equivalent: list[dict]) -> str:
-    eq = {(e["module"], int(e["line"]), e["operator"]) for e in equivalent}
-    rows: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # killed, survived, equivalent
+    kinds = {(e["module"], int(e["line"]), e["operator"]): e.get("kind", "equivalent") for e in equivalent}
+    columns = ("killed", "survived", "equivalent", "gpu")
+    rows: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(columns, 0))
     for m in results["mutants"]:
         if m["outcome"] == "no_mutation":
             continue
-        row = rows[m["module"]]
-        if m["outcome"] == "killed":
-            row[0] += 1
-        elif _key(m) in eq:
-            row[2] += 1
-        else:
-            row[1] += 1
-    lines = ["| impl module | killed | survived | equivalent | score |", "| --- | --- | --- | --- | --- |"]
-    total = [0, 0, 0]
+        rows[m["module"]]["killed" if m["outcome"] == "killed" else kinds.get(_key(m), "survived")] += 1
+    lines = [
+        "| impl module | killed | survived | equivalent | GPU only | score |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    total = dict.fromkeys(columns, 0)
     for module in sorted(rows):
-        killed, survived, equiv = rows[module]
-        total = [total[0] + killed, total[1] + survived, total[2] + equiv]
-        lines.append(f"| `{module}` | {killed} | {survived} | {equiv} | {killed / max(1, killed + survived):.0%} |")
-    killed, survived, equiv = total
-    n = killed + survived
+        row = rows[module]
+        total = {c: total[c] + row[c] for c in columns}
+        score = row["killed"] / max(1, row["killed"] + row["survived"])
+        lines.append(f"| `{module}` | {' | '.join(str(row[c]) for c in columns)} | {score:.0%} |")
+    killed, n = total["killed"], total["killed"] + total["survived"]
     low, high = wilson(killed, n)
-    lines.append(f"| **all** | {killed} | {survived} | {equiv} | **{killed / max(1, n):.1%}** |")
-    done, skipped = len(results["mutants"]), results.get("in_annotations", 0)
+    lines.append(f"| **all** | {' | '.join(str(total[c]) for c in columns)} | **{killed / max(1, n):.1%}** |")
+    done, skipped, gpu = len(results["mutants"]), results.get("in_annotations", 0), total["gpu"]
     lines += [
         "",
         f"{results['date']}: {done} of the {results['sampled']} mutants drawn (seed {results['seed']}) have run, "
         f"out of the {results['population']} that cosmic-ray generates for impl outside annotations "
         f"({skipped} more lie inside annotations); score {killed}/{n} = {killed / max(1, n):.1%}, 95% Wilson "
-        f"interval {low:.1%} to {high:.1%}. Command: `{results['command']}`.",
+        f"interval {low:.1%} to {high:.1%}; counting the {gpu} GPU-only mutants (code a CPU machine never runs) as "
+        f"survivors, {killed}/{n + gpu} = {killed / max(1, n + gpu):.1%}. Command: `{results['command']}`.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -79,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--update", type=Path)
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text())
-    equivalent = tomllib.loads((HERE / "equivalent.toml").read_text()).get("mutant", [])
+    equivalent = equivalent_entries()
     block = render(results, equivalent)
     if args.update is None:
         print(block, end="")

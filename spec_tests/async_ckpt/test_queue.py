@@ -1,6 +1,7 @@
 """AsyncCallsQueue and the caller completion protocol: indices, order, collectives, errors, close."""
 
 import functools
+import gc
 import os
 import pickle
 import threading
@@ -315,6 +316,33 @@ def test_abort_stops_in_flight_work_without_finalizing(rank_pool, tmp_path, pers
         rank_pool(1).run(_abort_in_flight, str(tmp_path), persistent)[0],
         Aborted(finalize_fns_run=[], runner_exists=False),
         call="close(abort=True) returned while a call was in flight",
+    )
+
+
+def _dropped_in_flight(tmp, persistent):
+    log, pid_file = os.path.join(tmp, "log"), os.path.join(tmp, "pid")
+    core = async_core()
+    holder = [core.AsyncCallsQueue(persistent=persistent)]
+    holder[0].schedule_async_request(workloads.held_call(core, tmp, log))
+    wait_for_file(pid_file)
+
+    def drop():
+        holder.clear()  # the last reference: the queue is collected here, or by the collection below
+        gc.collect()
+
+    bounded(10, "dropping the queue's last reference and gc.collect()", drop)
+    runner = int(Path(pid_file).read_text())
+    return Aborted(_lines(log), exists(runner))
+
+
+@pytest.mark.spec("AQ-17")
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_a_queue_dropped_with_a_call_in_flight_aborts_it(rank_pool, tmp_path, persistent):
+    assert_equal(
+        "queue",
+        rank_pool(1).run(_dropped_in_flight, str(tmp_path), persistent)[0],
+        Aborted(finalize_fns_run=[], runner_exists=False),
+        call="the last reference to a queue dropped (no close()) while a call was in flight",
     )
 
 
