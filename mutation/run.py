@@ -174,9 +174,10 @@ def judge(job: Job, tree: Path, cmap: coverage_map.Map, group_seconds: float) ->
             if selected:
                 budget = max(60.0, 3 * sum(cmap.durations.get(t, 60.0) for t in selected) + 30)
                 outcome = run_pytest(tree, selected, budget)
-            if outcome == "passed":
+            if outcome == "passed":  # the rest of the group: what the selection ran passed already
                 stage = "group"
-                outcome = run_pytest(tree, list(job.group.tests), max(120.0, 3 * group_seconds + 60))
+                rest = [arg for test in selected or () for arg in ("--deselect", test)]
+                outcome = run_pytest(tree, [*job.group.tests, *rest], max(120.0, 3 * group_seconds + 60))
             entry["outcome"] = "survived" if outcome == "passed" else "killed"
             entry["by"] = f"{stage} ({len(selected) if selected is not None else 'import time'})"
             if outcome == "timeout":
@@ -290,6 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--rejudge", action="store_true", help="judge the survivors of results.json again (after new tests)"
     )
+    parser.add_argument(
+        "--resume", action="store_true", help="keep results.json's mutants of this sample and judge the rest"
+    )
     args = parser.parse_args(argv)
     groups = [g for g in GROUPS if g.name in args.groups]
 
@@ -301,20 +305,31 @@ def main(argv: list[str] | None = None) -> None:
         rejudge(groups, trees)
         return
     sample, population, annotations = draw(groups, args.sample, args.seed)
-    # Also the baseline: unmutated, every mapped test must pass. Two xdist workers: this run is the long one.
-    command = ["-x", "-q", "-n", "2", "-p", "no:randomly", "--impl", "impl", "--timeout=300", *MAPPED]
-    cmap = coverage_map.build("all", trees[0], command, tree_env(trees[0]), WORK)
-    print(f"coverage map: {cmap.seconds:.0f} s, {len(cmap.durations)} tests", flush=True)
+    kept: list[dict] = []
+    command = "nox -s mutation -- " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.resume:
+        before = json.loads(RESULTS.read_text())
+        if (before["seed"], before["sampled"]) != (args.seed, len(sample)):
+            sys.exit("--resume: results.json is of another sample (seed, size)")
+        kept, command = before["mutants"], before["command"]
+        judged = {_key(m) for m in kept}
+        sample = [job for job in sample if _key(job.item.mutations[0]) not in judged]
+        cmap = coverage_map.load(WORK / "all.map.json")
+    else:
+        # Also the baseline: unmutated, every mapped test must pass. Two xdist workers: this run is the long one.
+        baseline = ["-x", "-q", "-n", "2", "-p", "no:randomly", "--impl", "impl", "--timeout=300", *MAPPED]
+        cmap = coverage_map.build("all", trees[0], baseline, tree_env(trees[0]), WORK)
+        print(f"coverage map: {cmap.seconds:.0f} s, {len(cmap.durations)} tests", flush=True)
     results = {
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "command": "nox -s mutation -- " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command,
         "seed": args.seed,
         "population": population,
         "in_annotations": annotations,
-        "sampled": len(sample),
+        "sampled": len(sample) + len(kept),
         "tests": {g.name: list(g.tests) for g in groups},
         "mapped": list(MAPPED),
-        "mutants": [],
+        "mutants": kept,
     }
 
     def done(n: int, entry: dict) -> None:
