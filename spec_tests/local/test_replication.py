@@ -127,9 +127,13 @@ def test_replicate_gives_each_member_every_clique_members_state(rank_pool, data)
 
 @pytest.mark.spec("CL-3")
 def test_replicate_copies_views_by_value(rank_pool):
-    """Strided and transposed views (a model's tied or transposed weights) arrive with their own values."""
+    """Strided, transposed and expanded views (a model's tied or transposed weights, a broadcast buffer) arrive
+    with their own values."""
     bases = [(torch.arange(12.0) + 100 * rank).reshape(3, 4) for rank in range(2)]
-    states = [{"strided": base[:, ::2], "transposed": base.t(), "row": base[1]} for base in bases]
+    states = [
+        {"strided": base[:, ::2], "transposed": base.t(), "row": base[1], "expanded": base[2, 1:2].expand(5)}
+        for base in bases
+    ]
     _assert_replicated(rank_pool(2).run(_replicate_own_state, states, (1, 2)), states, (1, 2))
 
 
