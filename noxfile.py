@@ -3,9 +3,11 @@
     tests-3.11 / tests-3.12 / tests-3.13   the README's two set-up commands, verbatim, on that Python
     lowest                                 the suite on the lowest declared version of every dependency
     lint                                   ruff (lint, format), mypy, deptry: what .ci/run checks
-    mutation                               cosmic-ray over impl on a random sample of mutants (not in CI; hours on
-                                           2 cores): writes mutation/results.json, then `python -m mutation.summary
-                                           --update README.md` (`nox -s mutation -- --sample 0` runs every mutant)
+    mutation                               cosmic-ray over impl on a random sample of 200 mutants, each judged by
+                                           the tests that ran its lines first (not in CI; about 2 hours on 2
+                                           cores): writes mutation/results.json, then `python -m mutation.summary
+                                           --update README.md` (`-- --sample 0` runs every mutant, `-- --resume`
+                                           goes on with a stopped run, `-- --rejudge` re-runs the survivors)
     spec(nvrx-0.4.1) / spec(nvrx-0.7.0) /  spec_tests against one release of a target, on the Python that
     spec(mcore-0.16.1) / spec(mcore-0.19.2) release needs; writes conformance/<target>-<release>.json
                                            `-- fault_injection` runs the fault suite instead (writes
@@ -69,7 +71,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def mutation(session: nox.Session) -> None:
-    """The mutation score of impl: cosmic-ray, targeted tests per module group, a seeded random sample."""
+    """The mutation score of impl: cosmic-ray on a seeded random sample, coverage-selected tests per mutant."""
     session.install(TORCH, "-e", ".[test,mutation]")
     session.run(
         "python", "-m", "mutation.run", *(session.posargs or ["--sample", "200", "--seed", "17", "--jobs", "2"])
