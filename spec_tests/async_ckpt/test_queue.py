@@ -297,13 +297,23 @@ def test_close_finalizes_every_pending_call(rank_pool, tmp_path, persistent):
     )
 
 
-def _abort_in_flight(tmp, persistent):
+def _ended_in_flight(tmp, persistent, ending):
+    """Schedule a call that never finishes, then end the queue: `close(abort=True)`, or drop its last reference
+    (`drop`) and collect it. What ran of the call's finalize functions, and whether its process still exists."""
     log, pid_file = os.path.join(tmp, "log"), os.path.join(tmp, "pid")
     core = async_core()
-    queue = core.AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(workloads.held_call(core, tmp, log))
+    holder = [core.AsyncCallsQueue(persistent=persistent)]
+    holder[0].schedule_async_request(workloads.held_call(core, tmp, log))
     wait_for_file(pid_file)
-    bounded(10, "close(abort=True)", queue.close, abort=True)
+    if ending == "drop":
+
+        def drop():
+            holder.clear()  # the last reference: the queue is collected here, or by the collection below
+            gc.collect()
+
+        bounded(10, "dropping the queue's last reference and gc.collect()", drop)
+    else:
+        bounded(10, "close(abort=True)", holder[0].close, abort=True)
     runner = int(Path(pid_file).read_text())
     return Aborted(_lines(log), exists(runner))
 
@@ -313,26 +323,10 @@ def _abort_in_flight(tmp, persistent):
 def test_abort_stops_in_flight_work_without_finalizing(rank_pool, tmp_path, persistent):
     assert_equal(
         "queue",
-        rank_pool(1).run(_abort_in_flight, str(tmp_path), persistent)[0],
+        rank_pool(1).run(_ended_in_flight, str(tmp_path), persistent, "abort")[0],
         Aborted(finalize_fns_run=[], runner_exists=False),
         call="close(abort=True) returned while a call was in flight",
     )
-
-
-def _dropped_in_flight(tmp, persistent):
-    log, pid_file = os.path.join(tmp, "log"), os.path.join(tmp, "pid")
-    core = async_core()
-    holder = [core.AsyncCallsQueue(persistent=persistent)]
-    holder[0].schedule_async_request(workloads.held_call(core, tmp, log))
-    wait_for_file(pid_file)
-
-    def drop():
-        holder.clear()  # the last reference: the queue is collected here, or by the collection below
-        gc.collect()
-
-    bounded(10, "dropping the queue's last reference and gc.collect()", drop)
-    runner = int(Path(pid_file).read_text())
-    return Aborted(_lines(log), exists(runner))
 
 
 @pytest.mark.spec("AQ-17")
@@ -340,7 +334,7 @@ def _dropped_in_flight(tmp, persistent):
 def test_a_queue_dropped_with_a_call_in_flight_aborts_it(rank_pool, tmp_path, persistent):
     assert_equal(
         "queue",
-        rank_pool(1).run(_dropped_in_flight, str(tmp_path), persistent)[0],
+        rank_pool(1).run(_ended_in_flight, str(tmp_path), persistent, "drop")[0],
         Aborted(finalize_fns_run=[], runner_exists=False),
         call="the last reference to a queue dropped (no close()) while a call was in flight",
     )
