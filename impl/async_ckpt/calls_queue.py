@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util as mp_util
+import os
 import time
 import weakref
 from collections import deque
@@ -33,17 +35,31 @@ __all__ = ["AsyncCallsQueue"]
 
 logger = logging.getLogger(__name__)
 
+# The queues of this process (a forked child inherits its parent's, which are not its own to finalize).
 _open_queues: weakref.WeakSet[AsyncCallsQueue] = weakref.WeakSet()
-
+_open_queues_pid: int | None = None
 
 # P-EXIT-2 gives interpreter exit 30 s: calls still running here after this long are aborted, not waited for.
 _EXIT_WAIT_S = 20.0
+
+
+def _track_open(queue: AsyncCallsQueue) -> None:
+    """Finalize `queue` at the end of this process if it is still open. A process started by multiprocessing
+    (torch.multiprocessing.spawn ranks) never runs atexit hooks, only multiprocessing's exit finalizers: the hook
+    is one of those too, ahead of the callers' abort (priority 10); run twice, it finds nothing the second time."""
+    global _open_queues, _open_queues_pid
+    if os.getpid() != _open_queues_pid:
+        _open_queues, _open_queues_pid = weakref.WeakSet(), os.getpid()
+        mp_util.Finalize(None, _close_open_queues, exitpriority=20)
+    _open_queues.add(queue)
 
 
 @atexit.register
 def _close_open_queues() -> None:
     """A trainer that ends without close() still gets its saves in flight finalized (protocol clause P-EXIT-2),
     unless they have not finished here within _EXIT_WAIT_S: those are aborted (logged), so exit never hangs."""
+    if os.getpid() != _open_queues_pid:
+        return
     deadline = time.monotonic() + _EXIT_WAIT_S
     for queue in list(_open_queues):
         if queue.get_num_unfinalized_calls():
@@ -96,7 +112,7 @@ class AsyncCallsQueue:
         self._persistent_caller: PersistentAsyncCaller | None = None
         self._warned_temporal = False
         self._closed = False
-        _open_queues.add(self)
+        _track_open(self)
 
     def schedule_async_request(self, async_request: AsyncRequest) -> int:
         """Start ``async_request`` in the background; return its queue index. On all ranks."""

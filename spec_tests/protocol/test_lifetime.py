@@ -90,12 +90,12 @@ def _record_and_run(pidfile, tmp):
     _kill_me_mid_save(tmp)
 
 
-def _run_trainer(path: str, bound: float) -> tuple[int | None, list[int]]:
+def _run_trainer(path: str, bound: float, *options: str) -> tuple[int | None, list[int]]:
     """Run spec_tests.protocol.trainer on `path`: its exit code (None: still running `bound` s after its save
     started, then killed) and the processes of its session left EXIT_BOUND s after it ended (then killed)."""
     env = {**os.environ, ENV_VAR: current_target().name}
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "spec_tests.protocol.trainer", path], env=env, start_new_session=True
+        [sys.executable, "-m", "spec_tests.protocol.trainer", path, *options], env=env, start_new_session=True
     )
     try:
         wait_for_file(path + ".started", WARM_BOUND)  # start-up (importing torch) is not the subject
@@ -109,14 +109,25 @@ def _run_trainer(path: str, bound: float) -> tuple[int | None, list[int]]:
     return code, left
 
 
+def _assert_ended_and_committed(path: str, *options: str) -> None:
+    __tracebackhide__ = True
+    what = "a trainer started by multiprocessing" if options else "a trainer"
+    code, left = _run_trainer(path, BOUND, *options)
+    assert code is not None, f"{what} that ended without close() did not exit within {BOUND:g}s of start()"
+    assert not left, f"processes {left} of {what} that ended without close() outlived it by {EXIT_BOUND:g}s"
+    assert code == 0, f"{what} exited with code {code}"
+    assert_loads(path, expected(1, 1, 1 << 20), call=f"dcp.load of the save of {what} that ended without close()")
+
+
 @pytest.mark.spec("P-EXIT-2")
 def test_a_trainer_ending_without_close_exits_and_its_save_is_committed(tmp_path):
-    path = str(tmp_path / "c")
-    code, left = _run_trainer(path, BOUND)
-    assert code is not None, f"a trainer that ended without close() did not exit within {BOUND:g}s of start()"
-    assert not left, f"processes {left} of a trainer that ended without close() outlived it by {EXIT_BOUND:g}s"
-    assert code == 0, f"the trainer exited with code {code}"
-    assert_loads(path, expected(1, 1, 1 << 20), call="dcp.load of the save of a trainer that ended without close()")
+    _assert_ended_and_committed(str(tmp_path / "c"))
+
+
+@pytest.mark.spec("P-EXIT-2")
+def test_a_trainer_started_by_multiprocessing_ending_without_close_exits_and_commits(tmp_path):
+    """As torch.multiprocessing.spawn starts ranks: such a process runs no atexit hook at its end."""
+    _assert_ended_and_committed(str(tmp_path / "c"), "--multiprocessing")
 
 
 HUNG_EXIT_BOUND = 60.0

@@ -1,12 +1,16 @@
 """A trainer that starts one save and ends normally without wait() or close() (P-EXIT-2, P-EXIT-3).
 
-    python -m spec_tests.protocol.trainer CHECKPOINT
+    python -m spec_tests.protocol.trainer CHECKPOINT [--multiprocessing]
 
 World of one rank (gloo, a FileStore next to CHECKPOINT); the target is CKPTSPEC_IMPL's. Once the save is
 started it writes CHECKPOINT + ".started": the test bounds the exit from then (start-up is not the subject). The
 test starts it in a session of its own and checks that nothing of that session remains once it has exited.
+With --multiprocessing the trainer is a process started by multiprocessing (spawn, as torch.multiprocessing.spawn
+starts ranks), which runs no atexit hook at its end, only multiprocessing's exit finalizers; this process waits
+for it and exits with its exit code.
 """
 
+import multiprocessing
 import sys
 
 import torch.distributed as dist
@@ -27,5 +31,15 @@ def main(path: str):
     return saver
 
 
+def _spawned(path: str) -> None:
+    global SAVER
+    SAVER = main(path)
+
+
 if __name__ == "__main__":
+    if sys.argv[2:] == ["--multiprocessing"]:
+        child = multiprocessing.get_context("spawn").Process(target=_spawned, args=(sys.argv[1],))
+        child.start()
+        child.join()
+        sys.exit(child.exitcode)
     SAVER = main(sys.argv[1])
