@@ -253,6 +253,11 @@ def _key(spec_or_entry) -> tuple[str, str, int]:
     return (str(spec_or_entry.module_path), spec_or_entry.operator_name, spec_or_entry.occurrence)
 
 
+def _changed_lines(diff: str) -> list[str]:
+    """A diff's removed and added lines (its positions move when impl changes elsewhere)."""
+    return [line for line in diff.splitlines()[2:] if line[:1] in "+-"]
+
+
 def rejudge(groups: list[Group], trees: list[Path]) -> None:
     """Judge again, against the current tests, every survivor of results.json not listed as equivalent; the
     entries are replaced in place (marked `rejudged`). The mutants must still apply as they did (same diff)."""
@@ -274,8 +279,9 @@ def rejudge(groups: list[Group], trees: list[Path]) -> None:
     def done(i: int, entry: dict) -> None:
         n = todo[i]
         old = results["mutants"][n]
-        if old.get("diff") and entry.get("diff") != old["diff"]:
-            sys.exit(f"{old['module']}:{old['line']} {old['operator']}: the mutant no longer applies as it did")
+        if _changed_lines(entry.get("diff", "")) != _changed_lines(old.get("diff", "")):
+            print(f"{old['module']}:{old['line']} {old['operator']}: impl changed, it is another mutant now: kept")
+            return
         results["mutants"][n] = {**entry, "rejudged": today}
         write_results(results)
 
