@@ -87,3 +87,36 @@ def test_the_writer_is_a_storage_writer_taking_the_documented_keywords(target, t
     assert isinstance(writer, StorageWriter)
     reader = target.module("async_ckpt.cached_metadata_filesystem_reader").CachedMetadataFileSystemReader
     assert issubclass(reader, FileSystemReader), f"CachedMetadataFileSystemReader derives from {reader.__mro__}"
+
+
+def _preloaded(path: str) -> dict[str, list]:
+    """Plan a save of two CPU tensors and stage its write buckets with preload_tensors, for each non_blocking."""
+    import torch
+
+    from spec_tests.storage import saving
+
+    state = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4, dtype=torch.int64)}
+    writer = saving.module("filesystem_async").FileSystemWriterAsync(path)
+    saving.plan(state, writer)
+    _, _, args = writer.get_save_function_and_args()
+    buckets = args[1]
+    staged = {}
+    for non_blocking in (True, False):
+        out = type(writer).preload_tensors(buckets, non_blocking=non_blocking)
+        staged[str(non_blocking)] = [
+            [(t.device.type, torch.equal(t, orig)) for (_, t), (_, orig) in zip(b[2][1], a[2][1], strict=True)]
+            for b, a in zip(out, buckets, strict=True)
+        ]
+    expected = [[("cpu", True)] * len(b[2][1]) for b in buckets]
+    return {"staged": staged, "expected": {"True": expected, "False": expected}}
+
+
+@pytest.mark.spec("FS-19")
+def test_preload_tensors_stages_every_tensor_to_host_memory(tmp_path):
+    from spec_tests.harness.ranks import run_on_ranks
+
+    result = run_on_ranks(_preloaded, 1, (str(tmp_path / "c"),), timeout=120)[0]
+    assert result["staged"] == result["expected"], (
+        f"preload_tensors(write_buckets, non_blocking) on CPU tensors, per non_blocking and bucket "
+        f"(device, equal to the original): {result['staged']}"
+    )
