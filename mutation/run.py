@@ -60,7 +60,7 @@ GROUPS = (
         "async_core",
         tuple(f"{ASYNC}{m}.py" for m in ("request", "callers", "calls_queue", "worker", "core", "torch_ckpt"))
         + ("impl/utils.py",),
-        ("spec_tests/async_ckpt", "spec_tests/test_api_surface.py"),
+        ("spec_tests/test_api_surface.py", "spec_tests/async_ckpt"),
     ),
     Group(
         "storage",
@@ -69,7 +69,7 @@ GROUPS = (
             for m in ("filesystem_async", "state_dict_saver", "storage", "staging", "cached_metadata_filesystem_reader")
         )
         + ("impl/integrity.py",),
-        ("spec_tests/storage", "spec_tests/integrity", "spec_tests/test_api_surface.py"),
+        ("spec_tests/test_api_surface.py", "spec_tests/storage", "spec_tests/integrity"),
     ),
     Group(
         "local",
@@ -81,7 +81,7 @@ GROUPS = (
             "impl/local/replication/group_utils.py",
             "impl/local/replication/strategies.py",
         ),
-        ("spec_tests/local", "spec_tests/integrity", "spec_tests/test_api_surface.py"),
+        ("spec_tests/test_api_surface.py", "spec_tests/local", "spec_tests/integrity"),
     ),
 )
 # Run for the coverage map too: a mutant is first tried against every test here that executed its lines.
