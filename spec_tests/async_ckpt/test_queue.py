@@ -329,6 +329,31 @@ def test_abort_stops_in_flight_work_without_finalizing(rank_pool, tmp_path, pers
     )
 
 
+def _descriptors_left_by_an_abort(tmp):
+    """Open descriptors of this process after close(abort=True) of a persistent queue with a call in flight that
+    carries a tensor, minus those before the queue was made (a first queue warms up shared helpers)."""
+    core = async_core()
+    tensor = torch.arange(1 << 16, dtype=torch.float32)
+    counts = []
+    for n in range(2):
+        before = len(os.listdir("/proc/self/fd"))
+        queue = core.AsyncCallsQueue(persistent=True)
+        pid_file = os.path.join(tmp, f"pid{n}")
+        queue.schedule_async_request(
+            core.AsyncRequest(workloads.write_pid_holding, (pid_file, os.path.join(tmp, "never-opened"), tensor), [])
+        )
+        wait_for_file(pid_file)
+        bounded(10, "close(abort=True)", queue.close, abort=True)
+        counts.append(len(os.listdir("/proc/self/fd")) - before)
+    return counts[1]
+
+
+@pytest.mark.spec("PC-6")
+def test_an_abort_leaves_no_descriptor_open(rank_pool, tmp_path):
+    left = rank_pool(1).run(_descriptors_left_by_an_abort, str(tmp_path))[0]
+    assert left == 0, f"close(abort=True) with a call in flight left {left} more file descriptor(s) open in the trainer"
+
+
 @pytest.mark.spec("AQ-17")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_a_queue_dropped_with_a_call_in_flight_aborts_it(rank_pool, tmp_path, persistent):

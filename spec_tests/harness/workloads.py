@@ -89,6 +89,11 @@ def write_pid(path: str, gate: str | None = None) -> None:
         _wait_for(gate)
 
 
+def write_pid_holding(path: str, gate: str, tensor) -> None:
+    """write_pid for a request that also carries a tensor (which a persistent caller stages in shared memory)."""
+    write_pid(path, gate)
+
+
 def held_call(core, tmp: str, log: str | None = None):
     """An AsyncRequest whose process writes its pid to tmp/pid, then waits for a gate nobody opens; its one
     finalize function appends "fin" to `log` (none without a log)."""
