@@ -11,10 +11,10 @@ import os
 import uuid
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from spec_tests.integrity.damage import damages, load_damaged_local
+from spec_tests.integrity.damage import Damage, damages, load_damaged_local
 from spec_tests.local.common import Found, assert_found, rank_value
 
 pytestmark = pytest.mark.needs("local_checkpointing")
@@ -24,6 +24,7 @@ LAYOUTS = [pytest.param(None, id="no-replication"), pytest.param((1, 2), id="jum
 @pytest.mark.spec("IN-3", "IN-1")
 @pytest.mark.parametrize("layout", LAYOUTS)
 @given(damage=damages(), holder=st.integers(0, 1), from_rank=st.booleans())
+@example(damage=Damage("swap", file=0, where=0.0, bit=0), holder=0, from_rank=False)  # the same rank's iteration 2
 def test_a_damaged_part_is_never_loaded(rank_pool, tmp_path_factory, layout, damage, holder, from_rank):
     base = os.path.join(str(tmp_path_factory.mktemp("lmd")), uuid.uuid4().hex)
     results = rank_pool(2).run(load_damaged_local, base, layout, damage, holder, from_rank)
