@@ -211,6 +211,37 @@ def test_caller_answers_with_a_bool_after_one_all_reduce(rank_pool, tmp_path, ca
     )
 
 
+def _sync_answers(caller_name):
+    """What sync_all_async_calls answered on this rank for each (rank 0's, rank 1's) is_alive."""
+    rank, _ = world()
+    caller = getattr(async_core(), caller_name)()
+    try:
+        return {
+            flags: bool(bounded(30, "sync_all_async_calls(is_alive)", caller.sync_all_async_calls, flags[rank]))
+            for flags in ((0, 0), (1, 0), (0, 1), (1, 1))
+        }
+    finally:
+        caller.close()
+
+
+@pytest.mark.spec("AC-5")
+@pytest.mark.parametrize(
+    "caller_name",
+    [
+        pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
+        pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
+    ],
+)
+def test_sync_all_async_calls_is_true_only_when_no_rank_is_alive(rank_pool, caller_name):
+    expected = {(0, 0): True, (1, 0): False, (0, 1): False, (1, 1): False}
+    assert_each_rank(
+        f"{caller_name}.sync_all_async_calls",
+        rank_pool(2).run(_sync_answers, caller_name),
+        expected,
+        call="on 2 ranks, for each pair of is_alive flags",
+    )
+
+
 # ------------------------------------------------------------------------------------ errors
 
 
