@@ -259,7 +259,7 @@ def _changed_lines(diff: str) -> list[str]:
     return [line for line in diff.splitlines()[2:] if line[:1] in "+-"]
 
 
-def rejudge(groups: list[Group], trees: list[Path]) -> None:
+def rejudge(groups: list[Group], trees: list[Path], only: list[str]) -> None:
     """Judge again, against the current tests, every survivor of results.json not listed as equivalent; the
     entries are replaced in place (marked `rejudged`). The mutants must still apply as they did (same diff)."""
     results = json.loads(RESULTS.read_text())
@@ -269,7 +269,9 @@ def rejudge(groups: list[Group], trees: list[Path]) -> None:
     todo = [
         n
         for n, m in enumerate(results["mutants"])
-        if m["outcome"] == "survived" and (m["module"], int(m["line"]), m["operator"]) not in equivalent
+        if m["outcome"] == "survived"
+        and (m["module"], int(m["line"]), m["operator"]) not in equivalent
+        and (not only or f"{m['module']}:{m['line']}" in only)
     ]
     map_file = WORK / "all.map.json"
     if not map_file.exists():
@@ -298,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--rejudge", action="store_true", help="judge the survivors of results.json again (after new tests)"
     )
+    parser.add_argument("--only", nargs="*", default=[], help="with --rejudge: only these MODULE:LINE survivors")
     parser.add_argument(
         "--resume", action="store_true", help="keep results.json's mutants of this sample and judge the rest"
     )
@@ -309,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         fresh_tree(tree)
     os.chdir(ROOT)  # cosmic-ray names module paths relative to the working directory, as the trees do
     if args.rejudge:
-        rejudge(groups, trees)
+        rejudge(groups, trees, args.only)
         return
     sample, population, annotations = draw(groups, args.sample, args.seed)
     kept: list[dict] = []
