@@ -32,6 +32,12 @@ from spec_tests.harness.asserts import assert_each_rank, assert_equal, assert_st
 from spec_tests.harness.processes import CALLERS, async_core, close_quietly, exists, remove, wait_for_file
 from spec_tests.harness.ranks import ranks, world
 
+# The two caller classes, each needing its target capability.
+CALLER_CLASSES = [
+    pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
+    pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
+]
+
 
 def _request(gate=None, fail_with=None, log=None, tag=None):
     fns = [functools.partial(workloads.append_line, log, tag)] if log else []
@@ -195,13 +201,7 @@ def _caller_answers(tmp, caller_name):
 
 
 @pytest.mark.spec("AC-1", "AC-4")
-@pytest.mark.parametrize(
-    "caller_name",
-    [
-        pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
-        pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
-    ],
-)
+@pytest.mark.parametrize("caller_name", CALLER_CLASSES)
 def test_caller_answers_with_a_bool_after_one_all_reduce(rank_pool, tmp_path, caller_name):
     assert_equal(
         caller_name,
@@ -225,13 +225,7 @@ def _sync_answers(caller_name):
 
 
 @pytest.mark.spec("AC-5")
-@pytest.mark.parametrize(
-    "caller_name",
-    [
-        pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
-        pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
-    ],
-)
+@pytest.mark.parametrize("caller_name", CALLER_CLASSES)
 def test_sync_all_async_calls_is_true_only_when_no_rank_is_alive(rank_pool, caller_name):
     expected = {(0, 0): True, (1, 0): False, (0, 1): False, (1, 1): False}
     assert_each_rank(
