@@ -5,6 +5,7 @@ local checkpoint under its own root (spec_tests.local.common), so losing a node 
 its two ranks, and every rank restarts as a fresh process, as after a job restart.
 """
 
+import errno
 import functools
 import itertools
 import os
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from fault_injection import faultfs
 from fault_injection.faults import BOUND, on_ranks
-from spec_tests.harness import HUNG, assert_each_rank, outcome_of, world
+from spec_tests.harness import HUNG, assert_each_rank, attempt, outcome_of, world
 
 WORLD = 4
 RANKS_PER_NODE = 2
@@ -156,4 +158,69 @@ def test_rank_killed_in_the_replica_exchange(tmp_path, phase):
         on_ranks(2, _restart, tmp, timeout=90, backend="gloo"),
         Restarted(found=1, load_problem=None),
         call=f"find_latest() and load() after rank {VICTIM} died in the exchange of iteration 2's save",
+    )
+
+
+# ------------------------------------------------------------- rank 1's storage fails mid-save
+
+FAILING_RANK = 1
+STORAGE_POINTS = {  # where rank 1's storage fails (EIO), as faultfs places it below rank 1's root
+    "write-open": dict(op="open"),
+    "write-write": dict(op="write"),
+    "finalize-rename": dict(op="rename"),
+}
+
+
+@dataclass(frozen=True)
+class FailedLocalSave:
+    outcome: str  # of save(2): "returned" or the class name of what it raised
+    fired: bool  # whether the layer injected the error (rank 1 only)
+    then: Restarted  # a new manager on the same rank afterwards
+
+
+def _save_on_failing_storage(tmp, where, log):
+    from spec_tests.local.common import manager, node_root, rank_value, save, tasd
+
+    rank, _ = world()
+    save(manager(tmp), tasd(rank_value(rank, 1)), 1)
+    fault = faultfs.Fault("raise", errno=errno.EIO, **where)
+    plan = faultfs.Plan(root=node_root(tmp, rank), log=log, faults=(fault,)) if rank == FAILING_RANK else None
+    with faultfs.installed(plan):
+        outcome = attempt(
+            manager(tmp).save,
+            tasd(rank_value(rank, 2)),
+            2,
+            is_async=False,
+            bound=BOUND,
+            what=f"save(2) while rank {FAILING_RANK}'s storage fails",
+            hung_fails=True,
+        )
+    fired = plan is not None and bool(faultfs.fired(log, "raise"))
+    return FailedLocalSave(outcome.text, fired, _found_and_loaded(tmp, None, 1 if fired else 2))
+
+
+@pytest.mark.spec("FI-STORAGE-3")
+@pytest.mark.needs("local_checkpointing")
+@pytest.mark.parametrize("point", list(STORAGE_POINTS))
+def test_a_local_save_on_failing_storage_fails_on_every_rank(tmp_path, point):
+    log = str(tmp_path / "fs.log")
+    results = on_ranks(2, _save_on_failing_storage, str(tmp_path / "ckpt"), STORAGE_POINTS[point], log, timeout=150)
+    if not results[FAILING_RANK].fired:  # the target made no such call: the save must simply succeed
+        assert_each_rank(
+            "save(2)",
+            [(r.outcome, r.then) for r in results],
+            ("returned", Restarted(2, None)),
+            call=f"a local save making no {point.split('-')[1]} below rank {FAILING_RANK}'s root (no fault injected)",
+        )
+        return
+    outcomes = [r.outcome for r in results]
+    assert all(o in ("CheckpointException", "CheckpointingException") for o in outcomes), (
+        f"save(2) per rank={outcomes}, but should raise CheckpointingException on every rank "
+        f"[EIO at the first {point.split('-')[1]} of rank {FAILING_RANK}'s part]"
+    )
+    assert_each_rank(
+        "after the failed save(2)",
+        [r.then for r in results],
+        Restarted(1, None),
+        call="find_latest() and load() by a new manager: the last complete checkpoint",
     )

@@ -81,7 +81,12 @@ GROUPS = (
             "impl/local/replication/group_utils.py",
             "impl/local/replication/strategies.py",
         ),
-        ("spec_tests/test_api_surface.py", "spec_tests/local", "spec_tests/integrity"),
+        (
+            "spec_tests/test_api_surface.py",
+            "spec_tests/local",
+            "spec_tests/integrity",
+            "fault_injection/test_local_faults.py",
+        ),
     ),
 )
 # Run for the coverage map too: a mutant is first tried against every test here that executed its lines.

@@ -216,13 +216,25 @@ class TemporalAsyncCaller(AsyncCaller):
             if abort:
                 _kill_group(process)
             else:
-                process.join()
+                self._join_child(process, result_conn)
             result_conn.close()
             lifeline.close()
         self._children.clear()
         self._pending.clear()
         self._results.clear()
         _LIVE_CALLERS.discard(self)
+
+    @staticmethod
+    def _join_child(process, result_conn: connection.Connection) -> None:
+        """Wait for the child's report (its write may take long), then at most _SHUTDOWN_S for it to exit: a child
+        stuck after its report (a lock inherited mid-use from another thread of the trainer) is killed, logged."""
+        connection.wait([result_conn, process.sentinel])
+        process.join(_SHUTDOWN_S)
+        if process.is_alive():
+            logger.error(
+                "checkpoint child (pid %d) did not exit within %g s of its report: killed", process.pid, _SHUTDOWN_S
+            )
+            _kill_group(process)
 
     @staticmethod
     def _prepare(async_req: AsyncRequest) -> tuple[list, dict, BaseException | None]:

@@ -81,6 +81,18 @@ _TRAINER = textwrap.dedent("""
 """)
 
 
+def _outlives(pid: int, seconds: float) -> bool:
+    """Whether `pid` still runs `seconds` from now; if so it is SIGKILLed (started by a process this test
+    started: ours to clean up)."""
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphan = alive(pid)
+    if orphan:
+        os.kill(pid, signal.SIGKILL)
+    return orphan
+
+
 @pytest.mark.spec("PC-4")
 @pytest.mark.needs("persistent_caller")
 @ranks(1, timeout=120)
@@ -89,13 +101,48 @@ def test_the_worker_exits_when_its_trainer_is_killed(tmp_path):
     trainer = subprocess.run([sys.executable, "-c", _TRAINER, str(tmp_path)], env=env, timeout=90)
     assert trainer.returncode == -signal.SIGKILL, f"the trainer exited with {trainer.returncode}"
     worker = int(wait_for_file(str(tmp_path / "worker")))
-    deadline = time.monotonic() + 10
-    while alive(worker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    orphan = alive(worker)
-    if orphan:
-        os.kill(worker, signal.SIGKILL)  # ours to clean up: started by the trainer we started
-    assert not orphan, f"worker {worker} still runs 10s after its trainer was killed"
+    assert not _outlives(worker, 10), f"worker {worker} still runs 10s after its trainer was killed"
+
+
+_CALLER_USER = textwrap.dedent("""
+    import os, sys, torch.distributed as dist
+    from spec_tests.harness import async_core, workloads
+    tmp, name = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+    core = async_core()
+    caller = getattr(core, name)()
+    caller.schedule_async_call(core.AsyncRequest(workloads.write_pid, (os.path.join(tmp, "worker"),), []).freeze())
+    while not caller.is_current_async_call_done(True, True):
+        pass
+    open(os.path.join(tmp, "done"), "w").write("done")
+""")  # ends here, caller still referenced: not closed
+
+
+@pytest.mark.spec("PC-7")
+@pytest.mark.parametrize(
+    "caller_name",
+    [
+        pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
+        pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
+    ],
+)
+def test_a_process_using_a_caller_without_close_exits(tmp_path, caller_name):
+    env = dict(os.environ, **{ENV_VAR: current_target().name})
+    user = subprocess.Popen([sys.executable, "-c", _CALLER_USER, str(tmp_path), caller_name], env=env)
+    try:
+        wait_for_file(str(tmp_path / "done"), 90)  # start-up and the call are not the subject
+        code = user.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if user.poll() is None:
+            user.kill()
+            user.wait()
+    worker = int(wait_for_file(str(tmp_path / "worker")))
+    orphan = _outlives(worker, 10)
+    assert code is not None, f"a process that used a {caller_name} without close() did not exit within 30 s"
+    assert not orphan, f"the {caller_name}'s process {worker} outlived its user by 10 s"
+    assert code == 0, f"the process that used a {caller_name} exited with code {code}"
 
 
 def _kill_worker_then_finalize(tmp):

@@ -6,9 +6,12 @@ Every message has one shape (array-api-tests'): `{name}={actual}, but should be 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
+import traceback
 from typing import Any
 
+import psutil
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
@@ -50,10 +53,23 @@ def bounded(seconds: float, what: str, fn, *args, **kwargs):
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        raise BoundExceeded(f"{what} did not return within {seconds:g}s, but the spec bounds it")
+        raise BoundExceeded(f"{what} did not return within {seconds:g}s, but the spec bounds it\n{_where(thread)}")
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def _where(thread: threading.Thread) -> str:
+    """Where a call past its bound waits: its thread's innermost frames and this process's live descendants."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    stack = "".join(traceback.format_stack(frame)[-8:]) if frame is not None else "  (thread gone)\n"
+    lines = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            lines.append(f"  pid {child.pid} {child.name()!r} {child.status()}, parent {child.ppid()}")
+        except psutil.Error:
+            continue
+    return f"the call was at:\n{stack}live processes below this one:\n" + ("\n".join(lines) or "  none")
 
 
 # ------------------------------------------------------------------------------------ outcomes

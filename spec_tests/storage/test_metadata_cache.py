@@ -15,7 +15,7 @@ from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal
 from spec_tests.harness.ranks import ranks, world
 from spec_tests.storage import saving
 
-pytestmark = pytest.mark.needs("storage_writer", "temporal_caller")
+pytestmark = pytest.mark.needs("storage_writer", "persistent_caller")
 OBJECT_COLLECTIVES = ("gather_object", "scatter_object_list", "all_gather_object", "broadcast_object_list")
 
 
@@ -40,8 +40,11 @@ class _ObjectCollectiveCounter:
             setattr(dist, name, fn)
 
 
-def _cached_save(state_dict, path, cache, planner=None, persistent=False):
-    """One save with enable_cache=True; returns the object collectives its planning made."""
+def _cached_save(state_dict, path, cache, planner=None, persistent=True):
+    """One save with enable_cache=True; returns the object collectives its planning made.
+
+    The persistent caller by default: the clauses here are about planning, which either caller shares, and with
+    the temporal caller impl's forked child was twice seen blocked before it reported (README, "Open findings")."""
     writer = saving.module("filesystem_async").FileSystemWriterAsync(path)
     plan_kwargs = {"enable_cache": True, "metadata_cache": cache, "planner": planner}
     with _ObjectCollectiveCounter() as counter:
