@@ -195,6 +195,7 @@ class TemporalAsyncCaller(AsyncCaller):
         super().__init__()
         # index -> (child process, result pipe read end, lifeline write end)
         self._children: dict[int, tuple[Any, connection.Connection, connection.Connection]] = {}
+        self._reported: set[int] = set()  # children whose report has been read
 
     def schedule_async_call(self, async_req: AsyncRequest) -> None:
         idx = async_req.call_idx
@@ -212,29 +213,20 @@ class TemporalAsyncCaller(AsyncCaller):
         return self._check_done(blocking, no_dist)
 
     def close(self, abort: bool = False) -> None:
-        for process, result_conn, lifeline in self._children.values():
+        for idx, (process, result_conn, lifeline) in self._children.items():
             if abort:
                 _kill_group(process)
             else:
-                self._join_child(process, result_conn)
+                if idx not in self._reported:  # its write may take long: wait for it as long as it runs
+                    connection.wait([result_conn, process.sentinel])
+                _join_reported(process)
             result_conn.close()
             lifeline.close()
         self._children.clear()
+        self._reported.clear()
         self._pending.clear()
         self._results.clear()
         _LIVE_CALLERS.discard(self)
-
-    @staticmethod
-    def _join_child(process, result_conn: connection.Connection) -> None:
-        """Wait for the child's report (its write may take long), then at most _SHUTDOWN_S for it to exit: a child
-        stuck after its report (a lock inherited mid-use from another thread of the trainer) is killed, logged."""
-        connection.wait([result_conn, process.sentinel])
-        process.join(_SHUTDOWN_S)
-        if process.is_alive():
-            logger.error(
-                "checkpoint child (pid %d) did not exit within %g s of its report: killed", process.pid, _SHUTDOWN_S
-            )
-            _kill_group(process)
 
     @staticmethod
     def _prepare(async_req: AsyncRequest) -> tuple[list, dict, BaseException | None]:
@@ -274,11 +266,23 @@ class TemporalAsyncCaller(AsyncCaller):
         if result_conn.poll():
             try:
                 self._results[idx] = result_conn.recv()
+                self._reported.add(idx)
                 return
             except EOFError:
                 pass
         if not alive:
             self._results[idx] = RuntimeError(f"worker exited with code {process.exitcode}")
+
+
+def _join_reported(process) -> None:
+    """Give a child that has reported (or died) _SHUTDOWN_S to exit; one that lingers (a non-daemonic thread its
+    call left running, a lock inherited mid-use) is killed, logged: the call itself is done (TC-2)."""
+    process.join(_SHUTDOWN_S)
+    if process.is_alive():
+        logger.error(
+            "checkpoint child (pid %d) did not exit within %g s of its report: killed", process.pid, _SHUTDOWN_S
+        )
+        _kill_group(process)
 
 
 def _gpu_to_host(t: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,28 @@ def test_temporal_calls_run_in_their_own_children(tmp_path):
     queue.close()
 
 
+@pytest.mark.spec("TC-2")
+@pytest.mark.needs("temporal_caller")
+@ranks(1, timeout=120)
+def test_a_lingering_temporal_child_does_not_hold_the_finalize(tmp_path):
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=False)
+    pid_file, gate = str(tmp_path / "pid"), str(tmp_path / "gate")
+    queue.schedule_async_request(core.AsyncRequest(workloads.leave_thread_running, (pid_file, gate), []))
+    try:
+        finalized = attempt(
+            queue.maybe_finalize_async_calls, True, bound=30, what="maybe_finalize_async_calls(blocking=True)"
+        )
+        child = int(wait_for_file(pid_file))
+        lingering = alive(child)
+    finally:
+        workloads.open_gate(gate)  # lets a child that was not ended go: nothing of the test outlives it
+    assert finalized.returned, f"the blocking finalize of a call whose child lingers: {finalized}, should return"
+    assert finalized.value == [0], f"it finalized {finalized.value}, but should be [0]"
+    assert not lingering, f"the call's child {child} still runs once its call was finalized"
+    queue.close()
+
+
 _TRAINER = textwrap.dedent("""
     import os, signal, sys, time, torch.distributed as dist
     from spec_tests.harness import async_core, workloads

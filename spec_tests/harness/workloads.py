@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ __all__ = [
     "call_when_open",
     "fail",
     "failing_on_rank1",
+    "leave_thread_running",
     "gated",
     "open_gate",
     "save_when_open",
@@ -80,6 +82,13 @@ def failing_on_rank1(core, rank: int, log: str, where: str):
     if where == "async_fn":
         return core.AsyncRequest(gated, (None, message), [record])
     return core.AsyncRequest(gated, (None, None), [functools.partial(fail, message) if message else record])
+
+
+def leave_thread_running(path: str, gate: str) -> None:
+    """Record the pid of the process running the async call and return, leaving a non-daemonic thread that
+    waits for the gate (at most GATE_TIMEOUT): the process cannot end before the gate opens."""
+    Path(path).write_text(str(os.getpid()))
+    threading.Thread(target=_wait_for, args=(gate,), name="left-running", daemon=False).start()
 
 
 def write_pid(path: str, gate: str | None = None) -> None:
