@@ -178,7 +178,9 @@ class FailedLocalSave:
     then: Restarted  # a new manager on the same rank afterwards
 
 
-def _save_on_failing_storage(tmp, where, log):
+def _save_on_failing_storage(tmp, where, log, hung_fails=True):
+    """save(1), then save(2) with rank 1's storage failing at `where`. A rank whose save(2) hung (allowed only
+    with hung_fails=False) has a thread left in a collective, so it reports no find/load afterwards."""
     from spec_tests.local.common import manager, node_root, rank_value, save, tasd
 
     rank, _ = world()
@@ -193,9 +195,11 @@ def _save_on_failing_storage(tmp, where, log):
             is_async=False,
             bound=BOUND,
             what=f"save(2) while rank {FAILING_RANK}'s storage fails",
-            hung_fails=True,
+            hung_fails=hung_fails,
         )
     fired = plan is not None and bool(faultfs.fired(log, "raise"))
+    if not hung_fails:
+        return FailedLocalSave(outcome.text, fired, Restarted(-2, "not tried"))
     return FailedLocalSave(outcome.text, fired, _found_and_loaded(tmp, None, 1 if fired else 2))
 
 
@@ -223,4 +227,33 @@ def test_a_local_save_on_failing_storage_fails_on_every_rank(tmp_path, point):
         [r.then for r in results],
         Restarted(1, None),
         call="find_latest() and load() by a new manager: the last complete checkpoint",
+    )
+
+
+def _restart_at_the_last_complete(tmp):
+    return _found_and_loaded(tmp, None, 1)
+
+
+@pytest.mark.spec("FI-STORAGE-3w")
+@pytest.mark.needs("local_checkpointing")
+@pytest.mark.parametrize("point", list(STORAGE_POINTS))
+def test_a_local_save_on_failing_storage_never_passes_for_saved(tmp_path, point):
+    tmp, log = str(tmp_path / "ckpt"), str(tmp_path / "fs.log")
+    results = on_ranks(2, _save_on_failing_storage, tmp, STORAGE_POINTS[point], log, False, timeout=150)
+    if not results[FAILING_RANK].fired:
+        pytest.skip(
+            f"the target made no {point.split('-')[1]} below rank {FAILING_RANK}'s root (the strict test "
+            "checks that its save then succeeds)"
+        )
+    outcomes = [r.outcome for r in results]
+    what = f"EIO at the first {point.split('-')[1]} of rank {FAILING_RANK}'s part"
+    assert outcomes[FAILING_RANK] not in ("returned", HUNG), (
+        f"save(2) on rank {FAILING_RANK}={outcomes[FAILING_RANK]}, but should raise within {BOUND:g}s [{what}]"
+    )
+    assert "returned" not in outcomes, f"save(2) per rank={outcomes}, but no rank may return as if saved [{what}]"
+    assert_each_rank(
+        "restarted rank",
+        on_ranks(2, _restart_at_the_last_complete, tmp, timeout=90),
+        Restarted(1, None),
+        call=f"find_latest() and load() on restarted ranks after save(2) failed ({what})",
     )
