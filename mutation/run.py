@@ -324,8 +324,9 @@ def main(argv: list[str] | None = None) -> None:
     command = "nox -s mutation -- " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.resume:
         before = json.loads(RESULTS.read_text())
-        if (before["seed"], before["sampled"]) != (args.seed, len(sample)):
-            sys.exit("--resume: results.json is of another sample (seed, size)")
+        if (before["seed"], before["sampled"], before["population"]) != (args.seed, len(sample), population):
+            # impl changed since (another population): the same seed now draws other mutants
+            sys.exit("--resume: results.json is of another sample (seed, size, or impl's mutants)")
         kept, command = before["mutants"], before["command"]
         judged = {_key(m) for m in kept}
         sample = [job for job in sample if _key(job.item.mutations[0]) not in judged]
