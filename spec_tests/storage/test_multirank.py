@@ -77,39 +77,64 @@ def test_each_rank_writes_its_items_and_only_the_coordinator_commits(rank_pool, 
 def _save_in_two_groups(paths, coordinator):
     """The world as two halves, each saving its own checkpoint with process_group = its half.
 
-    Returns whether the rank holds the global metadata (only a group's coordinator should)."""
+    Returns whether the rank holds the global metadata (only a group's coordinator should), or the exception the
+    save raised (its repr)."""
     rank, size = world()
     halves = [list(range(size // 2)), list(range(size // 2, size))]
     groups = [dist.new_group(members) for members in halves]  # collective: every rank makes both
     mine = rank // (size // 2)
     writer = saving.module("filesystem_async").FileSystemWriterAsync(paths[mine])
-    plan_ret = saving.plan(_rank_state(rank), writer, process_group=groups[mine], coordinator_rank=coordinator)
-    req = saving.request(writer, plan_ret)
-    bounded(saving.FINALIZE_BOUND, "AsyncRequest.execute_sync() of a group's save", req.execute_sync)
+    try:
+        plan_ret = saving.plan(_rank_state(rank), writer, process_group=groups[mine], coordinator_rank=coordinator)
+        req = saving.request(writer, plan_ret)
+        bounded(saving.FINALIZE_BOUND, "AsyncRequest.execute_sync() of a group's save", req.execute_sync)
+    except Exception as exc:
+        return repr(exc)
     return plan_ret[1] is not None
+
+
+def _check_group_checkpoint(g, path):
+    """Group g's checkpoint (ranks 2g, 2g+1) records exactly the group's items and loads to its state."""
+    members = range(2 * g, 2 * g + 2)
+    expected = {"step": 7}
+    for rank in members:
+        expected.update(_rank_state(rank))
+    saved = set(saving.read_metadata(path).state_dict_metadata)
+    wanted = {"step"} | {f"rank{r}.{k}" for r in members for k in ("w", "i")}
+    assert saved == wanted, f"group {g}'s checkpoint records {sorted(saved)}, but should record {sorted(wanted)}"
+    assert_state_dict_equal(saving.load(expected, path), expected, call=f"dcp.load of group {g}'s checkpoint")
+
+
+GROUP_SAVES = "saves of groups [0, 1] and [2, 3], each with process_group=its group, coordinator_rank={}"
 
 
 @pytest.mark.spec("SD-11")
 @pytest.mark.parametrize("coordinator", [0, 1], ids=["group-rank-0", "group-rank-1"])
 def test_process_group_scopes_the_save_to_its_ranks(rank_pool, tmp_path, coordinator):
-    world_size = 4
     paths = [str(tmp_path / "group0"), str(tmp_path / "group1")]
     assert_each_rank(
         "holds global metadata",
-        rank_pool(world_size).run(_save_in_two_groups, paths, coordinator),
-        [r % 2 == coordinator for r in range(world_size)],
+        rank_pool(4).run(_save_in_two_groups, paths, coordinator),
+        [r % 2 == coordinator for r in range(4)],
         per_rank=True,
-        call=f"saves of groups [0, 1] and [2, 3], each with process_group=its group, coordinator_rank={coordinator}",
+        call=GROUP_SAVES.format(coordinator),
     )
     for g, path in enumerate(paths):
-        members = range(2 * g, 2 * g + 2)
-        expected = {"step": 7}
-        for rank in members:
-            expected.update(_rank_state(rank))
-        saved = set(saving.read_metadata(path).state_dict_metadata)
-        wanted = {"step"} | {f"rank{r}.{k}" for r in members for k in ("w", "i")}
-        assert saved == wanted, f"group {g}'s checkpoint records {sorted(saved)}, but should record {sorted(wanted)}"
-        assert_state_dict_equal(saving.load(expected, path), expected, call=f"dcp.load of group {g}'s checkpoint")
+        _check_group_checkpoint(g, path)
+
+
+@pytest.mark.spec("SD-11w")
+@pytest.mark.parametrize("coordinator", [0, 1], ids=["group-rank-0", "group-rank-1"])
+def test_a_group_save_that_returns_everywhere_holds_its_groups_items(rank_pool, tmp_path, coordinator):
+    paths = [str(tmp_path / "group0"), str(tmp_path / "group1")]
+    outcomes = rank_pool(4).run(_save_in_two_groups, paths, coordinator)
+    for g, path in enumerate(paths):
+        if all(isinstance(outcomes[r], bool) for r in (2 * g, 2 * g + 1)):  # no rank of the group raised
+            assert os.path.exists(os.path.join(path, ".metadata")), (
+                f"every rank of group {g} returned from its save ({GROUP_SAVES.format(coordinator)}; per rank: "
+                f"{outcomes}), but its checkpoint has no .metadata"
+            )
+            _check_group_checkpoint(g, path)
 
 
 def _failing_save(good, bad):
