@@ -41,7 +41,7 @@ import torch.multiprocessing  # noqa: F401  (registers torch's tensor reductions
 from ..utils import all_reduce, dist_ready
 from .request import AsyncRequest, raise_failure, run_guarded
 from .staging import Slab, SlabPool, map_tensors, stage
-from .worker import persistent_worker, temporal_child
+from .worker import STARTED, persistent_worker, temporal_child
 
 __all__ = ["AsyncCaller", "PersistentAsyncCaller", "TemporalAsyncCaller"]
 
@@ -50,6 +50,11 @@ logger = logging.getLogger(__name__)
 _POLL_S = 0.1  # blocking waits wake up this often to recheck worker liveness
 _SHUTDOWN_S = 10.0  # an idle worker told to exit has this long (PC-4's bound for a worker to go) before it is killed
 _ABORT_GRACE_S = 5.0  # SIGTERM -> SIGKILL delay when aborting a worker
+# A forked child normally reaches Python within milliseconds. CPython before 3.11.10 (and 3.12) can leave it
+# blocked forever inside fork itself, on an interpreter lock another thread held at that instant (gh-112275):
+# such a child has run nothing, so it is killed and the call forked again, a bounded number of times.
+_START_S = 10.0
+_FORK_TRIES = 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,20 +246,31 @@ class TemporalAsyncCaller(AsyncCaller):
         return args, kwargs, None
 
     def _fork(self, idx: int, async_fn: Callable, args: list, kwargs: dict) -> None:
+        """Fork the child of call ``idx`` and wait until it has started (TC-3); record a failure if none did."""
         ctx = get_context("fork")
-        result_r, result_w = ctx.Pipe(duplex=False)
-        lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
-        process = ctx.Process(
-            target=temporal_child,
-            args=(async_fn, args, kwargs, result_w, lifeline_r, lifeline_w),
-            name=f"ckpt-temporal-{idx}",
-            daemon=False,  # async_fn may start processes of its own
-        )
-        process.start()
-        result_w.close()
-        lifeline_r.close()
-        self._children[idx] = (process, result_r, lifeline_w)
-        _track_live(self)
+        for _ in range(_FORK_TRIES):
+            result_r, result_w = ctx.Pipe(duplex=False)
+            lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
+            process = ctx.Process(
+                target=temporal_child,
+                args=(async_fn, args, kwargs, result_w, lifeline_r, lifeline_w),
+                name=f"ckpt-temporal-{idx}",
+                daemon=False,  # async_fn may start processes of its own
+            )
+            process.start()
+            result_w.close()
+            lifeline_r.close()
+            if _started(process, result_r):
+                self._children[idx] = (process, result_r, lifeline_w)
+                _track_live(self)
+                return
+            logger.error(
+                "checkpoint child (pid %d) did not start within %g s of its fork: killed", process.pid, _START_S
+            )
+            _kill_group(process)
+            result_r.close()
+            lifeline_w.close()
+        self._results[idx] = RuntimeError(f"no forked child started within {_START_S:g} s, {_FORK_TRIES} tries")
 
     def _poll(self, timeout: float) -> None:
         idx = self._pending[0] if self._pending else None
@@ -272,6 +288,16 @@ class TemporalAsyncCaller(AsyncCaller):
                 pass
         if not alive:
             self._results[idx] = RuntimeError(f"worker exited with code {process.exitcode}")
+
+
+def _started(process, result_conn: connection.Connection) -> bool:
+    """Whether a just-forked child reports, within _START_S, that it runs (the first message it sends)."""
+    if not connection.wait([result_conn], _START_S):
+        return False  # stuck in the fork, or dead before it ran anything
+    try:
+        return result_conn.recv() == STARTED
+    except EOFError:
+        return False
 
 
 def _join_reported(process) -> None:

@@ -7,8 +7,8 @@ Contract:
   body)`` with ``body`` the pickled ``(request, slab_ref)``. For each it sends
   ``("preloaded", idx, err)`` once ``preload_fn`` ran (only if ``wants_ack``), then
   ``("done", idx, err)``; ``err`` is None or the picklable error that stopped the call.
-* ``temporal_child`` runs one call in a forked child, sends its error (or None) and exits
-  non-zero on failure.
+* ``temporal_child`` runs one call in a forked child: it sends ``STARTED`` as soon as it runs, then
+  its error (or None), and exits non-zero on failure.
 * Both lead their own process group (so an abort reaches the processes ``async_fn`` starts) and
   kill that group once the trainer holding the lifeline's write end is gone.
 """
@@ -30,7 +30,10 @@ import torch.multiprocessing  # noqa: F401  (torch's tensor reductions, for what
 from .request import run_guarded
 from .staging import unstage
 
-__all__ = ["persistent_worker", "temporal_child"]
+__all__ = ["STARTED", "persistent_worker", "temporal_child"]
+
+STARTED = "started"
+"""A temporal child's first message: it is past the fork and runs (the trainer waits for it, bounded)."""
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,8 @@ def _start_lifeline_watchdog(lifeline: connection.Connection) -> None:
 
 
 def temporal_child(async_fn, args, kwargs, result_conn, lifeline, lifeline_w) -> None:
-    """Body of a forked child: run the call, report the error (or None), exit 1 on failure."""
+    """Body of a forked child: say it started, run the call, report the error (or None), exit 1 on failure."""
+    result_conn.send(STARTED)
     lifeline_w.close()  # inherited by fork; only the trainer may hold it, or EOF never comes
     os.setpgid(0, 0)
     _start_lifeline_watchdog(lifeline)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spec_tests.harness import workloads
-from spec_tests.harness.asserts import assert_equal, attempt, bounded
+from spec_tests.harness.asserts import HUNG, assert_equal, attempt, bounded
 from spec_tests.harness.processes import alive, async_core, wait_for_file
 from spec_tests.harness.ranks import ranks
 from spec_tests.harness.targets import ENV_VAR, current_target
@@ -85,6 +85,49 @@ def test_a_lingering_temporal_child_does_not_hold_the_finalize(tmp_path):
     assert finalized.returned, f"the blocking finalize of a call whose child lingers: {finalized}, should return"
     assert finalized.value == [0], f"it finalized {finalized.value}, but should be [0]"
     assert not lingering, f"the call's child {child} still runs once its call was finalized"
+    queue.close()
+
+
+def _stuck_in_fork(flag: str) -> None:
+    """An after-fork hook: the first child forked while `flag` exists takes it, records its pid and blocks forever,
+    as a child does that is stuck inside fork (CPython < 3.11.10, gh-112275). Later children run normally."""
+    try:
+        os.rename(flag, flag + ".taken")  # atomic: one child only
+    except FileNotFoundError:
+        return
+    Path(flag + ".pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(60)
+
+
+@pytest.mark.spec("TC-3")
+@pytest.mark.needs("temporal_caller")
+@ranks(1, timeout=200)
+def test_a_child_stuck_in_its_fork_does_not_hang_the_call(tmp_path):
+    core = async_core()
+    queue = core.AsyncCallsQueue(persistent=False)
+    flag, pid_file = str(tmp_path / "stick"), str(tmp_path / "pid")
+    Path(flag).touch()
+    os.register_at_fork(after_in_child=functools.partial(_stuck_in_fork, flag))
+    stuck = None
+    try:
+        request = core.AsyncRequest(workloads.write_pid, (pid_file,), [])
+        scheduled = attempt(queue.schedule_async_request, request, bound=60, what="schedule_async_request")
+        finalized = attempt(
+            queue.maybe_finalize_async_calls, True, bound=60, what="maybe_finalize_async_calls(blocking=True)"
+        )
+        stuck = int(wait_for_file(flag + ".pid"))
+        lingering = alive(stuck)
+    finally:
+        if stuck is not None and alive(stuck):
+            os.kill(stuck, signal.SIGKILL)  # forked by this rank: ours to end, so the rank can exit
+    assert scheduled.returned, f"scheduling a call whose first child is stuck in its fork: {scheduled}"
+    assert finalized.text != HUNG, f"a blocking finalize of that call did not return within 60 s: {finalized}"
+    if finalized.returned:
+        assert finalized.value == [0], f"it finalized {finalized.value}, but should be [0]"
+        ran_in = int(wait_for_file(pid_file))
+        assert ran_in not in (stuck, os.getpid()), f"the call ran in {ran_in} (stuck child {stuck}, trainer)"
+    assert not lingering, f"the stuck child {stuck} still runs once the finalize returned"
     queue.close()
 
 

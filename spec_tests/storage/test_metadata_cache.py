@@ -43,8 +43,8 @@ class _ObjectCollectiveCounter:
 def _cached_save(state_dict, path, cache, planner=None, persistent=True):
     """One save with enable_cache=True; returns the object collectives its planning made.
 
-    The persistent caller by default: the clauses here are about planning, which either caller shares, and with
-    the temporal caller impl's forked child was twice seen blocked before it reported (README, "Open findings")."""
+    The persistent caller by default: the clauses here are about planning, which either caller shares (the
+    temporal caller's own hazard, a child stuck in its fork, is TC-3's)."""
     writer = saving.module("filesystem_async").FileSystemWriterAsync(path)
     plan_kwargs = {"enable_cache": True, "metadata_cache": cache, "planner": planner}
     with _ObjectCollectiveCounter() as counter:
