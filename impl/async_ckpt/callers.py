@@ -8,7 +8,8 @@ Contract (signature-compatible with NVRx ``async_ckpt.core``):
   ``CheckpointException`` is raised on every rank. ``no_dist`` (or no torch.distributed) checks
   this rank alone, without any collective.
 * ``TemporalAsyncCaller`` (deprecated) forks one child per request, so CPU tensors are
-  copy-on-write; preload_fn runs in the trainer and GPU tensors go to host first.
+  copy-on-write; preload_fn runs in the trainer and GPU tensors go to host first. Scheduling
+  returns once the child runs: one stuck inside its fork is killed and forked again (TC-3).
 * ``PersistentAsyncCaller``: one spawned, non-daemonic worker (own process group) serving
   requests FIFO over a Pipe. Tensors are staged into shared memory (see ``staging``) before
   scheduling returns; requests are pickled in the trainer, so an unpicklable request raises
