@@ -101,6 +101,11 @@ def _track_live(caller: AsyncCaller) -> None:
     _LIVE_CALLERS.add(caller)
 
 
+def _untrack_live(caller: AsyncCaller) -> None:
+    if _LIVE_CALLERS is not None:  # None while the interpreter tears this module down (a late __del__)
+        _LIVE_CALLERS.discard(caller)
+
+
 def _abort_live_callers() -> None:
     if os.getpid() == _LIVE_CALLERS_PID:
         for caller in list(_LIVE_CALLERS):
@@ -232,7 +237,7 @@ class TemporalAsyncCaller(AsyncCaller):
         self._reported.clear()
         self._pending.clear()
         self._results.clear()
-        _LIVE_CALLERS.discard(self)
+        _untrack_live(self)
 
     @staticmethod
     def _prepare(async_req: AsyncRequest) -> tuple[list, dict, BaseException | None]:
@@ -371,7 +376,7 @@ class PersistentAsyncCaller(AsyncCaller):
         self._pool.clear()
         self._pending.clear()
         self._results.clear()
-        _LIVE_CALLERS.discard(self)
+        _untrack_live(self)
 
     def _ensure_worker(self) -> None:
         if self._process is not None and self._process.is_alive():
