@@ -266,12 +266,14 @@ class TemporalAsyncCaller(AsyncCaller):
             process.start()
             result_w.close()
             lifeline_r.close()
-            if _started(process, result_r):
+            if _started(result_r):
                 self._children[idx] = (process, result_r, lifeline_w)
                 _track_live(self)
                 return
             logger.error(
-                "checkpoint child (pid %d) did not start within %g s of its fork: killed", process.pid, _START_S
+                "checkpoint child (pid %d) did not report running within %g s of its fork: killed",
+                process.pid,
+                _START_S,
             )
             _kill_group(process)
             result_r.close()
@@ -296,7 +298,7 @@ class TemporalAsyncCaller(AsyncCaller):
             self._results[idx] = RuntimeError(f"worker exited with code {process.exitcode}")
 
 
-def _started(process, result_conn: connection.Connection) -> bool:
+def _started(result_conn: connection.Connection) -> bool:
     """Whether a just-forked child reports, within _START_S, that it runs (the first message it sends)."""
     if not connection.wait([result_conn], _START_S):
         return False  # stuck in the fork, or dead before it ran anything
