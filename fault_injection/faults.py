@@ -83,9 +83,18 @@ def on_ranks(world_size: int, fn, *args, timeout: float = 120, expect_exit=None,
     )
 
 
-def private_tmpdir(name: str) -> None:
-    """Point this process's TMPDIR (and its children's) at a subdirectory of the test's TMPDIR."""
-    path = os.path.join(os.environ.get("CKPTSPEC_FI_TMPDIR") or tempfile.gettempdir(), name)
+def audited_tmpdir() -> str | None:
+    """The running test's private TMPDIR, which the orphan audit inspects; None where no audit runs."""
+    return os.environ.get("CKPTSPEC_FI_TMPDIR") or current_tmpdir
+
+
+def private_tmpdir(name: str, base: str | None = None) -> None:
+    """Point this process's TMPDIR (and its children's) at `name` inside `base`, by default the test's audited
+    TMPDIR; never directly in the machine's temporary directory, where nothing would remove it."""
+    root = base or audited_tmpdir()
+    if root is None:
+        raise ValueError(f"private_tmpdir({name!r}): no audited TMPDIR and no base directory")
+    path = os.path.join(root, name)
     os.makedirs(path, exist_ok=True)
     os.environ["TMPDIR"] = path
     tempfile.tempdir = None  # recomputed from TMPDIR on next use

@@ -25,6 +25,7 @@ import os
 import pickle
 import shutil
 import signal
+import tempfile
 import threading
 import time
 import traceback
@@ -48,10 +49,20 @@ SAVE_PHASES = tuple(p for p in PHASES if p not in ("exchange", "committed"))
 def _in_child(tmp: str, name: str, fn, *args, crashes=False):
     """Run fn(*args) in a forked process with its own session and a world-1 process group.
 
-    `crashes`: the process is to be killed on purpose; it gets a TMPDIR of its own, which the audit inspects, and
-    what is left of its session once it has ended is killed.
+    `crashes`: the process is to be killed on purpose; what is left of its session once it has ended is killed, and
+    it gets a TMPDIR of its own in a short directory made here and removed once the child ended (not audited: the
+    crash tests judge the checkpoint, FI-TRAINER-1 what a killed trainer leaves).
     Returns ("ok", result), ("raised", traceback text) or ("killed", signal number).
     """
+    own = tempfile.mkdtemp(prefix="ckptspec-crash-") if crashes else None
+    try:
+        return _run_child(tmp, name, own, fn, *args, crashes=crashes)
+    finally:
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
+
+
+def _run_child(tmp: str, name: str, base: str | None, fn, *args, crashes: bool):
     out = os.path.join(tmp, f"{name}.result")
     pid = os.fork()
     if pid == 0:
@@ -59,7 +70,7 @@ def _in_child(tmp: str, name: str, fn, *args, crashes=False):
         try:
             os.setsid()
             if crashes:
-                private_tmpdir(name)
+                private_tmpdir(name, base)
             store = dist.FileStore(os.path.join(tmp, f"{name}.store"), 1)
             dist.init_process_group("gloo", store=store, rank=0, world_size=1)
             result = ("ok", fn(*args))
@@ -93,6 +104,22 @@ def _in_child(tmp: str, name: str, fn, *args, crashes=False):
         result = pickle.load(f)
     remove(out)
     return result
+
+
+def _leave_a_temporary_file_and_die() -> None:
+    tempfile.mkstemp()  # where a crashing trainer's library would put one: its TMPDIR
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_crashed_child_leaves_nothing_in_the_machines_temporary_directory(tmp_path, monkeypatch):
+    """Harness: the crash points' children get their TMPDIR in a directory removed after them, not in /tmp."""
+    machine_tmp = tmp_path / "machine-tmp"
+    machine_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(machine_tmp))
+    kind, _ = _in_child(str(tmp_path), "crash0", _leave_a_temporary_file_and_die, crashes=True)
+    assert kind == "killed", f"the child should have been killed, but {kind}"
+    left = sorted(str(p.relative_to(machine_tmp)) for p in machine_tmp.rglob("*"))
+    assert not left, f"a crashed child left {left} in the machine's temporary directory"
 
 
 def _join_threads(seconds: float) -> None:
