@@ -1,8 +1,10 @@
 """Watch the watchmen: the multi-rank runner reports failing, hung and killed ranks, and cleans up."""
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -177,10 +179,16 @@ def test_functions_defined_inside_tests_are_refused():
 @pytest.mark.skipif(launched.active(), reason="runs pytest-xdist in a subprocess, not a launched body")
 def test_what_a_crashed_xdist_worker_left_running_is_ended(tmp_path):
     pid_file = tmp_path / "orphan.pid"
-    run = run_pytest(
-        ["-n", "1", "-p", "no:randomly", "spec_tests/harness/tests/crashing_worker.py"],
-        env=clean_env(CKPTSPEC_PROBE_PID_FILE=str(pid_file)),
-    )
+    # The crashed worker cannot remove its rank pool's directory: it goes to a TMPDIR of this test (short, for the
+    # AF_UNIX socket paths multiprocessing puts there), removed below, never to the machine's /tmp.
+    tmpdir = tempfile.mkdtemp(prefix="ckptspec-t-")
+    try:
+        run = run_pytest(
+            ["-n", "1", "-p", "no:randomly", "spec_tests/harness/tests/crashing_worker.py"],
+            env=clean_env(CKPTSPEC_PROBE_PID_FILE=str(pid_file), TMPDIR=tmpdir),
+        )
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
     assert pid_file.exists(), run.describe()
     pid = int(pid_file.read_text())
     try:
