@@ -14,10 +14,10 @@ Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spe
 is the family of the FI-* clauses it cites (FI-RANK-1 -> FI-RANK; FI-ORPHAN-1, cited by every fault
 test, does not count); its phase is the first `-`-separated word of its parameter id that names a
 phase (`test_killed_worker[write-child]` -> write). A cell aggregates the outcomes of the tests of
-that fault, phase and target with spec_tests.harness.report.cell ("pass (2)", "xfail (1)", ...), or says
-"n/a" where no test exists: the fault cannot happen in that phase. The row "leftovers (audit)" says
-whether the orphan audit (FI-ORPHAN-1) failed a test of that phase: "fail" if it did, "pass" if tests
-of the phase ran without such a failure.
+that fault, phase and target in verdict words (spec_tests.harness.verdicts.judge_tests: a known failure is worded by
+the basis of the clause its expectations entry names), or says "n/a" where no test exists: the fault cannot happen
+in that phase. The row "leftovers (audit)" says whether the orphan audit (FI-ORPHAN-1) failed a test of that phase:
+"leaves processes" if it did, "passes" if tests of the phase ran without such a failure.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests.harness import cell, load_run, write_block
-from spec_tests.harness.report import cli, run_target
+from spec_tests.harness import Record, load_run, write_block
+from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness.runs import cli, run_target
+from spec_tests.harness.verdicts import judge_tests
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
@@ -59,10 +61,11 @@ FAULTS = (
 AUDIT = "FI-ORPHAN"
 NOT_APPLICABLE = "n/a"
 LEGEND = (
-    "Cells aggregate the fault tests of that fault, phase and target: **pass**, **fail** (a test failed), "
-    "**xfail** (a known divergence listed in the target's expectations, with its clause), **skip** (the "
-    "target lacks the capability, or the hardware is missing), **n/a** (the fault cannot happen in that "
-    "phase); (n) = all n tests, (k/n) = k of n. The last row is the orphan audit run around every test."
+    "Cells judge the fault tests of that fault, phase and target, in the conformance table's words (a known "
+    "failure by the basis of the clause its expectations entry names: **breaks its documentation**, **misses an "
+    "implied rule**, **stricter than documented**); **n/a**: the fault cannot happen in that phase; (k of n "
+    "tests): only k of the n tests say so. The last row is the orphan audit run around every test. Measured on "
+    "CPU (gloo, CPU tensors)."
 )
 
 
@@ -72,22 +75,28 @@ class TargetRun:
 
     label: str
     records: tuple  # (nodeid, outcome, when, clauses, message) per recorded phase of a test
-    outcomes: dict  # nodeid -> worst outcome (spec_tests.harness.report.load_run)
-    clauses: dict  # nodeid -> cited clause ids
+    tests: dict[str, Record]  # nodeid -> its record, worst phase (spec_tests.harness.runs.load_run)
+    registry: dict  # the clauses: the run's, then the project's
     wall_s: float | None = None
+
+    @property
+    def outcomes(self) -> dict[str, str]:
+        return {nodeid: record.outcome for nodeid, record in self.tests.items()}
+
+    @property
+    def clauses(self) -> dict[str, frozenset[str]]:
+        return {nodeid: record.cited for nodeid, record in self.tests.items()}
 
 
 def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
-    """Read one conformance JSON file (validated by spec_tests.harness.report.load_run)."""
+    """Read one conformance JSON file (validated by spec_tests.harness.runs.load_run)."""
     run = load_run(path)
     data = json.loads(Path(path).read_text())
     records = tuple(
         (t["nodeid"], t["outcome"], t.get("when", "call"), tuple(t["clauses"]), t.get("message", ""))
         for t in data["tests"]
     )
-    return TargetRun(
-        run.label, records, {n: o for n, (o, _) in run.tests.items()}, {n: c for n, (_, c) in run.tests.items()}, wall_s
-    )
+    return TargetRun(run.label, records, dict(run.tests), {**run.clauses, **clause_registry.load()}, wall_s)
 
 
 def phase_of(nodeid: str) -> str | None:
@@ -109,8 +118,8 @@ def families(clauses) -> set[str]:
 
 
 def _fault_cell(run: TargetRun, family: str, phase: str) -> str:
-    outcomes = [o for n, o in run.outcomes.items() if phase_of(n) == phase and family in families(run.clauses[n])]
-    return cell(outcomes) if outcomes else NOT_APPLICABLE
+    records = [r for n, r in run.tests.items() if phase_of(n) == phase and family in families(r.cited)]
+    return str(judge_tests(records, run.registry)) if records else NOT_APPLICABLE
 
 
 def _audit_cell(run: TargetRun, phase: str) -> str:
@@ -123,9 +132,9 @@ def _audit_cell(run: TargetRun, phase: str) -> str:
         if n in in_phase and when == "teardown" and outcome == "error" and "FI-ORPHAN-1" in message
     }
     if flagged:
-        return f"fail ({len(flagged)}/{len(in_phase)})"
-    ran = [n for n in in_phase if run.outcomes[n] != "skipped"]
-    return f"pass ({len(ran)})" if ran else "skip"
+        return f"leaves processes ({len(flagged)} of {len(in_phase)} tests)"
+    ran = [n for n in in_phase if run.tests[n].outcome != "skipped"]
+    return "passes" if ran else "skipped"
 
 
 def render(runs: Sequence[TargetRun], cores: int | None = None) -> str:

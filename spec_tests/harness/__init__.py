@@ -10,7 +10,11 @@ Modules (one concept each):
     loopback    several torchrun "nodes" on this machine; comparing the verdicts of two runs
     processes   the async core and its callers; observing processes and files from outside; cleaning up
     asserts     bounded calls and their outcomes; the assertion family (one message shape)
-    report      the conformance table and the print-or-update helpers
+    runs        recorded runs (conformance JSON) read back, and the command that makes one
+    verdicts    verdict words: what a run says about a clause
+    report      the conformance table (clause x target) and its command line
+    blocks      the generated blocks of Markdown files (print or update between marker lines)
+    regenerate  every generated table of the project, from the stored runs, in one command
     workloads   small state dicts and functions run by requests
     strategies  hypothesis strategies for state dicts and tensors
     s3          an S3 endpoint on loopback with a fault proxy, and its fixture (moto is imported on demand)
@@ -30,9 +34,10 @@ from spec_tests.harness.asserts import (
     bounded,
     outcome_of,
 )
+from spec_tests.harness.blocks import update_file, write_block
 from spec_tests.harness.processes import CALLERS, alive, async_core, close_quietly, exists, remove, wait_for_file
 from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
-from spec_tests.harness.report import ReportError, cell, load_run, update_file, write_block
+from spec_tests.harness.runs import Record, ReportError, load_run
 from spec_tests.harness.targets import MissingCapability, Target, current_target, load_target
 
 __all__ = [
@@ -45,6 +50,7 @@ __all__ = [
     "RankPool",
     "ReportError",
     "Target",
+    "Record",
     "alive",
     "assert_each_rank",
     "assert_equal",
@@ -52,7 +58,6 @@ __all__ = [
     "async_core",
     "attempt",
     "bounded",
-    "cell",
     "close_quietly",
     "current_target",
     "exists",

@@ -4,8 +4,23 @@ The file (named by the adapter's EXPECTATIONS) is TOML:
 
     [[xfail]]
     test = "spec_tests/<file>.py::<test name>"   the exact node id, or the name of a parametrized family
-    clause = "AQ-1"                              one of the clauses the test cites
-    reason = "why it fails"
+    clause = "AQ-1"                              the clause(s) the failure breaks: one id, or a list of ids,
+                                                 each cited by the test; the report charges the failure to
+                                                 these only, never to the test's other clauses
+    reason = "why it fails"                      the mechanism, as read in the target's source
+    raises = "TypeError"                         how it fails: the name of the exception class, raised in the
+                                                 test process or on a rank (a traceback line of a rank's
+                                                 report), and/or
+    match = "no abort parameter"                 a regular expression searched in the failure's text (the
+                                                 exception's type name, message and notes; a rank failure's
+                                                 message holds each rank's traceback). A listed test that
+                                                 fails another way is a stale entry: the test is reported
+                                                 failed, as an XPASS of a strict entry is
+    verdict = "api-changed"                      optional: what the failure means when it is not the target
+                                                 breaking the clause: "api-changed" (the release renamed or
+                                                 removed the API the test calls) or "documented-otherwise"
+                                                 (the release's own documents promise something else; the
+                                                 reason quotes them)
     versions = "<0.5"                            optional: only for these releases of the target (a
                                                  `packaging` specifier set, matched against the version
                                                  actually imported; an entry without it applies to all)
@@ -21,10 +36,12 @@ versions): `for_version` keeps the entries that apply to the release under test;
 applied nor reported as stale.
 
 - `load` reads and checks the file (ExpectationsError names the file and the entry).
-- `apply` marks the matching tests xfail. Strict (a fixed bug shows up as XPASS, a failure) unless the test
+- `apply` marks the matching tests xfail and stashes each one's entry (ENTRY). Strict (a fixed bug shows up as XPASS, a failure) unless the test
   draws examples with hypothesis and the profile is randomized (`dev`, `nightly`): such a run may miss the
   failing example and pass, so it gets a non-strict xfail (array-api-tests' README warns of exactly this).
   Under the derandomized profile (`ci`) every listed test is strict, except entries marked `intermittent`.
+- `failure_problem` says when a failure does not fit its entry's `raises` / `match`; the plugin then reports
+  the test failed (a stale entry).
 - `unmatched` lists the entries that match no collected test, among the test files this run collected whole:
   a run of one area, one file or one node id (or with -k, which deselects after this check) says nothing
   about entries of files it did not collect whole.
@@ -34,6 +51,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -45,7 +63,22 @@ from packaging.version import InvalidVersion, Version
 
 from spec_tests.harness import clauses as clause_registry
 
-__all__ = ["Entry", "ExpectationsError", "apply", "for_version", "is_hypothesis_test", "load", "unmatched"]
+__all__ = [
+    "VERDICTS",
+    "Entry",
+    "ExpectationsError",
+    "apply",
+    "failure_problem",
+    "for_version",
+    "is_hypothesis_test",
+    "load",
+    "unmatched",
+]
+
+# An entry's `verdict`: what its failure means when it is not the target breaking the clause.
+VERDICTS = frozenset({"api-changed", "documented-otherwise"})
+_REQUIRED = {"test", "clause", "reason"}
+_OPTIONAL = {"versions", "level", "intermittent", "raises", "match", "verdict"}
 
 # Functions that run a hypothesis state machine: a test calling one draws examples too.
 _MACHINE_RUNNERS = frozenset({"run_machine", "run_state_machine_as_test"})
@@ -58,11 +91,24 @@ class ExpectationsError(ValueError):
 @dataclass(frozen=True)
 class Entry:
     test: str
-    clause: str
+    clauses: tuple[str, ...]  # the clauses the failure breaks (each cited by the test)
     reason: str
     versions: str | None = None  # a packaging specifier set, e.g. "<0.5"; None: every release
     level: str | None = None  # "strict": the target still meets the clause's weak level
     intermittent: str | None = None  # how often the failure was seen, when not on every run: a non-strict xfail
+    raises: str | None = None  # the exception class name the failure shows
+    match: str | None = None  # a regular expression the failure's text contains
+    verdict: str | None = None  # one of VERDICTS, or None: the target breaks the clause
+
+    @property
+    def label(self) -> str:
+        """The clause ids as the reason's prefix shows them: "AQ-1" or "AQ-1, AQ-2"."""
+        return ", ".join(self.clauses)
+
+    @property
+    def checked(self) -> bool:
+        """Whether the entry says how the test fails (raises or match), so a different failure is caught."""
+        return self.raises is not None or self.match is not None
 
     @property
     def file(self) -> str:
@@ -82,6 +128,10 @@ class Entry:
             return False
 
 
+# The entry that made an item an expected failure (set by `apply`, read when the item's failure is reported).
+ENTRY = pytest.StashKey[Entry]()
+
+
 @functools.cache
 def load(path: str | None) -> tuple[Entry, ...]:
     """The entries of the expectations file at `path` (none for None)."""
@@ -91,44 +141,75 @@ def load(path: str | None) -> tuple[Entry, ...]:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ExpectationsError(f"expectations file {path}: {exc}") from None
-    entries = []
-    for index, entry in enumerate(data.get("xfail", [])):
-        fields = {"test", "clause", "reason"}
-        if (
-            not isinstance(entry, dict)
-            or not fields <= set(entry) <= fields | {"versions", "level", "intermittent"}
-            or not all(isinstance(value, str) for value in entry.values())
-        ):
-            raise ExpectationsError(
-                f"expectations file {path}: xfail entry {index + 1} needs exactly the string "
-                f"fields test, clause, reason and optionally versions, level, intermittent "
-                f"(has {sorted(entry) if isinstance(entry, dict) else entry})"
-            )
-        if "versions" in entry:
-            try:
-                SpecifierSet(entry["versions"])
-            except InvalidSpecifier:
-                raise ExpectationsError(
-                    f"expectations file {path}: xfail entry {index + 1} ({entry['test']}): "
-                    f"versions {entry['versions']!r} is not a version specifier "
-                    'such as "<0.5" or ">=0.5,<0.7"'
-                ) from None
-        if entry.get("level", "strict") != "strict":
-            raise ExpectationsError(
-                f"expectations file {path}: xfail entry {index + 1} ({entry['test']}): "
-                f"level {entry['level']!r} is not 'strict' (a weak-level failure is an entry for the weak clause)"
-            )
-        entries.append(
-            Entry(
-                entry["test"],
-                entry["clause"],
-                entry["reason"],
-                entry.get("versions"),
-                entry.get("level"),
-                entry.get("intermittent"),
-            )
+    return tuple(_entry(path, index, entry) for index, entry in enumerate(data.get("xfail", [])))
+
+
+def _entry(path: str, index: int, entry) -> Entry:
+    """One [[xfail]] table, checked; ExpectationsError names the file, the entry and what is wrong."""
+    where = f"expectations file {path}: xfail entry {index + 1}"
+    if not isinstance(entry, dict) or not _REQUIRED <= set(entry) <= _REQUIRED | _OPTIONAL:
+        raise ExpectationsError(
+            f"{where} needs the fields test, clause, reason and optionally {', '.join(sorted(_OPTIONAL))} "
+            f"(has {sorted(entry) if isinstance(entry, dict) else entry})"
         )
-    return tuple(entries)
+    clause = entry["clause"]
+    clause_ids = (clause,) if isinstance(clause, str) else tuple(clause) if isinstance(clause, list) else ()
+    strings = [value for key, value in entry.items() if key != "clause"]
+    if (
+        not clause_ids
+        or not all(isinstance(c, str) for c in clause_ids)
+        or not all(isinstance(v, str) for v in strings)
+    ):
+        raise ExpectationsError(f"{where}: clause must be an id or a non-empty list of ids, every other field a string")
+    where += f" ({entry['test']})"
+    if "versions" in entry:
+        try:
+            SpecifierSet(entry["versions"])
+        except InvalidSpecifier:
+            raise ExpectationsError(
+                f'{where}: versions {entry["versions"]!r} is not a version specifier such as "<0.5" or ">=0.5,<0.7"'
+            ) from None
+    if entry.get("level", "strict") != "strict":
+        raise ExpectationsError(
+            f"{where}: level {entry['level']!r} is not 'strict' (a weak-level failure is an entry for the weak clause)"
+        )
+    if entry.get("verdict", "api-changed") not in VERDICTS:
+        raise ExpectationsError(f"{where}: verdict {entry['verdict']!r} is not one of {', '.join(sorted(VERDICTS))}")
+    if "raises" in entry and not entry["raises"].isidentifier():
+        raise ExpectationsError(f"{where}: raises {entry['raises']!r} is not an exception class name")
+    if "match" in entry:
+        try:
+            re.compile(entry["match"])
+        except re.error as exc:
+            raise ExpectationsError(f"{where}: match {entry['match']!r} is not a regular expression: {exc}") from None
+    return Entry(
+        entry["test"],
+        clause_ids,
+        entry["reason"],
+        **{key: entry[key] for key in _OPTIONAL if key in entry},
+    )
+
+
+def failure_problem(entry: Entry, type_names: Iterable[str], text: str) -> str | None:
+    """Why a failure does not fit the entry that expects it (None when it fits, or the entry says nothing).
+
+    `type_names`: the class names of the failure's exception and its bases (and of the exceptions of a group);
+    `text`: its type name, message and notes. `raises` fits a class name of `type_names` or a rank's traceback
+    line `Name: ...` in `text`; `match` is searched in `text`.
+    """
+    wrong = []
+    rank_line = rf"(?m)^\s*(?:[\w.]+\.)?{re.escape(entry.raises or '')}(?::|$)"
+    if entry.raises is not None and entry.raises not in set(type_names) and not re.search(rank_line, text):
+        wrong.append(f"raises {entry.raises}")
+    if entry.match is not None and not re.search(entry.match, text):
+        wrong.append(f"match {entry.match!r}")
+    if not wrong:
+        return None
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "(no message)")
+    return (
+        f"stale expectations entry for {entry.test} [{entry.label}]: it expects the failure to show "
+        f"{' and '.join(wrong)}, but the test failed otherwise: {first[:300]}"
+    )
 
 
 def for_version(entries: Iterable[Entry], version: str) -> tuple[Entry, ...]:
@@ -156,10 +237,12 @@ def apply(
     problems = []
     for entry in entries:
         for item in (i for i in items if entry.matches(i.nodeid)):
-            if entry.clause not in cited(item):
-                problems.append(f"{path}: {entry.test} does not cite clause {entry.clause}")
+            uncited = [c for c in entry.clauses if c not in cited(item)]
+            if uncited:
+                problems.append(f"{path}: {entry.test} does not cite clause {', '.join(uncited)}")
                 continue
-            reason = f"[{entry.clause}] {entry.reason}"
+            item.stash[ENTRY] = entry
+            reason = f"[{entry.label}] {entry.reason}"
             strict = entry.intermittent is None and (randomized_profile is None or not is_hypothesis_test(item))
             if entry.intermittent is not None:
                 reason += f" (not strict: intermittent, {entry.intermittent})"
@@ -178,14 +261,15 @@ def _level_problems(path: str, entries: list[Entry], items: Sequence[pytest.Item
     weak_of = clause_registry.weak_levels(clause_registry.load())
     problems = []
     for entry in (e for e in entries if e.level == "strict"):
-        weak = weak_of.get(entry.clause)
-        if weak is None:
-            problems.append(f"{path}: {entry.test} names level strict, but {entry.clause} has no weak level")
+        strict = [c for c in entry.clauses if c in weak_of]
+        if len(strict) != len(entry.clauses):
+            problems.append(f"{path}: {entry.test} names level strict, but {entry.label} has no weak level")
             continue
+        weak = weak_of[strict[0]]
         weak_items = [i for i in items if weak in cited(i)]
         if weak_items and all(any(e.matches(i.nodeid) for e in entries) for i in weak_items):
             problems.append(
-                f"{path}: {entry.test} names level strict of {entry.clause}, but every test of its weak level "
+                f"{path}: {entry.test} names level strict of {entry.label}, but every test of its weak level "
                 f"{weak} is listed as a known failure too"
             )
     return problems

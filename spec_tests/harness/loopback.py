@@ -27,7 +27,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests.harness.report import cell, load_run
+from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness.runs import load_run
+from spec_tests.harness.verdicts import judge
 
 __all__ = [
     "Node",
@@ -169,7 +171,7 @@ def compare(forked: Path | str, launched: Path | str) -> list[str]:
 def _mode_skips(a, b) -> list[str]:
     return sorted(
         nodeid
-        for nodeid, (outcome, cited) in b.tests.items()
+        for nodeid, (outcome, cited, *_) in b.tests.items()
         if outcome == "skipped" and not cited and a.tests.get(nodeid, ("skipped",))[0] != "skipped"
     )
 
@@ -180,9 +182,11 @@ def _differences(a, b, mode_skips: set[str]) -> list[str]:
         for nodeid in sorted(set(a.tests) | set(b.tests))
         if a.tests.get(nodeid, ("absent",))[0] != b.tests.get(nodeid, ("absent",))[0] and nodeid not in mode_skips
     ]
+    registry = {**a.clauses, **b.clauses, **clause_registry.load()}
     for clause in sorted(set(a.clauses) | set(b.clauses)):
-        if cell(a.outcomes(clause)) != cell(b.outcomes(clause)):
-            problems.append(f"{clause}: forked {cell(a.outcomes(clause))}, launched {cell(b.outcomes(clause))}")
+        forked_cell, launched_cell = (str(judge(r.citing(clause), clause, registry)) for r in (a, b))
+        if forked_cell != launched_cell:
+            problems.append(f"{clause}: forked {forked_cell}, launched {launched_cell}")
     return problems
 
 

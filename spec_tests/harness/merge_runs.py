@@ -17,19 +17,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from spec_tests.harness.report import ReportError, _read_json, load_run
+from spec_tests.harness.runs import ReportError, load_run, read_json
 
 __all__ = ["merge", "main"]
 
 
 def merge(paths: Sequence[Path | str]) -> dict:
-    """The merged run of `paths`, oldest first (each validated as report.load_run does)."""
+    """The merged run of `paths`, oldest first (each validated as runs.load_run does)."""
     if not paths:
         raise ReportError("nothing to merge: give at least one JSON file")
     merged: dict | None = None
     for path in paths:
         label = load_run(path).label  # validates the shape
-        data = _read_json(Path(path))
+        data = read_json(Path(path))
         if merged is None:
             merged, first = dict(data, tests=list(data["tests"]), clauses=dict(data["clauses"])), (path, label)
             continue

@@ -210,8 +210,13 @@ def pytest_collection_modifyitems(session, config, items):
     randomized = None if settings.get_profile(config.ckptspec_profile).derandomize else config.ckptspec_profile
     for problem in expectations.apply(path, entries, items, _cited, randomized):
         problems[path].append(problem)
+    for item in items:
+        entry = item.stash.get(expectations.ENTRY, None)
+        if entry is not None:  # recorded with the outcome: the report charges the failure to these clauses only
+            fields = {"clauses": list(entry.clauses), "verdict": entry.verdict, "intermittent": entry.intermittent}
+            item.user_properties.append(("spec_entry", fields))
     stale = [
-        f"{path}: {e.test} [{e.clause}] matches no collected test"
+        f"{path}: {e.test} [{e.label}] matches no collected test"
         for e in expectations.unmatched(entries, items, rootdir, _narrowed_files(config))
     ]
     if stale and in_ci():
@@ -249,10 +254,13 @@ def pytest_runtest_setup(item):
             pytest.skip("needs a CUDA device; this machine has none")
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: sees the report after the xfail marks were applied
 def pytest_runtest_makereport(item, call):
-    """A failing test's exception gets a note per cited clause, `[AQ-3] <statement>`, before it is reported."""
+    """A failing test's exception gets a note per cited clause, `[AQ-3] <statement>`, before it is reported; the
+    failure's type and text are recorded; an expected failure that fails otherwise than its entry says is reported
+    failed (a stale entry, see expectations.failure_problem)."""
     excinfo = call.excinfo
+    failure = None
     if call.when == "call" and excinfo is not None and not excinfo.errisinstance(_NOT_FAILURES):
         known = clause_registry.load()
         present = getattr(excinfo.value, "__notes__", [])
@@ -260,12 +268,30 @@ def pytest_runtest_makereport(item, call):
             note = f"[{cid}] {known[cid]['statement']}" if cid in known else f"[{cid}] (unknown clause)"
             if note not in present:
                 excinfo.value.add_note(note)
+        failure = _failure(excinfo.value)
+        item.user_properties.append(("spec_failure", {"type": failure[0][0], "text": failure[1][:2000]}))
         # A failed (or expectedly failing) test may leave a broken queue in its warm ranks, whose close() or __del__
         # can hang a later test there: the next test of the module gets fresh ranks.
         pools = item.funcargs.get("rank_pool") if hasattr(item, "funcargs") else None
         if pools is not None:
             pools.reset()
-    return (yield)
+    report = yield
+    entry = item.stash.get(expectations.ENTRY, None)
+    if entry is not None and failure is not None and hasattr(report, "wasxfail") and report.skipped:
+        problem = expectations.failure_problem(entry, *failure)
+        if problem is not None:
+            del report.wasxfail
+            report.outcome = "failed"
+            report.longrepr = f"{problem}\n\n{report.longreprtext}"
+    return report
+
+
+def _failure(exc: BaseException) -> tuple[list[str], str]:
+    """The class names of `exc`, its bases and (for a group) its members', and its text: type, message, notes."""
+    members = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else []
+    names = [cls.__name__ for e in [exc, *members] for cls in type(e).__mro__]
+    text = "\n".join([f"{type(e).__name__}: {e}" for e in [exc, *members]] + list(getattr(exc, "__notes__", [])))
+    return names, text
 
 
 # ------------------------------------------------------------------------------------ fixtures
@@ -357,16 +383,20 @@ class _Recorder:
         message = ""
         if report.longrepr is not None and outcome in ("failed", "error", "skipped", "xfail"):
             message = str(getattr(report, "wasxfail", "") or report.longreprtext).strip()[-2000:]
-        self.records.append(
-            {
-                "nodeid": report.nodeid,
-                "outcome": outcome,
-                "when": report.when,
-                "clauses": dict(report.user_properties).get("spec_clauses", []),
-                "duration": round(report.duration, 3),
-                "message": message,
-            }
-        )
+        properties = dict(report.user_properties)
+        record = {
+            "nodeid": report.nodeid,
+            "outcome": outcome,
+            "when": report.when,
+            "clauses": properties.get("spec_clauses", []),
+            "duration": round(report.duration, 3),
+            "message": message,
+        }
+        if outcome in ("xfail", "xpass") and "spec_entry" in properties:
+            record["entry"] = properties["spec_entry"]
+        if "spec_failure" in properties and outcome in ("failed", "error", "xfail"):
+            record["failure"] = properties["spec_failure"]
+        self.records.append(record)
 
     def pytest_sessionfinish(self, session):
         path = self.config.getoption("--conformance-json")

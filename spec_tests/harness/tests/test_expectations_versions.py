@@ -63,8 +63,11 @@ def test_an_entry_keeps_its_specifier(tmp_path):
     ("extra", "message"),
     [
         ('versions = "about 0.4"', "versions 'about 0.4' is not a version specifier"),
-        ("versions = 4", "needs exactly the string fields test, clause, reason and optionally versions"),
-        ('since = "0.4"', "needs exactly the string fields test, clause, reason and optionally versions"),
+        ("versions = 4", "every other field a string"),
+        ('since = "0.4"', "needs the fields test, clause, reason and optionally intermittent, level, match"),
+        ('raises = "not a name"', "raises 'not a name' is not an exception class name"),
+        ('match = "(unclosed"', "match '(unclosed' is not a regular expression"),
+        ('verdict = "fine"', "verdict 'fine' is not one of api-changed, documented-otherwise"),
     ],
 )
 def test_a_bad_versions_field_is_one_clear_error(tmp_path, extra, message):
@@ -80,11 +83,12 @@ def test_the_version_is_the_one_imported():
 
 
 class _Item:
-    """What `apply` reads of a collected test: its node id, markers, and no hypothesis."""
+    """What `apply` reads of a collected test: its node id, markers, stash, and no hypothesis."""
 
     def __init__(self, nodeid: str):
         self.nodeid, self.obj = nodeid, None
         self.markers: list = []
+        self.stash = pytest.Stash()
 
     def add_marker(self, marker) -> None:
         self.markers.append(marker)
@@ -102,3 +106,40 @@ def test_only_an_intermittent_entry_is_a_non_strict_xfail(tmp_path, intermittent
     (marker,) = item.markers
     assert marker.kwargs["strict"] is strict
     assert ("intermittent" in marker.kwargs["reason"]) is not strict
+
+
+def test_an_entry_may_charge_several_clauses(tmp_path):
+    text = '[[xfail]]\ntest = "spec_tests/a.py::t"\nclause = ["AQ-1", "AQ-2"]\nreason = "r"\n'
+    (entry,) = _load(tmp_path, text)
+    assert (entry.clauses, entry.label, entry.checked) == (("AQ-1", "AQ-2"), "AQ-1, AQ-2", False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(expectations.ExpectationsError, match="non-empty list of ids"):
+        _load(tmp_path / "empty", text.replace('["AQ-1", "AQ-2"]', "[]"))
+
+
+_RANK_FAILURE = "RankFailures: 1 of 2 ranks failed:\n\nrank 1 raised\n    Traceback (most recent call last):\n" + (
+    "      File \"x.py\", line 3, in body\n    TypeError: close() got an unexpected keyword argument 'abort'"
+)
+
+
+@pytest.mark.parametrize(
+    ("fields", "fits"),
+    [
+        ({"raises": "RankFailures"}, True),  # the class raised in the test process
+        ({"raises": "AssertionError"}, True),  # one of its bases
+        ({"raises": "TypeError"}, True),  # a rank's exception, from its traceback line
+        ({"raises": "ValueError"}, False),
+        ({"match": "unexpected keyword argument 'abort'"}, True),
+        ({"match": "hung|did not finish"}, False),
+        ({"raises": "TypeError", "match": "did not finish"}, False),  # both must fit
+        ({}, True),  # an unchecked entry judges nothing
+    ],
+)
+def test_a_failure_is_checked_against_its_entry(fields, fits):
+    """An entry's raises / match must fit the failure; otherwise the problem names the entry and the failure."""
+    entry = expectations.Entry("spec_tests/a.py::t", ("AQ-11",), "r", **fields)
+    problem = expectations.failure_problem(entry, ["RankFailures", "AssertionError", "Exception"], _RANK_FAILURE)
+    assert (problem is None) == fits
+    if not fits:
+        assert problem is not None and problem.startswith("stale expectations entry for spec_tests/a.py::t [AQ-11]")
+        assert "RankFailures: 1 of 2 ranks failed" in problem

@@ -1,33 +1,21 @@
-"""The conformance report: aggregation rule, Markdown table, --update, input validation, --run."""
+"""The conformance report: Markdown table, --update, input validation, --run (the words: test_verdicts.py)."""
 
 import json
 import subprocess
 import sys
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import report
-from spec_tests.harness.report import (
-    END_MARKER,
-    OUTCOMES,
-    START_MARKER,
-    ReportError,
-    cell,
-    load_run,
-    main,
-    render,
-    replace_block,
-    verdict,
-)
+from spec_tests.harness import report, runs
+from spec_tests.harness.blocks import END_MARKER, START_MARKER, replace_block
+from spec_tests.harness.report import main, render
+from spec_tests.harness.runs import ReportError, load_run
 
-outcome_lists = st.lists(st.sampled_from(sorted(OUTCOMES)), max_size=12)
 REGISTRY = {
-    "X-1": {"statement": "first clause", "source": "s"},
-    "X-2": {"statement": "second | clause with a pipe", "source": "s"},
-    "X-3": {"statement": "a " * 60 + "long one", "source": "s"},
+    "X-1": {"statement": "first clause", "source": "s", "basis": "documented", "severity": "hang"},
+    "X-2": {"statement": "second | clause with a pipe", "source": "s", "basis": "implied", "severity": "data-loss"},
+    "X-3": {"statement": "a " * 60 + "long one", "source": "s", "basis": "decision", "severity": "cosmetic"},
 }
 
 
@@ -39,15 +27,18 @@ def _write(tmp_path, name, tests, target="impl", version="(source tree)", clause
     return path
 
 
-def _test(nodeid, outcome, *clauses, when="call"):
-    return {
+def _test(nodeid, outcome, *clauses, when="call", charged=None, message=""):
+    record = {
         "nodeid": nodeid,
         "outcome": outcome,
         "when": when,
         "clauses": list(clauses),
         "duration": 0.1,
-        "message": "",
+        "message": message,
     }
+    if outcome in ("xfail", "xpass"):
+        record["entry"] = {"clauses": list(charged or clauses[:1]), "verdict": None, "intermittent": None}
+    return record
 
 
 def _rows(markdown):
@@ -56,59 +47,7 @@ def _rows(markdown):
     return [[c.strip() for c in line.strip("|").split(" | ")] for line in table]
 
 
-# ---------------------------------------------------------------------------------- aggregation
-
-
-@given(outcome_lists)
-def test_any_failure_or_error_is_fail(outcomes):
-    failing = {"failed", "error"} & set(outcomes)
-    assert (verdict(outcomes) == "fail") == bool(failing)
-
-
-@given(outcome_lists)
-def test_verdict_follows_precedence(outcomes):
-    present = set(outcomes)
-    expected = (
-        "fail"
-        if present & {"failed", "error"}
-        else "xfail"
-        if present & {"xfail", "xpass"}
-        else "pass"
-        if "passed" in present
-        else "skip"
-        if "skipped" in present
-        else "not covered"
-    )
-    assert verdict(outcomes) == expected
-
-
-@given(outcome_lists)
-def test_cell_counts_tests_with_the_verdict(outcomes):
-    text = cell(outcomes)
-    if not outcomes:
-        assert text == "not covered"
-        return
-    name, count = text[:-1].split(" (")
-    assert name == verdict(outcomes)
-    k, _, n = count.partition("/")
-    assert int(n or k) == len(outcomes) and 1 <= int(k) <= len(outcomes)
-    assert (n == "") == (int(k) == len(outcomes))
-
-
-@given(outcome_lists, st.permutations(range(12)))
-def test_verdict_ignores_order(outcomes, order):
-    shuffled = [outcomes[i] for i in order if i < len(outcomes)]
-    assert cell(shuffled) == cell(outcomes)
-
-
-def test_cell_examples():
-    assert cell([]) == "not covered"
-    assert cell(["passed"] * 3) == "pass (3)"
-    assert cell(["passed", "failed", "passed", "skipped"]) == "fail (1/4)"
-    assert cell(["xpass"]) == "xfail (1)"  # a non-strict (intermittent) entry that passed this time
-    assert cell(["xfail", "passed"]) == "xfail (1/2)"
-    assert cell(["skipped", "passed"]) == "pass (1/2)"
-    assert cell(["skipped", "skipped"]) == "skip (2)"
+# ---------------------------------------------------------------------------------- input
 
 
 def test_a_test_counts_once_with_its_worst_phase(tmp_path):
@@ -124,7 +63,23 @@ def test_a_test_counts_once_with_its_worst_phase(tmp_path):
         )
     )
     assert sorted(run.outcomes("X-1")) == ["error", "passed"]
-    assert cell(run.outcomes("X-1")) == "fail (1/2)"
+    assert str(report.clause_verdict(run, "X-1", REGISTRY)) == "FAILS (not in expectations) (1 of 2 tests)"
+
+
+def test_a_run_recorded_before_entries_reads_the_charged_clauses_from_the_reason(tmp_path):
+    old = {
+        **_test("t::a", "xfail", "X-1", "X-2"),
+        "message": "[X-2] why (not strict: intermittent, failed 1 of 3 runs)",
+    }
+    del old["entry"]
+    record = load_run(_write(tmp_path, "a.json", [old])).tests["t::a"]
+    assert (record.charged, record.intermittent) == ({"X-2"}, "failed 1 of 3 runs")
+
+
+def test_an_entry_charging_a_clause_the_test_does_not_cite_is_refused(tmp_path):
+    path = _write(tmp_path, "a.json", [_test("t::a", "xfail", "X-1", charged=["X-3"])])
+    with pytest.raises(ReportError, match=r"tests\[0\]\.entry\.clauses"):
+        load_run(path)
 
 
 # ---------------------------------------------------------------------------------- rendering
@@ -146,14 +101,14 @@ def test_one_row_per_registry_clause_one_column_per_target(tmp_path):
     )
     rows = _rows(render([impl, nvrx], REGISTRY))
     header, separator, body = rows[0], rows[1], rows[2:]
-    assert header == ["clause", "statement", "impl (source tree)", "nvrx 0.4.1"]
+    assert header == ["clause", "statement", "basis", "severity", "impl (source tree)", "nvrx 0.4.1"]
     assert len(separator) == len(header)
     assert [r[0] for r in body] == ["X-1", "X-2", "X-3"]
-    assert all(len(r) == 4 for r in body)
+    assert all(len(r) == 6 for r in body)
     assert [r[2:] for r in body] == [
-        ["fail (1/2)", "xfail (1)"],
-        ["fail (1)", "skip (1)"],
-        ["not covered", "not covered"],
+        ["documented", "hang", "FAILS (not in expectations) (1 of 2 tests)", "breaks its documentation"],
+        ["implied", "data-loss", "FAILS (not in expectations)", "skipped"],
+        ["decision", "cosmetic", "not covered", "not covered"],
     ]
 
 
@@ -181,21 +136,22 @@ def test_legend_and_summary_lines(tmp_path):
     )
     text = render([run], REGISTRY)
     below = text.split("\n\n", 1)[1]
-    assert below.startswith("Legend:")
-    assert ("- **impl (source tree)**: 2 passed, 0 failed, 2 xfail, 1 skipped; clauses not covered: X-3") in below
+    assert below.startswith("Words: **passes**")
+    assert "Measured with cpu tensors (gloo)." in below
+    assert "- **impl (source tree)**: passes 1; misses an implied rule 1; not covered 1" in below
 
 
 def test_registry_defaults_to_clauses_toml(tmp_path):
     run = load_run(_write(tmp_path, "a.json", [], clauses={}))
     body = _rows(render([run]))[2:]
     assert [r[0] for r in body] == list(clause_registry.load())
-    assert {r[2] for r in body} == {"not covered"}
+    assert {r[4] for r in body} == {"not covered"}
 
 
 def test_clauses_unknown_to_the_registry_still_get_rows(tmp_path):
     clauses = {**REGISTRY, "OLD-1": {"statement": "removed since", "source": "s"}}
     run = load_run(_write(tmp_path, "a.json", [_test("t::a", "passed", "OLD-1")], clauses=clauses))
-    assert _rows(render([run], REGISTRY))[-1] == ["OLD-1", "removed since", "pass (1)"]
+    assert _rows(render([run], REGISTRY))[-1] == ["OLD-1", "removed since", "documented", "", "passes"]
 
 
 # ---------------------------------------------------------------------------------- --update
@@ -243,7 +199,7 @@ def test_update_without_a_single_marked_block_fails_clearly(tmp_path, capsys, te
 def test_stdout_without_update(tmp_path, capsys):
     assert main([str(_write(tmp_path, "a.json", [_test("t::a", "passed", "X-1")]))]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("| clause | statement | impl (source tree) |")
+    assert out.startswith("| clause | statement | basis | severity | impl (source tree) |")
 
 
 # ---------------------------------------------------------------------------------- bad input
@@ -326,7 +282,7 @@ def fake_pytest(monkeypatch):
             )
         return subprocess.CompletedProcess(command, codes.get(target, 0))
 
-    monkeypatch.setattr(report.subprocess, "run", fake_run)
+    monkeypatch.setattr(runs.subprocess, "run", fake_run)
     return calls, codes
 
 
@@ -354,10 +310,10 @@ def test_run_runs_each_target_then_reports(tmp_path, fake_pytest, capsys, monkey
             "--conformance-json",
             str((out / f"{target}.json").resolve()),
         ]
-    assert all(kwargs["cwd"] == report.REPO_ROOT for _, kwargs in calls)
+    assert all(kwargs["cwd"] == runs.REPO_ROOT for _, kwargs in calls)
     rows = _rows(capsys.readouterr().out)
-    assert rows[0][2:] == ["impl v", "nvrx v"]
-    assert rows[2][2:] == ["pass (1)", "fail (1)"]
+    assert rows[0][4:] == ["impl v", "nvrx v"]
+    assert rows[2][4:] == ["passes", "FAILS (not in expectations)"]
 
 
 def test_run_with_update(tmp_path, fake_pytest):
@@ -403,10 +359,10 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
             json.dump({"target": "nvrx", "version": "0.7.0", "capabilities": [], "clauses": {}, "tests": []}, f)
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(report.subprocess, "run", fake_run)
-    monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(runs.subprocess, "run", fake_run)
+    monkeypatch.setattr(runs.importlib.util, "find_spec", lambda name: object())
     json_path = tmp_path / "nvrx-0.7.0.json"
-    report.run_target("nvrx-0.7.0", json_path, suite="fault_injection")
+    runs.run_target("nvrx-0.7.0", json_path, suite="fault_injection")
     assert calls == [
         [
             sys.executable,
@@ -422,10 +378,10 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
         ]
     ]
     # Names that are targets, not releases, run here.
-    assert "--impl" in report.pytest_command("dcp-thread", json_path)
+    assert "--impl" in runs.pytest_command("dcp-thread", json_path)
 
 
 def test_a_release_label_without_nox_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(report.ReportError, match="nox is not installed"):
-        report.run_target("mcore-0.19.2", tmp_path / "x.json")
+    monkeypatch.setattr(runs.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ReportError, match="nox is not installed"):
+        runs.run_target("mcore-0.19.2", tmp_path / "x.json")

@@ -1,0 +1,129 @@
+"""Findings pages: for one recorded run of a target release, what it breaks, for its maintainers.
+
+    python -m spec_tests.harness.findings conformance/all/nvrx-0.7.0.json ... --out docs/findings
+
+writes docs/findings/<target>-<release>.md per run (the file name is the run's label, spaces as dashes). A page lists
+the clauses the run breaks, documented and implied first, each group ordered by severity (data-loss, hang, leak,
+wrong-error, cosmetic): the clause's statement, its basis and quoted source, the mechanism (the reason of the
+target's expectations entry, read in the release's source), the tests that show it, and the standalone reproducer
+`findings/repro/<target>-<release>/<clause>.py` where one exists. Then, in one short list, the clauses where the
+target meets less than a decision of this spec asks (not promises of the library), and the clauses judged with
+the release's own documents or changed API. Pages are generated (python regenerate.py); edit the clauses, the
+expectations files or the runs, never the pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness import verdicts
+from spec_tests.harness.report import clause_verdict
+from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, load_run
+
+__all__ = ["SEVERITIES", "main", "page", "page_name"]
+
+SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
+REPRO_DIR = "findings/repro"
+_PREFIX = re.compile(r"^\[[^\]]*\]\s*")
+_NOT_STRICT = re.compile(r"\s*\(not strict: [^)]*\)$")
+
+
+def page_name(run: Run) -> str:
+    """`nvrx-0.7.0` for the run labelled "nvrx 0.7.0"."""
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", run.label.replace("(", "").replace(")", "")).strip("-")
+
+
+def _mechanisms(run: Run, clause_id: str) -> list[str]:
+    reasons = (
+        _NOT_STRICT.sub("", _PREFIX.sub("", record.message)).strip()
+        for record in run.citing(clause_id)
+        if record.outcome in ("xfail", "xpass") and clause_id in record.charged
+    )
+    return list(dict.fromkeys(reason for reason in reasons if reason))
+
+
+def _tests(run: Run, clause_id: str) -> list[str]:
+    return sorted(n for n, r in run.tests.items() if r.outcome == "xfail" and clause_id in r.charged)
+
+
+def _entry(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, root: Path) -> list[str]:
+    repro = Path(REPRO_DIR) / page_name(run) / f"{cid}.py"
+    lines = [
+        f"### {cid} ({clause.get('severity', 'severity not yet assessed')}): {verdict}",
+        "",
+        f"- **Clause**: {clause.get('statement', '')}",
+        f"- **Basis**: {verdicts.basis_of(clause)}; source: {clause.get('source', '')}",
+    ]
+    if clause.get("decision"):
+        lines.append(f"- **Decision**: {clause['decision']}")
+    lines += [f"- **Mechanism**: {m}" for m in _mechanisms(run, cid)]
+    lines += [f"- **Test**: `{t}`" for t in _tests(run, cid)]
+    if (root / repro).exists():
+        lines.append(f"- **Reproducer**: [`{repro}`](../../{repro}) (needs only torch and the library)")
+    else:
+        lines.append("- **Reproducer**: not yet written")
+    return [*lines, ""]
+
+
+def page(run: Run, registry: Mapping[str, Mapping[str, Any]], root: Path = REPO_ROOT) -> str:
+    """The Markdown page of one run (ends with a newline)."""
+    judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
+    broken = [cid for cid, v in judged.items() if v.broken and verdicts.basis_of(registry[cid]) != "decision"]
+    broken.sort(key=lambda cid: (_rank(registry[cid]), verdicts.basis_of(registry[cid]) != "documented"))
+    stricter = [cid for cid, v in judged.items() if v.word == verdicts.BROKEN_WORDS["decision"]]
+    weak_only = [cid for cid, v in judged.items() if v.word == "weak level only"]
+    otherwise = [
+        cid for cid, v in judged.items() if v.word in ("API changed in this release", verdicts.DOCUMENTED_OTHERWISE)
+    ]
+    lines = [
+        f"# Findings: {run.label}",
+        "",
+        "Generated from the stored run `conformance/all/` by `python regenerate.py`: do not edit. Measured on a "
+        f"2-core CPU machine with gloo and {run.tensor_device} tensors; clauses that need a GPU were not run.",
+        "",
+        f"## Breaks: documented and implied clauses ({len(broken)})",
+        "",
+    ]
+    for cid in broken:
+        lines += _entry(run, cid, registry[cid], judged[cid], root)
+    if not broken:
+        lines += ["None.", ""]
+    lines += [f"## Stricter than documented: decisions of this spec it does not meet ({len(stricter)})", ""]
+    lines += [f"- {cid} ({registry[cid].get('severity', '?')}): {registry[cid]['statement']}" for cid in stricter]
+    lines += ["", f"## Weak level only ({len(weak_only)})", ""]
+    lines += [f"- {cid}: misses the strict clause, meets its weak level" for cid in weak_only]
+    lines += ["", f"## Judged by the release's own documents or changed API ({len(otherwise)})", ""]
+    lines += [f"- {cid}: {judged[cid]}" for cid in otherwise]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _rank(clause: Mapping[str, Any]) -> int:
+    severity = clause.get("severity")
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spec_tests.harness.findings", description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path, metavar="JSON", help="stored runs (conformance/all/*.json)")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the pages go")
+    args = parser.parse_args(argv)
+    try:
+        runs = [load_run(path) for path in args.files]
+    except ReportError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    registry = clause_registry.load()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        (args.out / f"{page_name(run)}.md").write_text(page(run, registry))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Recorded runs: the conformance JSON that `pytest --conformance-json PATH` writes, read back and validated, and
+the command that makes one (a target here, or one release of it in its nox session).
+
+A file is {"target", "version", "capabilities", "clauses": {id: {...}}, "tests": [record, ...]} (written by
+spec_tests.harness.plugin); a record is {"nodeid", "outcome", "when", "clauses" (cited), "duration", "message"}
+and, for an expected failure, "entry" {"clauses" (charged), "verdict", "intermittent"} and "failure" {"type",
+"text"}. Files written before entries were recorded carry the charged clauses only as the reason's prefix
+(`[AQ-1] ...` or `[AQ-1, AQ-2] ...`); `load_run` reads them from there.
+
+- `load_run(path)` -> Run: each test once, with its worst recorded phase (a passing call with a failing teardown is
+  an error); ReportError names the file and the field on bad input.
+- `pytest_command`, `run_target`: run a suite against a target, recording to a path (`--run` of the report and of
+  fault_injection.matrix); `cli`: their shared command-line error handling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+__all__ = [
+    "OUTCOMES",
+    "RELEASE_LABEL",
+    "REPO_ROOT",
+    "ReportError",
+    "Run",
+    "Record",
+    "cli",
+    "load_run",
+    "pytest_command",
+    "read_json",
+    "run_target",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Recorded outcomes, best to worst as a test's phases combine (the worst phase is the test's outcome).
+OUTCOMES = ("skipped", "passed", "xpass", "xfail", "failed", "error")
+# `nvrx-0.7.0`: a release of a target, run in its nox session (noxfile.py) instead of in this environment.
+RELEASE_LABEL = re.compile(r"^(?P<target>[A-Za-z0-9_]+)-(?P<release>[0-9][A-Za-z0-9.+]*)$")
+_CHARGED_PREFIX = re.compile(r"^\[(?P<ids>[A-Za-z0-9-]+(?:, [A-Za-z0-9-]+)*)\]")
+_INTERMITTENT = re.compile(r"\(not strict: intermittent, (?P<seen>[^)]*)\)")
+
+
+class ReportError(Exception):
+    """Bad input or a failed run; the message names the file or target."""
+
+
+class Record(NamedTuple):
+    """One test of a run: its worst outcome, the clauses it cites, and for an expected failure its entry."""
+
+    outcome: str
+    cited: frozenset[str]
+    charged: frozenset[str] = frozenset()  # the clauses its expectations entry names (xfail / xpass only)
+    verdict: str | None = None  # the entry's verdict ("api-changed", "documented-otherwise") or None
+    intermittent: str | None = None  # the entry's "failed k of n runs", for a non-strict entry
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One target's recorded run."""
+
+    label: str  # "target version", the column header
+    clauses: Mapping[str, Mapping[str, Any]]  # the registry the run was recorded against
+    tests: Mapping[str, Record]  # nodeid -> its record
+    tensor_device: str = "cpu"  # the device of the tensors the snapshot tests built
+
+    def citing(self, clause_id: str) -> list[Record]:
+        return [record for record in self.tests.values() if clause_id in record.cited]
+
+    def outcomes(self, clause_id: str) -> list[str]:
+        return [record.outcome for record in self.citing(clause_id)]
+
+
+def _check(ok: bool, path: Path, problem: str) -> None:
+    if not ok:
+        raise ReportError(f"{path}: {problem}")
+
+
+def read_json(path: Path | str) -> Any:  # JSON: validated by the callers
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportError(f"{path}: not valid JSON: {exc}") from None
+
+
+def _record(path: Path, index: int, test: Any) -> Record:
+    where = f"tests[{index}]"
+    _check(isinstance(test, dict), path, f"{where} is not an object")
+    _check(isinstance(test.get("nodeid"), str), path, f"{where}.nodeid is not a string")
+    _check(
+        test.get("outcome") in OUTCOMES,
+        path,
+        f"{where}.outcome {test.get('outcome')!r} is not one of {', '.join(sorted(OUTCOMES))}",
+    )
+    cited = test.get("clauses")
+    _check(
+        isinstance(cited, list) and all(isinstance(c, str) for c in cited),
+        path,
+        f"{where}.clauses is not a list of clause ids",
+    )
+    message = str(test.get("message", ""))
+    if test["outcome"] not in ("xfail", "xpass"):
+        return Record(test["outcome"], frozenset(cited), message=message)
+    entry = test.get("entry")
+    if entry is None:  # recorded before entries were: the reason's prefix names the charged clauses
+        prefix, seen = _CHARGED_PREFIX.match(message), _INTERMITTENT.search(message)
+        entry = {"clauses": prefix["ids"].split(", ") if prefix else list(cited), "intermittent": seen and seen["seen"]}
+    charged = entry.get("clauses")
+    _check(
+        isinstance(entry, dict) and isinstance(charged, list) and set(charged) <= set(cited),
+        path,
+        f"{where}.entry.clauses must list clauses the test cites",
+    )
+    return Record(
+        test["outcome"], frozenset(cited), frozenset(charged), entry.get("verdict"), entry.get("intermittent"), message
+    )
+
+
+def load_run(path: Path | str) -> Run:
+    """Read and validate one conformance JSON file."""
+    path = Path(path)
+    data = read_json(path)
+    _check(isinstance(data, dict), path, "expected a JSON object written by --conformance-json")
+    for key, kind in (("target", str), ("version", str), ("clauses", dict), ("tests", list)):
+        _check(isinstance(data.get(key), kind), path, f"missing or malformed field {key!r}")
+    _check(
+        all(isinstance(v, dict) for v in data["clauses"].values()),
+        path,
+        "field 'clauses' must map clause ids to objects",
+    )
+    tests: dict[str, Record] = {}
+    for index, test in enumerate(data["tests"]):
+        record = _record(path, index, test)
+        previous = tests.get(test["nodeid"])
+        if previous is not None:
+            worse = max(previous, record, key=lambda r: OUTCOMES.index(r.outcome))
+            record = worse._replace(cited=previous.cited | record.cited)
+        tests[test["nodeid"]] = record
+    return Run(f"{data['target']} {data['version']}", data["clauses"], tests, str(data.get("tensor_device", "cpu")))
+
+
+# ---------------------------------------------------------------------------------- making a run
+
+
+def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> list[str]:
+    """The command that runs `suite` (a directory of the repository) against `target`, recording to `json_path`.
+
+    `target` is a target name (run here, on the installed copy) or TARGET-RELEASE (its nox session `spec(...)`,
+    which installs exactly that release in a virtual environment of its own).
+    """
+    if RELEASE_LABEL.match(target):
+        # -r: reuse the session's venv (its install steps still run, and the version check refuses a wrong release).
+        return [sys.executable, "-m", "nox", "-r", "-s", f"spec({target})", "--", suite, "--conformance-json"] + [
+            str(json_path)
+        ]
+    return [sys.executable, "-m", "pytest", suite, "-n", "auto", "-q", "-p", "no:randomly", "--impl", target] + [
+        "--conformance-json",
+        str(json_path),
+    ]
+
+
+def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float:
+    """Run `suite` against `target` (its output to stderr), recording to `json_path`; return the wall time in s.
+
+    A previous file at `json_path` is removed first: never report on an old run. Pytest exit codes 0 and 1
+    are data; any other means the run did not complete (a ReportError naming the target).
+    """
+    if RELEASE_LABEL.match(target) and importlib.util.find_spec("nox") is None:
+        raise ReportError(f"{target!r} is run in its nox session, and nox is not installed: pip install -e '.[lint]'")
+    json_path.unlink(missing_ok=True)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    command = pytest_command(target, json_path, suite)
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    start = time.monotonic()
+    code = subprocess.run(command, cwd=REPO_ROOT, stdout=sys.stderr, check=False).returncode
+    wall = time.monotonic() - start
+    if code not in (0, 1):
+        raise ReportError(
+            f"target {target!r}: pytest exited with code {code} "
+            "(0 and 1 are expected; anything else means the run did not complete)"
+        )
+    return wall
+
+
+def cli(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, action: Callable[[argparse.Namespace], None]
+) -> int:
+    """Parse `argv` (JSON files and/or --run TARGET ... required), run `action(args)`; the exit status.
+
+    A ReportError is one line `PROG: error: ...` on stderr and status 1 (the report's and fault_injection.matrix's).
+    """
+    args = parser.parse_args(argv)
+    if not args.files and not args.run:
+        parser.error("give JSON files, --run TARGET ..., or both")
+    try:
+        action(args)
+    except ReportError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,53 @@
+"""Findings pages (issue 30): what a release breaks, documented and implied first, by severity, with mechanism."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from spec_tests.harness import findings
+from spec_tests.harness.runs import load_run
+
+REGISTRY: dict[str, dict[str, Any]] = {
+    "D-1": {"statement": "cosmetic promise", "source": "002 'quote'", "basis": "documented", "severity": "cosmetic"},
+    "D-2": {"statement": "no data loss", "source": "000 'quote'", "basis": "documented", "severity": "data-loss"},
+    "I-1": {"statement": "implied hang", "source": "003 code", "basis": "implied", "severity": "hang"},
+    "C-1": {"statement": "a choice", "source": "torch DCP", "basis": "decision", "decision": "why", "severity": "leak"},
+    "P-1": {"statement": "passes", "source": "000", "basis": "documented", "severity": "hang"},
+}
+
+
+def _xfail(nodeid: str, clause: str, reason: str) -> dict:
+    entry = {"clauses": [clause], "verdict": None, "intermittent": None}
+    return {
+        "nodeid": nodeid,
+        "outcome": "xfail",
+        "clauses": [clause],
+        "message": f"[{clause}] {reason}",
+        "entry": entry,
+    }
+
+
+def test_a_page_lists_the_breaks_by_basis_and_severity(tmp_path):
+    tests = [
+        _xfail("t.py::cosmetic", "D-1", "returns a tensor"),
+        _xfail("t.py::lost", "D-2", "the worker reads shared memory"),
+        _xfail("t.py::hang", "I-1", "joins forever"),
+        _xfail("t.py::choice", "C-1", "leaves a child"),
+        {"nodeid": "t.py::ok", "outcome": "passed", "clauses": ["P-1"]},
+    ]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"target": "lib", "version": "1.0", "clauses": REGISTRY, "tests": tests}))
+    run = load_run(path)
+    (tmp_path / findings.REPRO_DIR / "lib-1.0").mkdir(parents=True)
+    (tmp_path / findings.REPRO_DIR / "lib-1.0" / "D-2.py").write_text("")
+    text = findings.page(run, REGISTRY, root=tmp_path)
+    assert findings.page_name(run) == "lib-1.0"
+    breaks = text.split("## Breaks: documented and implied clauses (3)")[1].split("## Stricter")[0]
+    order = [line.split()[1] for line in breaks.splitlines() if line.startswith("### ")]
+    assert order == ["D-2", "I-1", "D-1"]  # data-loss, hang, cosmetic
+    assert "- **Mechanism**: the worker reads shared memory" in breaks
+    assert "- **Test**: `t.py::lost`" in breaks
+    assert "[`findings/repro/lib-1.0/D-2.py`]" in breaks and "- **Reproducer**: not yet written" in breaks
+    assert "- C-1 (leak): a choice" in text.split("## Stricter")[1]
+    assert "P-1" not in text
