@@ -1,8 +1,23 @@
-"""The clause registry: the TOML files of `spec_tests/clauses/` parsed into {id: {"statement", "source", "decision"?}}.
+"""The clause registry: the TOML files of `spec_tests/clauses/` parsed into {id: {"statement", "basis", "severity",
+"source", "decision"?, "weakens"?}}.
 
 Every `*.toml` file of that directory but `areas.toml` is one clause area, named by its stem (today: async_ckpt,
 the async core; storage, the writer, saver, metadata cache and MSC; local, local checkpointing; faults, the FI-*
 clauses of the fault-injection suite). A new area is a new file there: nothing here changes.
+
+Every clause states its provenance and what missing it costs (issue 30):
+
+- `basis`: "documented" (a document says it: `source` names the seed file, or a release's own docstring with its
+  version, and quotes the sentence), "implied" (code or a docstring implies it: `source` names it and says how) or
+  "decision" (the documents leave it open: `decision` gives the reason, `source` the anchor it follows, such as
+  torch DCP, Orbax or this spec). A clause of basis "decision" must have a `decision` text; any clause may have one
+  to explain a detail the spec chose (a bound, an exception type).
+- `severity`: what a user suffers when a target misses the clause: "data-loss" (a wrong, partial or missing
+  checkpoint reported as good, a lost save, a snapshot of the wrong data), "hang" (a call waits forever or past its
+  bound), "leak" (processes, files, memory or descriptors left behind), "wrong-error" (a wrong exception or message,
+  an error that surfaces late or on the wrong rank, no data lost) or "cosmetic" (API shape, return types, names).
+
+A missing or unknown `basis` or `severity` is a ClauseError naming the file and the clause.
 
 A clause may state the weak level of another (`weakens = "AQ-7"`): what a target that misses the strict clause
 must still do. The report then gives the strict clause's level per target (strict, weak or fails).
@@ -18,11 +33,25 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["AREAS", "DIRECTORY", "FILES", "ClauseError", "discover", "load", "weak_levels"]
+__all__ = [
+    "AREAS",
+    "BASES",
+    "DIRECTORY",
+    "FILES",
+    "SEVERITIES",
+    "ClauseError",
+    "discover",
+    "load",
+    "read_area",
+    "weak_levels",
+]
 
 DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
 INDEX = "areas.toml"
-_FIELDS = {"id", "statement", "source", "decision", "weakens"}
+_FIELDS = {"id", "statement", "basis", "severity", "source", "decision", "weakens"}
+_REQUIRED = {"id", "statement", "basis", "severity", "source"}
+BASES = ("documented", "implied", "decision")
+SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
 
 
 class ClauseError(ValueError):
@@ -53,6 +82,30 @@ FILES = discover()
 AREAS = tuple(path.stem for path in FILES)
 
 
+def _check(path: Path, entry: object) -> dict[str, str]:
+    if not isinstance(entry, dict):
+        raise ClauseError(f"{path}: a [[clause]] entry must be a table")
+    cid = entry.get("id")
+    extra, missing = set(entry) - _FIELDS, _REQUIRED - set(entry)
+    if extra:
+        raise ClauseError(f"{path}: clause {cid!r} has unknown field(s) {', '.join(sorted(extra))}")
+    if missing:
+        raise ClauseError(f"{path}: clause {cid!r} lacks the required field(s) {', '.join(sorted(missing))}")
+    for name, allowed in (("basis", BASES), ("severity", SEVERITIES)):
+        if entry[name] not in allowed:
+            raise ClauseError(
+                f"{path}: clause {cid!r} has {name} {entry[name]!r}; it must be one of {', '.join(allowed)}"
+            )
+    if entry["basis"] == "decision" and not str(entry.get("decision", "")).strip():
+        raise ClauseError(f"{path}: clause {cid!r} has basis 'decision' but no `decision` text giving the reason")
+    return entry
+
+
+def read_area(path: Path) -> list[dict[str, str]]:
+    """The clauses of one area file, each checked (fields, basis, severity). Raises ClauseError naming file and clause."""
+    return [_check(path, entry) for entry in _read(path).get("clause", [])]
+
+
 @functools.cache
 def load(areas: tuple[str, ...] = AREAS) -> dict[str, dict[str, str]]:
     """The clauses of `areas` (all by default), in table order. Raises ClauseError on a malformed file."""
@@ -61,10 +114,7 @@ def load(areas: tuple[str, ...] = AREAS) -> dict[str, dict[str, str]]:
         raise ClauseError(f"unknown clause areas {sorted(unknown)}; the areas are {', '.join(AREAS)}")
     registry: dict[str, dict[str, str]] = {}
     for path in (f for f in FILES if f.stem in areas):
-        for entry in _read(path).get("clause", []):
-            extra = set(entry) - _FIELDS
-            if extra or not {"id", "statement", "source"} <= set(entry):
-                raise ClauseError(f"{path}: clause {entry.get('id')!r} has bad fields {sorted(set(entry) ^ _FIELDS)}")
+        for entry in read_area(path):
             if entry["id"] in registry:
                 raise ClauseError(f"{path}: duplicate clause id {entry['id']!r}")
             registry[entry["id"]] = {k: v for k, v in entry.items() if k != "id"}

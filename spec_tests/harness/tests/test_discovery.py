@@ -1,4 +1,5 @@
-"""A new target or clause area needs no change inside the harness: both are discovered (issue 14).
+"""A new target or clause area needs no change inside the harness: both are discovered (issue 14); every clause
+states its basis and severity (issue 30).
 
 Targets: the adapter modules of `spec_tests.targets` (names not starting with `_`), entry points of the group
 `ckptspec.targets`, and dotted paths. Clause areas: the files of `spec_tests/clauses/`, in the order of its
@@ -7,6 +8,7 @@ Targets: the adapter modules of `spec_tests.targets` (names not starting with `_
 
 from __future__ import annotations
 
+import re
 import sys
 from importlib import metadata
 
@@ -81,3 +83,50 @@ def test_a_listed_area_without_its_file_is_an_error(tmp_path):
     (tmp_path / "areas.toml").write_text('areas = ["a", "gone"]\n')
     with pytest.raises(clauses.ClauseError, match="no clause file for the listed area.s. gone"):
         clauses.discover(tmp_path)
+
+
+_CLAUSE = {
+    "id": '"X-1"',
+    "statement": '"s"',
+    "basis": '"documented"',
+    "severity": '"hang"',
+    "source": "\"002 AsyncCallsQueue.close: 'Finalize all calls upon closing.'\"",
+}
+
+
+def _area(tmp_path, **fields: str | None):
+    entry = {**_CLAUSE, **fields}
+    path = tmp_path / "area.toml"
+    path.write_text("[[clause]]\n" + "".join(f"{k} = {v}\n" for k, v in entry.items() if v is not None))
+    return path
+
+
+def test_every_clause_states_its_basis_and_severity():
+    registry = clauses.load()
+    assert registry and all(
+        c["basis"] in clauses.BASES and c["severity"] in clauses.SEVERITIES for c in registry.values()
+    )
+    assert all(c.get("decision", "").strip() for c in registry.values() if c["basis"] == "decision")
+
+
+def test_a_well_formed_clause_is_read_with_its_provenance(tmp_path):
+    (entry,) = clauses.read_area(_area(tmp_path, basis='"decision"', decision='"why"', source='"torch DCP"'))
+    assert (entry["basis"], entry["severity"], entry["decision"]) == ("decision", "hang", "why")
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"basis": None}, "clause 'X-1' lacks the required field.s. basis"),
+        ({"severity": None}, "clause 'X-1' lacks the required field.s. severity"),
+        ({"basis": '"folklore"'}, "clause 'X-1' has basis 'folklore'; it must be one of documented, implied, decision"),
+        ({"severity": '"fatal"'}, "clause 'X-1' has severity 'fatal'; it must be one of data-loss, hang, leak, wrong"),
+        ({"basis": '"decision"'}, "clause 'X-1' has basis 'decision' but no `decision` text"),
+        ({"basis": '"decision"', "decision": '"  "'}, "clause 'X-1' has basis 'decision' but no `decision` text"),
+        ({"level": '"x"'}, "clause 'X-1' has unknown field.s. level"),
+    ],
+)
+def test_a_missing_or_bad_basis_or_severity_names_file_and_clause(tmp_path, fields, problem):
+    path = _area(tmp_path, **fields)
+    with pytest.raises(clauses.ClauseError, match=f"^{re.escape(str(path))}: {problem}"):
+        clauses.read_area(path)
