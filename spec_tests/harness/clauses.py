@@ -17,6 +17,8 @@ Every clause states its provenance and what missing it costs (issue 30):
   bound), "leak" (processes, files, memory or descriptors left behind), "wrong-error" (a wrong exception or message,
   an error that surfaces late or on the wrong rank, no data lost) or "cosmetic" (API shape, return types, names).
 
+- `snapshot = true`: the clause judges the values of tensors a save captured (the snapshot family); the report says
+  which device those tensors were on (a CPU-tensor verdict is not a GPU one).
 A missing or unknown `basis` or `severity` is a ClauseError naming the file and the clause.
 
 A clause may state the weak level of another (`weakens = "AQ-7"`): what a target that misses the strict clause
@@ -48,7 +50,7 @@ __all__ = [
 
 DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
 INDEX = "areas.toml"
-_FIELDS = {"id", "statement", "basis", "severity", "source", "decision", "weakens"}
+_FIELDS = {"id", "statement", "basis", "severity", "source", "decision", "weakens", "snapshot"}
 _REQUIRED = {"id", "statement", "basis", "severity", "source"}
 BASES = ("documented", "implied", "decision")
 SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
@@ -96,6 +98,10 @@ def _check(path: Path, entry: object) -> dict[str, str]:
             raise ClauseError(
                 f"{path}: clause {cid!r} has {name} {entry[name]!r}; it must be one of {', '.join(allowed)}"
             )
+    if entry.get("snapshot", True) is not True:
+        raise ClauseError(
+            f"{path}: clause {cid!r} has snapshot {entry['snapshot']!r}; only `snapshot = true` is allowed"
+        )
     if entry["basis"] == "decision" and not str(entry.get("decision", "")).strip():
         raise ClauseError(f"{path}: clause {cid!r} has basis 'decision' but no `decision` text giving the reason")
     return entry
