@@ -104,7 +104,7 @@ def _steps(run: Run, found, path: Path) -> None:
                 label="stall of a save",
             )
         wrong = peer in goodput_summary.wrong_peers(found)
-        title = f"{peer}: {f.slowdown * 100:+.1f}%" + (" WRONG SNAPSHOT" if wrong else "")
+        title = f"{peer}: {f.slowdown * 100:+.1f}%" + (" wrong snapshot (CPU tensors)" if wrong else "")
         ax.set_title(title, fontsize=9, color="tab:red" if wrong else "black")
         ax.set_yscale("log")
         ax.axhline(1.0, color="tab:blue", linewidth=0.6, linestyle=":")
@@ -141,7 +141,7 @@ def _interval(run: Run, found, path: Path) -> None:
             markersize=4,
             linewidth=1.2,
             linestyle="--" if wrong else "-",
-            label=peer + (" (WRONG SNAPSHOT)" if wrong else ""),
+            label=peer + (" (wrong snapshot, CPU tensors)" if wrong else ""),
             **_style(peer),
         )
     ax.set_xscale("log")

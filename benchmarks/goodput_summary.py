@@ -152,7 +152,7 @@ def _snapshots(runs: list[Figures]) -> str:
     if not runs or runs[0].peer == BASELINE:
         return "-"
     checked, wrong = sum(f.checked for f in runs), sum(f.wrong for f in runs)
-    return f"correct ({checked})" if not wrong else f"**WRONG SNAPSHOT** ({wrong} of {checked})"
+    return f"correct ({checked})" if not wrong else f"**wrong snapshot** ({wrong} of {checked}, CPU tensors)"
 
 
 def wrong_peers(found: dict[tuple[str, int], Figures]) -> set[str]:

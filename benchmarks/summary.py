@@ -50,6 +50,25 @@ def _ceilings(run: Run) -> list[str]:
     return md_table(["ceiling", "bytes", "time", "throughput"], rows)
 
 
+def snapshot_verdict(record: dict) -> str:
+    """The snapshot check of a stall benchmark, with the device of the tensors it judged: a wrong snapshot of CPU
+    tensors says nothing of CUDA tensors, which the peers' documents promise to stage."""
+    snapshot = record.get("snapshot")
+    if snapshot is None:
+        return "-"
+    word = "correct" if snapshot == "correct" else "wrong snapshot"
+    return f"{word} ({record.get('device', 'cpu').upper()} tensors)"
+
+
+def stall_peer(record: dict) -> str:
+    """The peer's name in a stall table; a staging peer recorded before its staging wait was timed says that its
+    figure is the call's return only (not comparable with the others' time until the state may change)."""
+    label = f"`{record['peer']}`"
+    if "staged" in record["peer"] and "staging wait" not in record.get("phases", {}):
+        label += " (call return only)"
+    return label
+
+
 def _stall(run: Run, figure: str) -> list[str]:
     rows_in = run.get(figure)
     best = min((r["seconds"] for r in rows_in), default=None)
@@ -58,7 +77,7 @@ def _stall(run: Run, figure: str) -> list[str]:
         floor_name, floor = floor_of(run, r["bytes"], r.get("device", "cpu"))
         phases = " / ".join(f"{k} {fmt_time(v)}" for k, v in r.get("phases", {}).items())
         row = [
-            f"`{r['peer']}`",
+            stall_peer(r),
             fmt_time(r["seconds"]),
             f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
             f"{fmt_ratio(r['seconds'], floor)} {floor_name}",
@@ -66,7 +85,7 @@ def _stall(run: Run, figure: str) -> list[str]:
             phases,
         ]
         if figure == "stall":
-            row.append(r.get("snapshot", "-"))
+            row.append(snapshot_verdict(r))
         else:
             row.append(fmt_time(r.get("phases", {}).get("durable")))
         rows.append(row)
@@ -202,7 +221,7 @@ def _goals(run: Run) -> list[str]:
                 f"`{family}:impl` stall <= {limit}x the {floor_name} floor, snapshot correct",
                 ratio if correct else float("inf"),
                 limit,
-                f"{fmt_ratio(impl['seconds'], floor)}, snapshot {impl.get('snapshot')}",
+                f"{fmt_ratio(impl['seconds'], floor)}, {snapshot_verdict(impl)}",
             )
         )
         if nvrx is not None:
@@ -211,7 +230,7 @@ def _goals(run: Run) -> list[str]:
                     f"`{family}:impl` stall no worse than `{family}:nvrx`",
                     impl["seconds"] / nvrx["seconds"],
                     1.0,
-                    f"{fmt_time(impl['seconds'])} vs {fmt_time(nvrx['seconds'])} (nvrx snapshot {nvrx.get('snapshot')})",
+                    f"{fmt_time(impl['seconds'])} vs {fmt_time(nvrx['seconds'])} (nvrx: {snapshot_verdict(nvrx)})",
                 )
             )
     impl, sync = run.one("durable", "dcp:impl"), run.one("durable", "dcp:save")
@@ -279,7 +298,8 @@ def _goals(run: Run) -> list[str]:
 
 SECTIONS = [
     (
-        "Trainer stall, steady state (call to return; floor: same bytes through memcpy, or pinned D2H on GPU)",
+        "Trainer stall, steady state (from the call until the state may change: the call's return, plus the wait for "
+        "staging where the peer signals it; floor: same bytes through memcpy, or pinned D2H on GPU)",
         lambda run: _stall(run, "stall"),
     ),
     ("Trainer stall, first save (fresh instance)", lambda run: _stall(run, "stall-first")),
@@ -340,11 +360,11 @@ def _compact_saves(run: Run, heading: str) -> str:
         memory, load = run.one("memory", peer), run.one("load", peer)
         rows.append(
             [
-                f"`{peer}`",
+                stall_peer(r),
                 f"{r['seconds'] * 1e3 * GiB / r['bytes']:.1f}",
                 f"{fmt_ratio(r['seconds'], floor)} {floor_name}",
                 fmt_ratio(r["seconds"], best_stall),
-                r.get("snapshot", "-"),
+                snapshot_verdict(r),
                 fmt_time(seconds_of(first)),
                 fmt_time(seconds_of(durable)),
                 fmt_ratio(seconds_of(durable), seconds_of(sync)),

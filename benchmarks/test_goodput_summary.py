@@ -71,7 +71,7 @@ def test_slowdown_is_paired_within_the_run_and_wall_time_against_the_baseline():
 def test_a_wrong_snapshot_is_marked_and_never_ranked():
     table = "\n".join(goodput_summary.render(Run(RUN)))
     assert "| `dcp:impl` | correct (1) | +22.0% | 0.820 | +10.0% | +0.0% | 1 | 20 ms (0.20) | 0 ms (0.00) |" in table
-    assert "| `dcp:nvrx` | **WRONG SNAPSHOT** (1 of 1) | +0.1% |" in table
+    assert "| `dcp:nvrx` | **wrong snapshot** (1 of 1, CPU tensors) | +0.1% |" in table
     assert table.index("`dcp:save`") < table.index("`dcp:nvrx`")  # the wrong one last, below slower peers
     assert "| 1.0 MiB (0.12x) | - |" in table  # nvrx: no rank
     assert "| `dcp:nvrx` | correct (1), WRONG at another interval | +0.1% |" in table
@@ -89,7 +89,7 @@ def test_a_goodput_run_gets_its_own_compact_table():
     text = summary.render_compact(RUN)
     assert text.startswith("#### Goodput: CPU, 2 cores")
     assert "| `dcp:impl` | correct (2) | +22.0% / +2.0% | 0.820 / 0.980 | 0.20 | +100.0% | 1.50 | 1.00x | 1 |" in text
-    assert "| `dcp:nvrx` | **WRONG SNAPSHOT** (1 of 2) |" in text
+    assert "| `dcp:nvrx` | **wrong snapshot** (1 of 2, CPU tensors) |" in text
     assert "Noise: the 2 baseline runs differ by 2.0%" in text
     assert "Goals for impl" in text and "stall <= " not in text  # no save goals for a goodput-only run
 

@@ -23,7 +23,7 @@ RUN = {
         _bench("ceiling", "memcpy", 0.003, nbytes=16 * MiB, fastest=0.001),  # fastest round, scaled: 0.5 ms
         _bench("ceiling", "write-fsync", 0.010),
         _bench("stall", "dcp:impl", 0.0006, family="dcp", snapshot="correct", phases={"plan": 0.0001}),
-        _bench("stall", "dcp:nvrx", 0.0003, family="dcp", snapshot="INCORRECT"),
+        _bench("stall", "dcp:nvrx", 0.0003, family="dcp", snapshot="wrong"),
         _bench("durable", "dcp:impl", 0.011, family="dcp", durable=True),
         _bench("durable", "dcp:save", 0.010, family="dcp", durable=True),
         _bench("write", "dcp:impl", 0.020, dest="durable", ceiling="write-fsync"),
@@ -88,3 +88,19 @@ def test_the_heading_names_the_peer_versions_the_run_imported():
     run = {**RUN, "machine_info": {"ckptspec": info}}
     heading = summary.render_compact(run).splitlines()[0]
     assert heading.endswith("(2026-01-02, torch 2.13.0, NVRx 0.7.0)")
+
+
+def test_a_snapshot_verdict_names_the_device_of_the_tensors_it_judged():
+    """Issue 30: a wrong snapshot of CPU tensors is not reported as a wrong snapshot of the GPU tensors users save."""
+    assert summary.snapshot_verdict({"snapshot": "wrong"}) == "wrong snapshot (CPU tensors)"
+    assert summary.snapshot_verdict({"snapshot": "INCORRECT", "device": "cuda"}) == "wrong snapshot (CUDA tensors)"
+    assert summary.snapshot_verdict({"snapshot": "correct"}) == "correct (CPU tensors)"
+    assert summary.snapshot_verdict({}) == "-"
+
+
+def test_a_staged_peer_timed_to_its_return_only_says_so():
+    """A staging peer's stall is comparable only when it includes the wait for staging (phase "staging wait")."""
+    old = {"peer": "dcp:async_save-staged", "phases": {"call": 0.01}}
+    assert summary.stall_peer(old) == "`dcp:async_save-staged` (call return only)"
+    assert summary.stall_peer({**old, "phases": {"staging wait": 0.2}}) == "`dcp:async_save-staged`"
+    assert summary.stall_peer({"peer": "dcp:impl", "phases": {}}) == "`dcp:impl`"
