@@ -7,10 +7,10 @@
         first run `pytest fault_injection -n auto -q -p no:randomly --impl T --conformance-json
         DIR/faults-T.json` per target (DIR defaults to conformance/), timing each run, then report on
         those files, with the wall times. Pytest exit codes 0 and 1 are data; any other is an error.
-        The run and the command line's error handling are spec_tests.harness.report's (`run_target`, `cli`),
+        The run and the command line's error handling are spec_tests.harness.runs' (`run_target`, `cli`),
         shared with the conformance table.
 
-Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spec_tests.harness.report). A test's fault
+Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spec_tests.harness.runs). A test's fault
 is the family of the FI-* clauses it cites (FI-RANK-1 -> FI-RANK; FI-ORPHAN-1, cited by every fault
 test, does not count); its phase is the first `-`-separated word of its parameter id that names a
 phase (`test_killed_worker[write-child]` -> write). A cell aggregates the outcomes of the tests of

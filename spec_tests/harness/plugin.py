@@ -12,7 +12,9 @@ loads it too, for a run with another ini file).
   `versions` only for the releases it names, matched against the version the run imported. An entry that
   matches no test of a file the run collected whole is listed in the terminal summary; an error when $CI is set.
 - A failing test's traceback ends with the statement of every clause it cites (exception notes).
-- `--conformance-json PATH` records every test's outcome with its clauses (see spec_tests.harness.report).
+- `--conformance-json PATH` records every test's outcome with its clauses, and for an expected failure its entry
+  and how it failed (see spec_tests.harness.runs); an expected failure that fails otherwise than its entry says
+  (raises / match) is reported failed.
 - Hypothesis profiles `ci` (derandomized), `dev`, `nightly`, chosen by --hypothesis-profile, else
   $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`.
 - Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.launched).

@@ -1,0 +1,69 @@
+"""Recording how expected failures fail (issue 30): raises / match proposed from a run, checked, written in place."""
+
+from __future__ import annotations
+
+import json
+
+from spec_tests.harness import expectations, record_failures
+
+_FILE = """\
+# a comment that must survive
+[[xfail]]
+test = "t.py::test_abort"
+clause = "AQ-11"
+reason = "no abort parameter"
+
+[[xfail]]
+test = "t.py::test_hang"
+clause = "AQ-7"
+reason = "waits forever"
+
+[[xfail]]
+test = "t.py::test_mixed"
+clause = "AQ-3"
+reason = "fails two ways"
+"""
+_RANKS = "RankFailures: 1 of 2 ranks failed:\n\nrank 1 raised\n    Traceback (most recent call last):\n"
+_ABORT = _RANKS + "    TypeError: close() got an unexpected keyword argument 'abort'\n[AQ-11] statement"
+
+
+def _record(test: str, clause: str, failure_type: str, text: str) -> dict:
+    entry = {"clauses": [clause], "verdict": None, "intermittent": None}
+    failure = {"type": failure_type, "text": text}
+    return {"nodeid": test, "outcome": "xfail", "clauses": [clause], "entry": entry, "failure": failure}
+
+
+def test_proposals_are_the_targets_exception_and_stable_words(tmp_path):
+    path = tmp_path / "x.expectations.toml"
+    path.write_text(_FILE)
+    run = {
+        "version": "1.0",
+        "tests": [
+            _record("t.py::test_abort[persistent]", "AQ-11", "RankFailures", _ABORT),
+            _record("t.py::test_abort[temporal]", "AQ-11", "RankFailures", _ABORT),
+            _record("t.py::test_hang", "AQ-7", "BoundExceeded", "BoundExceeded: finalize did not return within 90 s"),
+            _record("t.py::test_mixed[a]", "AQ-3", "ValueError", "ValueError: one way"),
+            _record("t.py::test_mixed[b]", "AQ-3", "KeyError", "KeyError: 'another'"),
+        ],
+    }
+    proposals, problems = record_failures.propose(run, expectations.load(str(path)))
+    by_test = {entry.test: fields for entry, fields in proposals.items()}
+    assert by_test["t.py::test_abort"] == {
+        "raises": "TypeError",
+        "match": r"close\(\)\ got\ an\ unexpected\ keyword\ argument",
+    }
+    assert by_test["t.py::test_hang"] == {"raises": "BoundExceeded", "match": r"finalize\ did\ not\ return\ within"}
+    assert "t.py::test_mixed" not in by_test and problems == [
+        "t.py::test_mixed [AQ-3]: its 2 failures share no exception class"
+    ]
+    assert record_failures.write(path, proposals) == 2
+    expectations.load.cache_clear()  # load() caches by path
+    text = path.read_text()
+    assert text.startswith("# a comment that must survive\n")
+    written = {e.test: (e.raises, e.match) for e in expectations.load(str(path))}
+    assert written["t.py::test_abort"] == ("TypeError", r"close\(\)\ got\ an\ unexpected\ keyword\ argument")
+    assert written["t.py::test_mixed"] == (None, None)
+    # What was written fits the failures it came from.
+    (abort,) = (e for e in expectations.load(str(path)) if e.test == "t.py::test_abort")
+    assert expectations.failure_problem(abort, ["RankFailures"], _ABORT) is None
+    assert json.dumps(by_test)  # plain strings only
