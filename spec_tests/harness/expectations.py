@@ -227,12 +227,18 @@ def is_hypothesis_test(item: pytest.Item) -> bool:
 
 
 def apply(
-    path: str, entries: Iterable[Entry], items: Sequence[pytest.Item], cited, randomized_profile: str | None
+    path: str,
+    entries: Iterable[Entry],
+    items: Sequence[pytest.Item],
+    cited,
+    randomized_profile: str | None,
+    narrowed: Iterable[Path] = (),
 ) -> list[str]:
     """Mark the items the entries match; return the problems (an entry whose test does not cite its clause).
 
     `cited(item)` lists the clause ids an item cites; `randomized_profile` is the name of the hypothesis profile
-    when it is not derandomized, else None.
+    when it is not derandomized, else None; `narrowed`: the files the command line named with `::` (their tests
+    not asked for are not collected, so they say nothing of a weak level).
     """
     problems = []
     for entry in entries:
@@ -249,7 +255,9 @@ def apply(
             elif not strict:
                 reason += f" (not strict: hypothesis under the randomized profile {randomized_profile!r})"
             item.add_marker(pytest.mark.xfail(strict=strict, reason=reason))
-    return problems + _level_problems(path, list(entries), items, cited)
+    skipped = {Path(p).resolve() for p in narrowed}
+    whole = [item for item in items if Path(str(item.path)).resolve() not in skipped] if skipped else items
+    return problems + _level_problems(path, list(entries), whole, cited)
 
 
 def _level_problems(path: str, entries: list[Entry], items: Sequence[pytest.Item], cited) -> list[str]:

@@ -210,7 +210,7 @@ def pytest_collection_modifyitems(session, config, items):
     path = config.ckptspec_target.expectations_path
     entries = expectations.for_version(expectations.load(path), config.ckptspec_target.version)
     randomized = None if settings.get_profile(config.ckptspec_profile).derandomize else config.ckptspec_profile
-    for problem in expectations.apply(path, entries, items, _cited, randomized):
+    for problem in expectations.apply(path, entries, items, _cited, randomized, _narrowed_files(config)):
         problems[path].append(problem)
     for item in items:
         entry = item.stash.get(expectations.ENTRY, None)

@@ -50,3 +50,19 @@ def test_a_strict_level_entry_needs_an_unlisted_weak_test(clause, weak_listed, p
         assert problems == []
     else:
         assert len(problems) == 1 and problem in problems[0]
+
+
+def test_a_run_narrowed_to_node_ids_does_not_judge_a_weak_level(tmp_path):
+    """Running only a target's listed tests (`pytest file.py::test ...`) leaves its unlisted weak tests out: their
+    absence is no problem (issue 30: recording how each entry fails)."""
+    weak_file = tmp_path / "b.py"
+    entries = [
+        expectations.Entry("spec_tests/a.py::test_strict", ("AQ-8",), "r", None, "strict"),
+        expectations.Entry("spec_tests/b.py::test_weak_listed", ("AQ-8w",), "r"),
+    ]
+    items = [_item("spec_tests/a.py::test_strict", "AQ-8"), _item("spec_tests/b.py::test_weak_listed", "AQ-8w")]
+    for item in items:
+        item.path, item.add_marker, item.stash = weak_file, lambda marker: None, pytest.Stash()
+    cited = lambda item: item.cited  # noqa: E731
+    assert expectations.apply("x.toml", entries, items, cited, None)  # the whole file: every weak test is listed
+    assert expectations.apply("x.toml", entries, items, cited, None, narrowed=[weak_file]) == []

@@ -153,7 +153,7 @@ BAD_INPUTS = {
     "malformed expectations file": (
         ["--impl", "broken_adapter"],
         {},
-        ["broken_adapter.toml", "xfail entry 1 needs exactly"],
+        ["broken_adapter.toml", "xfail entry 1 needs the fields"],
     ),
     "bad $HYPOTHESIS_PROFILE": (
         [],
