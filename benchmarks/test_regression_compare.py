@@ -56,6 +56,21 @@ def _key(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
 
+def written(path: Path, content: str | None) -> Path:
+    """`path`, holding `content` (None: left missing)."""
+    if content is not None:
+        path.write_text(content)
+    return path
+
+
+def unusable(capsys, argv: list[str]) -> str:
+    """The command's stderr, asserted to be one line with exit status 2."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
 def write_baseline(path: Path, *runs: dict) -> Path:
     best_of(list(runs) or [make_run()], Settings()).write(path)
     return path
@@ -130,20 +145,16 @@ def test_threshold_comes_from_the_option_then_the_environment(monkeypatch):
     [(None, "cannot read it"), ("{not json", "not JSON"), ('{"format": "other"}', "not a ckptspec-regression")],
 )
 def test_an_unusable_baseline_is_one_line_and_exit_status_2(tmp_path, capsys, content, reason):
-    path = tmp_path / "baseline.json"
-    if content is not None:
-        path.write_text(content)
+    path = written(tmp_path / "baseline.json", content)
     with pytest.raises(BaselineError, match=reason):
         load(path)
-    assert cli.main(["compare", str(path), "--run", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and reason in err and "record" in err
+    err = unusable(capsys, ["compare", str(path), "--run", str(path)])
+    assert reason in err and "record" in err
 
 
 def test_a_bad_threshold_is_one_line_and_exit_status_2(tmp_path, capsys):
     baseline = write_baseline(tmp_path / "b.json")
-    assert cli.main(["compare", str(baseline), "--threshold", "fast", "--run", str(baseline)]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    assert "not a number" in unusable(capsys, ["compare", str(baseline), "--threshold", "fast", "--run", str(baseline)])
 
 
 def test_compare_against_a_ten_times_faster_baseline_fails_with_one_line_per_figure(tmp_path, capsys):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from benchmarks.regression import __main__ as cli
-from benchmarks.regression.history import HistoryError, read
-from benchmarks.test_regression_compare import TIMES, make_run, write_baseline
+from benchmarks.regression.history import HistoryError, label, read
+from benchmarks.test_regression_compare import TIMES, make_run, unusable, write_baseline, written
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -59,12 +59,14 @@ def test_trend_draws_every_figure_of_three_runs(tmp_path, capsys):
     [(None, "cannot read it"), ("", "holds no run"), ("{oops\n", "not JSON"), ('{"time": 1}\n', "no figures")],
 )
 def test_an_unusable_history_is_one_line_and_exit_status_2(tmp_path, capsys, content, reason):
-    path = tmp_path / "runs.jsonl"
-    if content is not None:
-        path.write_text(content)
+    path = written(tmp_path / "runs.jsonl", content)
     with pytest.raises(HistoryError, match=reason):
         read(path)
-    assert cli.main(["trend", str(path), "--out", str(tmp_path / "t.png")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and reason in err
+    assert reason in unusable(capsys, ["trend", str(path), "--out", str(tmp_path / "t.png")])
     assert not (tmp_path / "t.png").exists()
+
+
+def test_a_run_is_labelled_by_its_short_sha_or_its_name():
+    assert label({"commit": "0123456789abcdef" * 2 + "01234567", "dirty": True}) == "01234567+"
+    assert label({"commit": "v1.2-rc1-with-a-long-name"}) == "v1.2-rc1-with-a-"
+    assert label({}) == "?"

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.regression.compare import Row
 
-__all__ = ["HistoryError", "append", "entry", "read", "trend"]
+__all__ = ["HistoryError", "append", "entry", "label", "read", "trend"]
 
 
 class HistoryError(Exception):
@@ -67,8 +68,10 @@ def read(path: Path) -> list[dict]:
     return entries
 
 
-def _label(found: dict) -> str:
-    commit = str(found.get("commit") or "?")[:8]
+def label(found: dict) -> str:
+    """A git SHA shortened to 8 digits, any other name (a tag, `--commit v1.2`) up to 16 characters."""
+    commit = str(found.get("commit") or "?")
+    commit = commit[:8] if re.fullmatch(r"[0-9a-f]{40}", commit) else commit[:16]
     return commit + ("+" if found.get("dirty") else "")
 
 
@@ -83,7 +86,7 @@ def trend(entries: list[dict], out: Path) -> list[str]:
     columns = 2
     rows = math.ceil(len(names) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 2.6 * rows), squeeze=False)
-    labels = [_label(e) for e in entries]
+    labels = [label(e) for e in entries]
     for ax, name in zip(axes.flat, names, strict=False):
         _panel(ax, name, entries, labels)
     for ax in list(axes.flat)[len(names) :]:
