@@ -172,6 +172,16 @@ def test_compare_against_a_ten_times_faster_baseline_fails_with_one_line_per_fig
     assert out[-1].startswith(f"{cli.PROG}: FAIL: {GATED} of {GATED} gated figures beyond 3x")
 
 
+def test_compare_notes_a_baseline_from_another_python(tmp_path, capsys):
+    baseline, run = write_baseline(tmp_path / "b.json"), tmp_path / "run.json"
+    other = make_run()
+    other["machine_info"]["python_version"] = "3.13.0"
+    run.write_text(json.dumps(other))
+    assert cli.main(["compare", str(baseline), "--run", str(run)]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: the baseline's python is CPython 3.12.1, this run's CPython 3.13.0"]
+
+
 def test_the_threshold_option_loosens_the_gate(tmp_path, capsys):
     baseline, run = write_baseline(tmp_path / "b.json"), tmp_path / "run.json"
     run.write_text(json.dumps(make_run(test_stall_dcp_impl_=0.032)))  # 4x the baseline's stall

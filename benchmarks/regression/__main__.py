@@ -86,6 +86,8 @@ def _verdict(args, base: baselines.Baseline, run: dict, threshold: float) -> int
         f"\nBaseline {args.baseline}: best of {base.data['runs']} runs, {src['machine']}, {src['python']}, commit {src['commit']}"
     )
     print(comparing.render(rows, threshold), end="")
+    for note in comparing.elsewhere(src, source_of(run)):
+        print(f"note: {note}")
     if args.history is not None:
         entry = history.entry(
             rows, source=source_of(run), commit=args.commit, baseline=str(args.baseline), threshold=threshold

@@ -18,7 +18,16 @@ from benchmarks.figures import md_table
 from benchmarks.regression.baseline import Baseline
 from benchmarks.regression.measure import Figure, normalised
 
-__all__ = ["DEFAULT_THRESHOLD", "THRESHOLD_ENV", "Row", "compare", "render", "threshold_from", "verdict_line"]
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "THRESHOLD_ENV",
+    "Row",
+    "compare",
+    "elsewhere",
+    "render",
+    "threshold_from",
+    "verdict_line",
+]
 
 THRESHOLD_ENV = "CKPTSPEC_BENCH_THRESHOLD"
 DEFAULT_THRESHOLD = 3.0
@@ -131,3 +140,13 @@ def verdict_line(rows: list[Row], threshold: float, baseline_path: str) -> str:
             f"or missing ({names})"
         )
     return f"PASS: {len(gated)} gated figures within {threshold:g}x the baseline {baseline_path}"
+
+
+def elsewhere(baseline_source: dict, run_source: dict) -> list[str]:
+    """What differs between where the baseline was recorded and where the run ran (machine, Python, torch):
+    reported, not failed, since a baseline from another machine is allowed but weak."""
+    return [
+        f"the baseline's {key} is {baseline_source.get(key)}, this run's {run_source.get(key)}"
+        for key in ("machine", "python", "torch")
+        if baseline_source.get(key) != run_source.get(key)
+    ]
