@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,39 @@ def test_stored_baseline_runs_ci_settings_and_gates_the_whole_regression_set():
         n: f.reference for n, f in figures_of(make_run()).items()
     }
     assert stored.data["runs"] >= 3 and stored.data["source"]["commit"]
+
+
+def _fake_runs(monkeypatch, runs: Sequence[dict | None]) -> list:
+    """Replace the regression set by `runs`, one per call (None: pytest failed); the settings it was given."""
+    given, queue = [], list(runs)
+
+    def run_set(settings, json_path):
+        given.append(settings)
+        run = queue.pop(0)
+        if run is None:
+            return 1
+        json_path.write_text(json.dumps(run))
+        return 0
+
+    monkeypatch.setattr(cli, "run_set", run_set)
+    return given
+
+
+def test_record_keeps_the_best_of_n_runs_and_compare_reruns_with_its_settings(tmp_path, capsys, monkeypatch):
+    given = _fake_runs(monkeypatch, [make_run(test_stall_dcp_impl_=s) for s in (0.012, 0.009, 0.010)] + [make_run()])
+    out = tmp_path / "base" / "b.json"
+    assert cli.main(["record", "--runs", "3", "--rounds", "4", "--out", str(out), "--", "-k", "impl"]) == 0
+    text = capsys.readouterr().out
+    assert "test_stall[dcp:impl]: 1.33x (x memcpy)" in text and f"baseline written to {out}" in text
+    assert load(out).figures["test_stall[dcp:impl]"].seconds == 0.009
+    assert cli.main(["compare", str(out)]) == 0
+    assert given[-1] == Settings(rounds=4, pytest_args=["-k", "impl"]) and len(given) == 4
+
+
+def test_a_failing_regression_set_fails_record_and_compare(tmp_path, capsys, monkeypatch):
+    _fake_runs(monkeypatch, [make_run(), None, None])
+    out = tmp_path / "b.json"
+    assert cli.main(["record", "--runs", "2", "--out", str(out)]) == 1
+    assert "run 2 of the regression set failed" in capsys.readouterr().err and not out.exists()
+    assert cli.main(["compare", str(write_baseline(out))]) == 1
+    assert "the regression set itself failed" in capsys.readouterr().err
