@@ -419,8 +419,9 @@ _FOOTNOTE = (
 
 
 def noise(runs: list[dict], margin: float = 1.5) -> tuple[str, int]:
-    """Run-to-run spread of each benchmark's fastest round over repeated runs, and the
-    `--benchmark-compare-fail min:N%` threshold it suggests (worst spread x margin, rounded up to 50%).
+    """Run-to-run spread of each benchmark's fastest round over repeated runs, and the threshold it suggests
+    (worst spread x margin, rounded up to 50%), returned as N% slower; printed as the factor that
+    `python -m benchmarks.regression compare --threshold` takes.
 
     The margin is wide because a handful of runs underestimates the tail of the spread."""
     fastest: dict[str, list[float]] = {}
@@ -435,7 +436,7 @@ def noise(runs: list[dict], margin: float = 1.5) -> tuple[str, int]:
     threshold = 50 * -(-round((worst * margin - 1) * 100) // 50)
     table = md_table(["benchmark", "fastest round per run", "max / min"], rows)
     return "\n".join(
-        table + ["", f"Worst spread {worst:.2f}x; suggested threshold: min:{threshold}%"]
+        table + ["", f"Worst spread {worst:.2f}x; suggested threshold: {1 + threshold / 100:g} (--threshold)"]
     ) + "\n", threshold
 
 

@@ -121,8 +121,10 @@ def _figures(loop: goodput.Loop, wrong: dict[int, list[str]]) -> dict:
 
 
 @REGRESSION
-def test_goodput_regression(benchmark, bench, process_group, paths):
-    """CI's small goodput case: `dcp:impl` saving every REGRESSION_INTERVAL of REGRESSION_STEPS steps.
+@pytest.mark.parametrize("peer_name", [BASELINE, "dcp:impl"])
+def test_goodput_regression(benchmark, bench, process_group, paths, peer_name):
+    """CI's small goodput case: `dcp:impl` saving every REGRESSION_INTERVAL of REGRESSION_STEPS steps, and the
+    same loop without checkpointing (`none`), the reference the regression pass divides it by.
 
     Timed: the whole loop (steps, stalls, the final wait), a fresh trainer of --bench-size-mib each round,
     the peer warm; compared on its fastest round like the other regression benchmarks. Every checkpoint
@@ -133,18 +135,19 @@ def test_goodput_regression(benchmark, bench, process_group, paths):
     def setup():
         box["trainer"] = Trainer(bench.size, bench.device)
         if "peer" not in box:
-            box["peer"] = _start(peers, "dcp:impl", box["trainer"], paths)
+            box["peer"] = _start(peers, peer_name, box["trainer"], paths)
 
     def train():
         box["loop"] = goodput.run(box["trainer"], box["peer"], REGRESSION_STEPS, REGRESSION_INTERVAL, paths.new)
 
     def check():
-        wrong = goodput.verify(box["loop"], "dcp", box["trainer"])
-        assert not wrong, f"dcp:impl: checkpoints that do not hold their step's state: {wrong}"
+        if box["peer"] is not None:
+            wrong = goodput.verify(box["loop"], "dcp", box["trainer"])
+            assert not wrong, f"dcp:impl: checkpoints that do not hold their step's state: {wrong}"
         paths.remove_all()
 
     try:
         bench.run(benchmark, train, setup=setup, teardown=check, warmup=1)
     finally:
         peers.close()
-    record(benchmark, bench, FIGURE + "-regression", "dcp:impl", bytes=box["trainer"].state_bytes)
+    record(benchmark, bench, FIGURE + "-regression", peer_name, bytes=box["trainer"].state_bytes)
