@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from gpu_run import plan
 
@@ -131,7 +133,7 @@ def _missing(python: str, requirements: list[str], links: list[Path], env: dict)
             env=env,
         )
         report = json.loads(report_path.read_text())
-    return [Path(item["download_info"]["url"].removeprefix("file://")) for item in report.get("install", [])]
+    return [Path(url2pathname(urlparse(item["download_info"]["url"]).path)) for item in report.get("install", [])]
 
 
 def _install_into(python: str, wheels: list[Path], site: Path, env: dict, platform_tags: bool = False) -> None:
