@@ -9,7 +9,8 @@ Contract of `run_stages`:
   budget or at the call's deadline, whichever comes first; a stage that would start with less than a minute
   left is not started.
 - Without a GPU, or with `dry_run`, a stage runs only what skips there (`without_gpu == "run"`: it must end with
-  every test skipped for lack of a GPU, or for a capability its target lacks) and otherwise collects its tests.
+  every test skipped for lack of a GPU, or for a capability its target lacks) and otherwise collects its tests,
+  within at least DRY_BUDGET_S (a slow machine's collection, not the GPU run, is what it waits for then).
 - `summary.json` and `summary.md` in `out` say, per stage, its status, time, budget and test counts; the return
   value is the number of problems (a set-up failure, a pytest error, an unexpected skip), not failing tests, which
   are verdicts recorded in the JSON.
@@ -39,6 +40,7 @@ VERSION = "from spec_tests.harness.targets import load_target; print(load_target
 NO_GPU_REASONS = ("but no GPU", "needs a CUDA device")
 CAPABILITY_REASON = "lacks"
 MIN_START_S = 60
+DRY_BUDGET_S = 120  # without a GPU a stage only collects and skips: its budget is a floor against a slow machine
 GRACE_S = 30
 
 
@@ -221,7 +223,8 @@ def run_stages(
         if reason:
             results.append(Result(stage.name, reason, reason.startswith("set-up"), budget_s=stage.budget_s))
         else:
-            budget = stage.budget_s if left is None else min(stage.budget_s, left - GRACE_S)
+            budget: float = stage.budget_s if gpu_mode else max(stage.budget_s, DRY_BUDGET_S)
+            budget = budget if left is None else min(budget, left - GRACE_S)
             results.append(run_stage(python, stage, work, out, budget, gpu_mode))
         result = results[-1]
         log(f"{stage.name}: {result.status} [{result.seconds:.0f} s of {stage.budget_s} s] {result.counts or ''}")
