@@ -4,9 +4,10 @@ The snapshot clauses (AQ-14, FS-4, TAC-1, TAC-2, P-SNAP-1, P-STAGED-1, P-ISO-1) 
 trainer changes its tensors after the call returned; NVRx and Megatron-Core document staging for GPU tensors, so
 the same tests run with the trainer's state on the GPU too. Contract:
 
-- `configure(option)` resolves the device (the option, else the environment, else "cpu"), refuses anything but
-  "cpu" and "cuda" with one line (DeviceError), and writes it back to the environment, so that pytest-xdist
-  workers, rank processes and their children build their state on the same device.
+- `add_option(group)` declares `--tensor-device`; `configure(option)` resolves the device (the option, else the
+  environment, else "cpu"), refuses anything but "cpu" and "cuda" with one line (pytest.UsageError), and writes it
+  back to the environment, so that pytest-xdist workers, rank processes and their children build their state on
+  the same device.
 - `current()` is that device, in any process of the run.
 - A test marked `@pytest.mark.tensor_device` builds the trainer's state on `current()` (`strategies.private_copy(...,
   device=current())`); what it expects stays on the CPU (comparisons are by value). Unmarked tests ignore the option.
@@ -17,14 +18,22 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 ENV_VAR = "CKPTSPEC_TENSOR_DEVICE"
 DEVICES = ("cpu", "cuda")
 MARKER = "tensor_device: the trainer's state lives on --tensor-device (cpu or cuda; the snapshot family)"
 NO_GPU = "CUDA tensors requested (--tensor-device cuda) but no GPU"
 
 
-class DeviceError(ValueError):
-    """A tensor device this suite does not know."""
+def add_option(group) -> None:
+    """`--tensor-device` in the plugin's option group."""
+    group.addoption(
+        "--tensor-device",
+        default=None,
+        choices=DEVICES,
+        help=f"device of the trainer's state in the snapshot family (default: ${ENV_VAR} or cpu)",
+    )
 
 
 def configure(option: str | None) -> str:
@@ -32,7 +41,7 @@ def configure(option: str | None) -> str:
     device = option or os.environ.get(ENV_VAR) or "cpu"
     if device not in DEVICES:
         source = "--tensor-device" if option else f"${ENV_VAR}"
-        raise DeviceError(f"{source} {device!r} is not one of {', '.join(DEVICES)}")
+        raise pytest.UsageError(f"{source} {device!r} is not one of {', '.join(DEVICES)}")
     os.environ[ENV_VAR] = device
     return device
 

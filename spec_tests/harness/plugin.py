@@ -14,7 +14,9 @@ loads it too, for a run with another ini file).
   `versions` only for the releases it names, matched against the version the run imported. An entry that
   matches no test of a file the run collected whole is listed in the terminal summary; an error when $CI is set.
 - A failing test's traceback ends with the statement of every clause it cites (exception notes).
-- `--conformance-json PATH` records every test's outcome with its clauses (see spec_tests.harness.report).
+- `--conformance-json PATH` records every test's outcome with its clauses, and for an expected failure its entry
+  and how it failed (see spec_tests.harness.runs); an expected failure that fails otherwise than its entry says
+  (raises / match) is reported failed.
 - Hypothesis profiles `ci` (derandomized), `dev`, `nightly`, chosen by --hypothesis-profile, else
   $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`.
 - Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.launched).
@@ -80,12 +82,7 @@ def pytest_addoption(parser):
     group.addoption(
         "--conformance-json", default=None, metavar="PATH", help="write each test's outcome and clauses to PATH"
     )
-    group.addoption(
-        "--tensor-device",
-        default=None,
-        choices=devices.DEVICES,
-        help=f"device of the trainer's state in the snapshot family (default: ${devices.ENV_VAR} or cpu)",
-    )
+    devices.add_option(group)
 
 
 def in_ci() -> bool:
@@ -110,13 +107,7 @@ def pytest_configure(config):
         launched.configure(config)
         if not hasattr(config, "workerinput") and launched.reports():
             _check_writable(config.getoption("--conformance-json"))
-    except (
-        TargetError,
-        TargetUnavailable,
-        clause_registry.ClauseError,
-        expectations.ExpectationsError,
-        devices.DeviceError,
-    ) as exc:
+    except (TargetError, TargetUnavailable, clause_registry.ClauseError, expectations.ExpectationsError) as exc:
         raise pytest.UsageError(str(exc)) from None
     if not hasattr(config, "workerinput") and launched.reports():
         config.pluginmanager.register(_Recorder(config), "ckptspec-recorder")
@@ -269,8 +260,7 @@ def pytest_runtest_setup(item):
 
         if not torch.cuda.is_available():
             pytest.skip("needs a CUDA device; this machine has none")
-    reason = devices.skip_reason(item)
-    if reason:
+    if reason := devices.skip_reason(item):
         pytest.skip(reason)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from gpu_run import __main__ as cli
 from gpu_run import plan, runner
+from spec_tests.harness import clauses
 from spec_tests.harness.targets import builtin_targets
 
 
@@ -42,6 +43,26 @@ def test_stages_name_known_targets_and_the_releases_of_the_noxfile():
     for name, release in plan.RELEASES.items():
         assert name == f"{release.target}-{release.version}"
         assert f"{name}-gpu" in plan.BY_NAME and f"{name}-full" in plan.BY_NAME
+
+
+def test_every_test_of_the_snapshot_family_follows_the_tensor_device():
+    """Each test citing a `snapshot = true` clause is marked `tensor_device` (its state on --tensor-device) or `gpu`
+    (CUDA tensors always): the GPU stages select the family with `-m "gpu or tensor_device"`."""
+    family = {cid for cid, clause in clauses.load().items() if clause.get("snapshot")}
+    assert family, "no clause is marked snapshot = true"
+    seen, unmarked = set(), []
+    for path in sorted((plan.ROOT / "spec_tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            marks = [ast.unparse(d) for d in node.decorator_list]
+            cited = {c for m in marks if m.startswith("pytest.mark.spec(") for c in ast.literal_eval(m[17:-1] + ",")}
+            if cited & family:
+                seen |= cited & family
+                if not {"pytest.mark.tensor_device", "pytest.mark.gpu"} & set(marks):
+                    unmarked.append(f"{path.relative_to(plan.ROOT)}::{node.name}")
+    assert not unmarked, unmarked
+    assert seen == family, f"snapshot clauses no test cites: {sorted(family - seen)}"
 
 
 def test_requirements_split_into_groups_without_what_the_machine_provides():
