@@ -10,7 +10,8 @@ Contract of `run_stages`:
   left is not started.
 - Without a GPU, or with `dry_run`, a stage runs only what skips there (`without_gpu == "run"`: it must end with
   every test skipped for lack of a GPU, or for a capability its target lacks) and otherwise collects its tests,
-  within at least DRY_BUDGET_S (a slow machine's collection, not the GPU run, is what it waits for then).
+  within at least DRY_BUDGET_S (a slow machine's collection, not the GPU run, is what it waits for then); a dry
+  run on a machine with a GPU collects every stage.
 - `summary.json` and `summary.md` in `out` say, per stage, its status, time, budget and test counts; the return
   value is the number of problems (a set-up failure, a pytest error, an unexpected skip), not failing tests, which
   are verdicts recorded in the JSON.
@@ -129,8 +130,11 @@ def _judge(stage: plan.Stage, log: str, rc: int, gpu_mode: bool, collect_only: b
     return f"skipped: no GPU ({counts.get('skipped', 0)} skipped{note})", False
 
 
-def run_stage(python: str, stage: plan.Stage, work: Path, out: Path, budget: float, gpu_mode: bool) -> Result:
-    collect_only = not gpu_mode and stage.without_gpu == "collect"
+def run_stage(
+    python: str, stage: plan.Stage, work: Path, out: Path, budget: float, gpu_mode: bool, collect: bool = False
+) -> Result:
+    """One stage: on the GPU (`gpu_mode`), or as without one; `collect`: collect only, whatever the stage."""
+    collect_only = collect or (not gpu_mode and stage.without_gpu == "collect")
     env = {
         **os.environ,
         "PYTHONPATH": wheels.pythonpath(work, stage.releases),
@@ -225,7 +229,9 @@ def run_stages(
         else:
             budget: float = stage.budget_s if gpu_mode else max(stage.budget_s, DRY_BUDGET_S)
             budget = budget if left is None else min(budget, left - GRACE_S)
-            results.append(run_stage(python, stage, work, out, budget, gpu_mode))
+            # A dry run on a machine with a GPU collects only: its GPU-only tests would run there, not skip.
+            collect = dry_run and bool(summary["machine"]["gpu"])
+            results.append(run_stage(python, stage, work, out, budget, gpu_mode, collect))
         result = results[-1]
         log(f"{stage.name}: {result.status} [{result.seconds:.0f} s of {stage.budget_s} s] {result.counts or ''}")
     _write_summary(out, summary, results)
