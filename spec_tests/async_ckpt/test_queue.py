@@ -27,7 +27,7 @@ from spec_tests.async_ckpt.queue_results import (
     PollCosts,
     Unpicklable,
 )
-from spec_tests.harness import strategies, workloads
+from spec_tests.harness import devices, strategies, workloads
 from spec_tests.harness.asserts import assert_each_rank, assert_equal, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.processes import CALLERS, async_core, close_quietly, exists, remove, wait_for_file
 from spec_tests.harness.ranks import ranks, world
@@ -457,7 +457,7 @@ def test_works_without_a_process_group(tmp_path, persistent):
 
 def _snapshot(tmp, persistent, state_dict):
     gate, out = os.path.join(tmp, "gate"), os.path.join(tmp, "out.pt")
-    state_dict = strategies.private_copy(state_dict)
+    state_dict = strategies.private_copy(state_dict, devices.current())
     expected = strategies.private_copy(state_dict)
     core = async_core()
     queue = core.AsyncCallsQueue(persistent=persistent)
@@ -475,6 +475,7 @@ def _snapshot(tmp, persistent, state_dict):
 
 
 @pytest.mark.spec("AQ-14")
+@pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 @given(state_dict=strategies.state_dicts())
 def test_async_fn_sees_the_data_as_scheduled(rank_pool, tmp_path_factory, persistent, state_dict):

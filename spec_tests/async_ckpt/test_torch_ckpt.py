@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 
 from spec_tests.async_ckpt.pickle_probe import PidOnPickle, pickled_by
-from spec_tests.harness import strategies, workloads
+from spec_tests.harness import devices, strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, bounded
 from spec_tests.harness.processes import CALLERS, remove
 from spec_tests.harness.targets import current_target
@@ -22,7 +22,8 @@ def _checkpointer(persistent):
 
 def _save_mutate_load(tmp, persistent, state_dict):
     gate, path = os.path.join(tmp, "gate"), os.path.join(tmp, "ckpt.pt")
-    state_dict = {"0gate": workloads.PickleGate(gate), **strategies.private_copy(state_dict)}  # the write waits here
+    # The write waits at the gate; the tensors live where the run's trainer keeps them (--tensor-device).
+    state_dict = {"0gate": workloads.PickleGate(gate), **strategies.private_copy(state_dict, devices.current())}
     expected = strategies.private_copy(state_dict)
     ckpt = _checkpointer(persistent)
     ckpt.async_save(state_dict, path)
@@ -39,6 +40,7 @@ def _save_mutate_load(tmp, persistent, state_dict):
 
 
 @pytest.mark.spec("TAC-1", "AQ-14")
+@pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 @given(state_dict=strategies.state_dicts())
 def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, persistent, state_dict):
@@ -47,7 +49,7 @@ def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, pers
 
 def _training_loop(tmp, persistent):
     ckpt = _checkpointer(persistent)
-    model: dict[str, Any] = {"w": torch.zeros(8), "step": 0}
+    model: dict[str, Any] = {"w": torch.zeros(8, device=devices.current()), "step": 0}
     saved = {}
     for step in range(6):
         gate = os.path.join(tmp, f"gate{step}")
@@ -70,6 +72,7 @@ def _training_loop(tmp, persistent):
 
 
 @pytest.mark.spec("TAC-2")
+@pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_non_blocking_finalize_in_a_training_loop(rank_pool, tmp_path, persistent):
     assert_equal(

@@ -7,6 +7,8 @@ loads it too, for a run with another ini file).
   fault_injection/ every test must cite at least one; an unknown id is an error.
 - `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability (an unknown capability is an
   error); `@pytest.mark.gpu` skips without CUDA.
+- `--tensor-device cpu|cuda` (or $CKPTSPEC_TENSOR_DEVICE): where tests marked `tensor_device` (the snapshot
+  family) keep the trainer's state (spec_tests.harness.devices); recorded in the conformance JSON.
 - The target's expectations file turns listed tests into xfails, with clause and reason
   (spec_tests.harness.expectations: strict, but for hypothesis tests under a randomized profile); an entry with
   `versions` only for the releases it names, matched against the version the run imported. An entry that
@@ -39,7 +41,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import expectations, launched, reaper
+from spec_tests.harness import devices, expectations, launched, reaper
 from spec_tests.harness.ranks import RankPool
 from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, TargetError, TargetUnavailable, load_target
 
@@ -68,6 +70,7 @@ MARKERS = (
     "spec(*ids): clauses of spec_tests/clauses/*.toml that the test checks",
     "needs(*capabilities): skip unless the target has these capabilities",
     "gpu: needs a CUDA device",
+    devices.MARKER,
 )
 # Exceptions of a test that are not failures: no clause notes for them.
 _NOT_FAILURES = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt)
@@ -79,6 +82,7 @@ def pytest_addoption(parser):
     group.addoption(
         "--conformance-json", default=None, metavar="PATH", help="write each test's outcome and clauses to PATH"
     )
+    devices.add_option(group)
 
 
 def in_ci() -> bool:
@@ -97,6 +101,7 @@ def pytest_configure(config):
         os.environ[ENV_VAR] = name
         config.ckptspec_target = load_target(name)
         config.ckptspec_profile = _load_profile(config)
+        config.ckptspec_tensor_device = devices.configure(config.getoption("--tensor-device"))
         clause_registry.load()
         expectations.load(config.ckptspec_target.expectations_path)
         launched.configure(config)
@@ -156,7 +161,8 @@ def pytest_report_header(config):
     return [
         f"ckptspec target: {target.name} {target.version} "
         f"capabilities: {', '.join(sorted(target.capabilities)) or '-'}",
-        f"hypothesis profile: {config.ckptspec_profile}; environment: {env}",
+        f"hypothesis profile: {config.ckptspec_profile}; tensor device: {config.ckptspec_tensor_device}; "
+        f"environment: {env}",
     ]
 
 
@@ -254,6 +260,8 @@ def pytest_runtest_setup(item):
 
         if not torch.cuda.is_available():
             pytest.skip("needs a CUDA device; this machine has none")
+    if reason := devices.skip_reason(item):
+        pytest.skip(reason)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: sees the report after the xfail marks were applied
@@ -409,6 +417,7 @@ class _Recorder:
             "target": target.name,
             "version": target.version,
             "capabilities": sorted(target.capabilities),
+            "tensor_device": self.config.ckptspec_tensor_device,
             "clauses": clause_registry.load(),
             "tests": self.records,
         }

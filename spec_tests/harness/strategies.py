@@ -79,18 +79,18 @@ def mutate_in_place(obj) -> None:
             mutate_in_place(value)
 
 
-def private_copy(obj):
-    """Copy the tensors of a nested state dict into private memory.
+def private_copy(obj, device: str | None = None):
+    """Copy the tensors of a nested state dict into private memory, on `device` if given (else where they are).
 
     What arrives over the rank pool's pipe lives in shared memory, where fork gives no copy-on-write;
-    a trainer's tensors live in private memory.
+    a trainer's tensors live in private memory (or on its GPU: `devices.current()` in the snapshot family).
     """
     if isinstance(obj, torch.Tensor):
-        return obj.clone()
+        return obj.clone() if device is None else obj.to(device, copy=True)
     if isinstance(obj, dict):
-        return {k: private_copy(v) for k, v in obj.items()}
+        return {k: private_copy(v, device) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [private_copy(v) for v in obj]
+        return [private_copy(v, device) for v in obj]
     return obj
 
 

@@ -5,8 +5,10 @@ as a training step does) or from a second saver with a state dict of its own."""
 import pytest
 import torch
 
+from spec_tests.harness import devices
 from spec_tests.harness.asserts import bounded
 from spec_tests.harness.ranks import run_on_ranks, world
+from spec_tests.harness.strategies import private_copy
 from spec_tests.protocol.common import BOUND, assert_loads, expected, rank_state, start, wait, warm_saver
 
 pytestmark = pytest.mark.needs("protocol")
@@ -29,7 +31,7 @@ def _two_in_flight(tmp, same_saver):
     first, second = warm_saver(f"{tmp}/first"), None
     savers = [first]
     try:
-        state = rank_state(rank, 1, NUMEL)
+        state = private_copy(rank_state(rank, 1, NUMEL), devices.current())
         h1 = start(first, state, f"{tmp}/v1")
         if same_saver:
             _copy_into(state, rank_state(rank, 2, NUMEL))
@@ -37,7 +39,7 @@ def _two_in_flight(tmp, same_saver):
         else:
             second = warm_saver(f"{tmp}/second")
             savers.append(second)
-            h2 = start(second, rank_state(rank, 2, NUMEL), f"{tmp}/v2")
+            h2 = start(second, private_copy(rank_state(rank, 2, NUMEL), devices.current()), f"{tmp}/v2")
         wait(h1)
         wait(h2)
     finally:
@@ -46,6 +48,7 @@ def _two_in_flight(tmp, same_saver):
 
 
 @pytest.mark.spec("P-ISO-1")
+@pytest.mark.tensor_device
 @pytest.mark.parametrize("same_saver", [True, False], ids=["one-saver", "two-savers"])
 def test_saves_in_flight_together_each_commit_their_own_data(tmp_path, same_saver):
     run_on_ranks(_two_in_flight, 2, (str(tmp_path), same_saver), timeout=400)

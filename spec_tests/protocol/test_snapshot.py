@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given
 
-from spec_tests.harness import strategies
+from spec_tests.harness import devices, strategies
 from spec_tests.harness.processes import remove
 from spec_tests.harness.ranks import rank_state, ranks, world
 from spec_tests.protocol.common import assert_loads, start, wait, warm_saver
@@ -23,9 +23,9 @@ def _own(rank: int, state_dict: dict, device: str = "cpu") -> dict:
     return {f"r{rank}": mine}
 
 
-def _save_then_change(path, state_dict, wait_staged=False, device="cpu"):
+def _save_then_change(path, state_dict, wait_staged=False, device=None):
     rank, world_size = world()
-    mine = _own(rank, state_dict, device)
+    mine = _own(rank, state_dict, device or devices.current())
     if "saver" not in rank_state:  # one saver per warm rank, kept across examples as a trainer keeps it
         rank_state["saver"] = warm_saver(path)
     handle = start(rank_state["saver"], mine, path)
@@ -44,6 +44,7 @@ def _save_then_change(path, state_dict, wait_staged=False, device="cpu"):
 
 
 @pytest.mark.spec("P-SNAP-1")
+@pytest.mark.tensor_device
 @given(state_dict=strategies.dcp_state_dicts())
 def test_checkpoint_holds_the_state_when_start_returned(rank_pool, tmp_path_factory, state_dict):
     path = str(tmp_path_factory.mktemp("snap") / uuid.uuid4().hex)
@@ -53,6 +54,7 @@ def test_checkpoint_holds_the_state_when_start_returned(rank_pool, tmp_path_fact
 
 
 @pytest.mark.spec("P-STAGED-1")
+@pytest.mark.tensor_device
 def test_state_may_change_once_staged_returns(rank_pool, tmp_path):
     state = {"w": torch.ones(5), "n": 3}
     problems = [p for p in rank_pool(2).run(_save_then_change, str(tmp_path / "c"), state, True) if p]

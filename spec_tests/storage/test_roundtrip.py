@@ -9,7 +9,7 @@ import torch.distributed.checkpoint as dcp
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests.harness import strategies, workloads
+from spec_tests.harness import devices, strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal
 from spec_tests.harness.processes import CALLERS, remove
 from spec_tests.storage import saving
@@ -69,8 +69,9 @@ def test_only_the_elements_of_a_view_are_saved(rank_pool, tmp_path):
 
 def _snapshot(tmp, state_dict, persistent):
     path, gate = _fresh_dir(tmp), os.path.join(tmp, uuid.uuid4().hex)
-    state_dict = {"anchor": torch.arange(6.0), **strategies.private_copy(state_dict)}
-    expected = strategies.private_copy(state_dict)
+    device = devices.current()
+    state_dict = {"anchor": torch.arange(6.0, device=device), **strategies.private_copy(state_dict, device)}
+    expected = strategies.private_copy(state_dict, "cpu")  # dcp.load reads into CPU tensors
     writer = saving.module("filesystem_async").FileSystemWriterAsync(path, thread_count=2)
     queue = saving.queue(persistent)
     queue.schedule_async_request(saving.request(writer, saving.plan(state_dict, writer), gate=gate))
@@ -83,6 +84,7 @@ def _snapshot(tmp, state_dict, persistent):
 
 
 @pytest.mark.spec("FS-4")
+@pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 @given(state_dict=strategies.dcp_state_dicts(max_leaves=4))
 def test_the_checkpoint_holds_the_state_when_scheduling_returned(rank_pool, tmp_path_factory, persistent, state_dict):

@@ -161,6 +161,11 @@ BAD_INPUTS = {
         ["hypothesis profile 'bogus'", "ci, dev, nightly"],
     ),
     "bad --hypothesis-profile": (["--hypothesis-profile=bogus"], {}, ["hypothesis profile 'bogus'"]),
+    "bad $CKPTSPEC_TENSOR_DEVICE": (
+        [],
+        {"CKPTSPEC_TENSOR_DEVICE": "tpu"},
+        ["$CKPTSPEC_TENSOR_DEVICE 'tpu'", "cpu, cuda"],
+    ),
     "--conformance-json under a file": (
         ["--conformance-json", "{project}/a_file/out.json"],
         {},

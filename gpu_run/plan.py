@@ -1,0 +1,197 @@
+"""What the GPU run does: its stages, each stage's time budget, and the device calls that group them.
+
+A stage is one pytest run against one target, with a budget in seconds after which it is interrupted (its
+partial results kept). Stages are listed most important first: the GPU-marked tests and the snapshot family with
+CUDA tensors on impl, then the same on every NVRx and Megatron-Core release and the DCP targets, then the GPU
+benchmarks, then the full suites. A *call* is a group of stages that fits one command of a lent device machine
+(600 s, less `CALL_LIMIT_S`'s margin, with `SETUP_S` for the set-up every call repeats); calls 1 to 3 fit one
+30-minute session of device time, calls 4 to 7 (the releases' full suites) a later one. Nothing here needs more
+than the standard library: the driver runs on the GPU machine's own Python before anything is installed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CALL_LIMIT_S = 570  # a device command runs at most 600 s; the rest is for packing the results
+SETUP_S = 60  # installing from the wheelhouse and checking every target imports, in each call
+# The selection that needs a GPU: GPU-marked tests, and the snapshot family with the trainer's state on the GPU.
+GPU_SELECTION = ("-m", "gpu or tensor_device", "--tensor-device", "cuda")
+COMMON = ("-q", "-p", "no:randomly")
+# Wheel groups of the wheelhouse besides the releases: `base` for every stage, `s3` (moto's S3 server on loopback,
+# boto3) only for the full suites, which hold the object-store tests.
+S3_DISTRIBUTIONS = ("moto", "boto3")
+# Installed with torch on any machine that has it (torch's own dependencies), or too large to carry (numpy, which
+# every torch image holds): never downloaded, and the set-up fails with their name if the machine lacks one.
+MACHINE_PROVIDES = (
+    "torch",
+    "numpy",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "jinja2",
+    "markupsafe",
+    "fsspec",
+    "filelock",
+    "typing-extensions",
+    "setuptools",
+    "triton",
+)
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release of a target, installed from its wheel without its dependencies, plus `needs`."""
+
+    target: str
+    distribution: str
+    version: str
+    needs: tuple[str, ...]  # what its checkpointing modules import beyond torch, numpy and the project's own
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+
+# The releases of noxfile.py's RELEASES (a harness test checks they agree). NVRx 0.4.1 gets its declared
+# dependencies (all small); 0.7.0 what its nox session installs; Megatron-Core declares only torch, numpy, packaging.
+RELEASES = {
+    "nvrx-0.4.1": Release(
+        "nvrx",
+        "nvidia-resiliency-ext",
+        "0.4.1",
+        ("defusedxml", "nvidia-ml-py>=12.570.86", "packaging", "psutil>=6.0.0", "pynvml>=12.0.0", "pyyaml"),
+    ),
+    "nvrx-0.7.0": Release("nvrx", "nvidia-resiliency-ext", "0.7.0", ("psutil", "packaging", "pyyaml")),
+    "mcore-0.16.1": Release("mcore", "megatron-core", "0.16.1", ("packaging>=24.2",)),
+    "mcore-0.19.2": Release("mcore", "megatron-core", "0.19.2", ("packaging>=24.2",)),
+}
+# The releases the benchmarks' NVRx and Megatron-Core peers use.
+BENCH_RELEASES = ("nvrx-0.7.0", "mcore-0.19.2")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pytest run: `args` against `target`, within `budget_s` seconds.
+
+    `releases`: wheel groups put on the path (the target's release first). `without_gpu`: what the stage does on a
+    machine without a GPU, or with --dry-run: "run" when every test it selects skips there (it must end in those
+    skips), "collect" when it would run CPU work instead (it collects its tests only). `record`: the JSON it
+    writes, "conformance" (--conformance-json) or "benchmark" (--benchmark-json). `s3`: needs the s3 wheel group.
+    """
+
+    name: str
+    budget_s: int
+    target: str
+    args: tuple[str, ...]
+    releases: tuple[str, ...] = ()
+    without_gpu: str = "run"
+    record: str = "conformance"
+    s3: bool = False
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The wheelhouse groups this stage needs."""
+        return ("base", *(("s3",) if self.s3 else ()), *self.releases)
+
+
+def _gpu_stage(name: str, budget_s: int, target: str, release: str | None = None) -> Stage:
+    paths = ("spec_tests/protocol",) if target.startswith("dcp-") else ("spec_tests", "fault_injection")
+    return Stage(name, budget_s, target, (*paths, "-n", "auto", *GPU_SELECTION, *COMMON), (release,) if release else ())
+
+
+def _full_stage(release: str) -> Stage:
+    return Stage(
+        f"{release}-full",
+        480,
+        RELEASES[release].target,
+        ("spec_tests", "fault_injection", "-n", "auto", *COMMON),
+        (release,),
+        without_gpu="collect",
+        s3=True,
+    )
+
+
+STAGES: tuple[Stage, ...] = (
+    _gpu_stage("impl-gpu", 120, "impl"),
+    _gpu_stage("nvrx-0.4.1-gpu", 75, "nvrx", "nvrx-0.4.1"),
+    _gpu_stage("nvrx-0.7.0-gpu", 75, "nvrx", "nvrx-0.7.0"),
+    _gpu_stage("mcore-0.16.1-gpu", 60, "mcore", "mcore-0.16.1"),
+    _gpu_stage("mcore-0.19.2-gpu", 60, "mcore", "mcore-0.19.2"),
+    _gpu_stage("dcp-thread-gpu", 30, "dcp-thread"),
+    _gpu_stage("dcp-process-gpu", 30, "dcp-process"),
+    _gpu_stage("dcp-staged-gpu", 30, "dcp-staged"),
+    Stage(
+        "bench-d2h",
+        200,
+        "impl",
+        ("benchmarks/test_d2h.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda", *COMMON)
+        + ("--bench-sweep-mib", "64,256,1024,4096,8192", "--bench-rounds", "5"),
+        BENCH_RELEASES,
+        record="benchmark",
+    ),
+    Stage(
+        "bench-save",
+        240,
+        "impl",
+        ("benchmarks/test_save.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda", *COMMON)
+        + ("--bench-size-mib", "1024", "--bench-rounds", "3", "--bench-saves", "5"),
+        BENCH_RELEASES,
+        without_gpu="collect",
+        record="benchmark",
+    ),
+    # The whole suite on impl; test_d2h.py is bench-d2h's (its NVRx and Megatron-Core peers need their releases).
+    Stage(
+        "impl-full",
+        480,
+        "impl",
+        ("spec_tests", "fault_injection", "benchmarks", "--ignore", "benchmarks/test_d2h.py", "-n", "auto", *COMMON),
+        without_gpu="collect",
+        s3=True,
+    ),
+    *(_full_stage(release) for release in RELEASES),
+)
+BY_NAME = {stage.name: stage for stage in STAGES}
+
+# Device calls, each within CALL_LIMIT_S with SETUP_S for its set-up.
+CALLS: tuple[tuple[str, ...], ...] = (
+    tuple(stage.name for stage in STAGES if stage.name.endswith("-gpu")),
+    ("bench-d2h", "bench-save"),
+    ("impl-full",),
+    *((f"{release}-full",) for release in RELEASES),
+)
+
+
+def call_stages(number: int) -> list[Stage]:
+    """The stages of call `number` (1-based), in order."""
+    if not 1 <= number <= len(CALLS):
+        raise ValueError(f"call {number}: the calls are 1 to {len(CALLS)}")
+    return [BY_NAME[name] for name in CALLS[number - 1]]
+
+
+def call_groups(stages: list[Stage]) -> list[str]:
+    """The wheelhouse groups a run of these stages needs, in a stable order."""
+    return list(dict.fromkeys(group for stage in stages for group in stage.groups))
+
+
+def project_requirements() -> dict[str, list[str]]:
+    """pyproject.toml's dependencies and test extra, split into the `base` and `s3` groups, less MACHINE_PROVIDES."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    groups: dict[str, list[str]] = {"base": [], "s3": []}
+    for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
+        name = distribution_name(requirement)
+        if name in MACHINE_PROVIDES:
+            continue
+        groups["s3" if name in S3_DISTRIBUTIONS else "base"].append(requirement)
+    return groups
+
+
+def distribution_name(requirement: str) -> str:
+    """The normalized distribution name of a requirement or wheel file name ("Typing_Extensions>=4" -> "typing-extensions")."""
+    name = requirement
+    for stop in "<>=!~[;( ":
+        name = name.split(stop, 1)[0]
+    return name.strip().lower().replace("_", "-").replace(".", "-")

@@ -1,0 +1,136 @@
+"""The GPU run (gpu_run, docs/gpu.md) stays runnable without a GPU to try it on: its plan fits the device calls, its
+releases are noxfile.py's, and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
+
+from __future__ import annotations
+
+import ast
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gpu_run import __main__ as cli
+from gpu_run import plan, runner
+from spec_tests.harness import clauses
+from spec_tests.harness.targets import builtin_targets
+
+
+def test_every_stage_is_in_one_call_and_every_call_fits_a_device_command():
+    names = [stage.name for stage in plan.STAGES]
+    assert len(names) == len(set(names)), names
+    in_calls = [name for call in plan.CALLS for name in call]
+    assert sorted(in_calls) == sorted(names), "each stage belongs to exactly one call"
+    assert in_calls == names, "calls take the stages in their order of importance"
+    for number in range(1, len(plan.CALLS) + 1):
+        total = plan.SETUP_S + sum(stage.budget_s for stage in plan.call_stages(number))
+        assert total <= plan.CALL_LIMIT_S, f"call {number} needs {total} s"
+    assert sum(plan.SETUP_S + sum(s.budget_s for s in plan.call_stages(n)) for n in (1, 2, 3)) <= 28 * 60
+
+
+def test_stages_name_known_targets_and_the_releases_of_the_noxfile():
+    tree = ast.parse((plan.ROOT / "noxfile.py").read_text())
+    assigned = next(
+        node.value for node in tree.body if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "RELEASES"
+    )
+    nox_releases = {f"{target}-{release}" for target, release, _ in ast.literal_eval(assigned)}
+    assert set(plan.RELEASES) == nox_releases
+    known = builtin_targets()
+    for stage in plan.STAGES:
+        assert stage.target in known, stage
+        assert stage.without_gpu in ("run", "collect") and stage.record in ("conformance", "benchmark")
+        assert all(release in plan.RELEASES for release in stage.releases), stage
+    for name, release in plan.RELEASES.items():
+        assert name == f"{release.target}-{release.version}"
+        assert f"{name}-gpu" in plan.BY_NAME and f"{name}-full" in plan.BY_NAME
+
+
+def test_every_test_of_the_snapshot_family_follows_the_tensor_device():
+    """Each test citing a `snapshot = true` clause is marked `tensor_device` (its state on --tensor-device) or `gpu`
+    (CUDA tensors always): the GPU stages select the family with `-m "gpu or tensor_device"`."""
+    family = {cid for cid, clause in clauses.load().items() if clause.get("snapshot")}
+    assert family, "no clause is marked snapshot = true"
+    seen, unmarked = set(), []
+    for path in sorted((plan.ROOT / "spec_tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            marks = [ast.unparse(d) for d in node.decorator_list]
+            cited = {c for m in marks if m.startswith("pytest.mark.spec(") for c in ast.literal_eval(m[17:-1] + ",")}
+            if cited & family:
+                seen |= cited & family
+                if not {"pytest.mark.tensor_device", "pytest.mark.gpu"} & set(marks):
+                    unmarked.append(f"{path.relative_to(plan.ROOT)}::{node.name}")
+    assert not unmarked, unmarked
+    assert seen == family, f"snapshot clauses no test cites: {sorted(family - seen)}"
+
+
+def test_requirements_split_into_groups_without_what_the_machine_provides():
+    groups = plan.project_requirements()
+    names = {plan.distribution_name(r) for group in groups.values() for r in group}
+    assert not names & set(plan.MACHINE_PROVIDES)
+    assert {plan.distribution_name(r) for r in groups["s3"]} == set(plan.S3_DISTRIBUTIONS)
+    assert "pytest" in {plan.distribution_name(r) for r in groups["base"]}
+
+
+def test_counts_and_verdicts_read_from_a_log():
+    log = "SKIPPED [3] spec_tests/x.py:1: CUDA tensors requested (--tensor-device cuda) but no GPU\n"
+    log += "SKIPPED [2] spec_tests/y.py:4: target 'mcore' lacks storage_writer\n5 skipped in 2.31s\n"
+    stage = plan.BY_NAME["mcore-0.16.1-gpu"]
+    assert runner._counts(log) == {"skipped": 5}
+    assert runner._judge(stage, log, 0, gpu_mode=False, collect_only=False) == (
+        "skipped: no GPU (5 skipped, 2 for a capability the target lacks)",
+        False,
+    )
+    ran = log.replace("5 skipped", "1 passed, 5 skipped")
+    assert runner._judge(stage, ran, 0, gpu_mode=False, collect_only=False)[1], "a test that ran without a GPU"
+    assert runner._judge(stage, "1 failed, 2 passed in 3.0s\n", 1, gpu_mode=True, collect_only=False) == (
+        "failed tests (verdicts in the JSON)",
+        False,
+    )
+    assert runner._judge(stage, "", 4, gpu_mode=True, collect_only=False)[1]
+    assert runner._judge(stage, "12 tests collected in 1.0s\n", 0, gpu_mode=False, collect_only=True) == (
+        "collected 12 tests (no GPU: not run)",
+        False,
+    )
+
+
+def test_a_bad_call_number_is_refused(capsys):
+    assert cli.main(["run", "--call", str(len(plan.CALLS) + 1), "--dry-run"]) == 2
+    assert "the calls are 1 to" in capsys.readouterr().err
+
+
+def test_dry_run_of_a_stage_reaches_the_skips_for_lack_of_a_gpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the dry run would only be forced (--dry-run); the real run is docs/gpu.md's")
+    # A wheelhouse whose base group lists the real requirements and holds no wheel: this test's environment has them
+    # all, so pip's dry run against it must find nothing missing (and reach no index).
+    base = tmp_path / "wheelhouse" / "base"
+    base.mkdir(parents=True)
+    (base / "group.json").write_text(json.dumps({"requirements": plan.project_requirements()["base"]}))
+    selection = ("spec_tests/protocol/test_snapshot.py", "-p", "no:randomly", "-q", "-n", "2")
+    stages = [plan.Stage("snapshot-cuda", 120, "impl", (*selection, *plan.GPU_SELECTION))]
+    out = tmp_path / "out"
+    problems = runner.run_stages(
+        stages,
+        python=cli.sys.executable,
+        wheelhouse=tmp_path / "wheelhouse",
+        work=tmp_path / "work",
+        out=out,
+        dry_run=True,
+        deadline_s=None,
+        log=lambda line: None,
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert problems == 0, summary
+    assert summary["set_up"] == {"base": "nothing missing"}
+    (cuda,) = summary["stages"]
+    assert cuda["status"].startswith("skipped: no GPU (3 skipped"), cuda
+    assert "-n 0" in (out / "snapshot-cuda.log").read_text().splitlines()[0], "without a GPU: in one process"
+    archive = runner.pack(out, "probe")
+    assert sorted(p.name for p in out.iterdir()) == ["probe.tar.gz", "summary.json", "summary.md"]
+    with tarfile.open(archive) as tar:
+        assert set(tar.getnames()) == {"snapshot-cuda.log", "snapshot-cuda.json"}
+    assert Path(out / "summary.md").read_text().count("| snapshot-cuda |") == 1
