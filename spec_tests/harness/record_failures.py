@@ -7,8 +7,8 @@ RUN.json is a run of the target's release with `--conformance-json` (its expecte
 exception's type and text, spec_tests.harness.plugin). For each entry of the file that applies to the run's release,
 and whose tests failed as expected in the run, without `raises` or `match` yet: `raises` is the exception class the
 target raised (a rank's, read from its traceback line, before the harness's own RankFailures / BoundExceeded /
-AssertionError), `match` the leading words of that exception's message, cut before the first digit, path or quote
-(which change from run to run). A proposal is kept only if every recorded failure of the entry fits it
+AssertionError), `match` the longest run of whole words of that exception's message free of digits, paths and
+quotes (which change from run to run). A proposal is kept only if every recorded failure of the entry fits it
 (expectations.failure_problem); an entry whose failures disagree is listed, not recorded. --write adds the two lines
 after the entry's `reason` line, leaving the rest of the file as it is.
 """
@@ -30,7 +30,7 @@ _HARNESS = {"RankFailures", "BoundExceeded", "AssertionError", "Failed", "Except
 _LINE = re.compile(
     r"^\s*(?:[\w.]+\.)?(?P<name>[A-Z]\w*(?:Error|Exception|Exceeded|Failures|Interrupt))(?::\s*(?P<msg>.*))?$"
 )
-_STABLE = re.compile(r"^[A-Za-z_ ,;:()=<>.-]+")
+_STABLE = re.compile(r"[A-Za-z_ ,;:()=<>.-]+")
 
 
 def _exceptions(text: str) -> list[tuple[str, str]]:
@@ -38,15 +38,31 @@ def _exceptions(text: str) -> list[tuple[str, str]]:
     return [(m["name"], m["msg"] or "") for m in map(_LINE.match, text.splitlines()) if m]
 
 
+def _stable_words(message: str) -> str:
+    """The longest run of the message's first line free of digits, paths and quotes (which change from run to run),
+    cut to whole words: empty when shorter than 12 characters."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    best = ""
+    for run in _STABLE.finditer(line):
+        words = run.group(0)
+        if run.start() > 0 and not line[run.start() - 1].isspace():
+            words = words.split(" ", 1)[1] if " " in words else ""  # a word cut at its start
+        if run.end() < len(line) and not words.endswith(" "):
+            words = words.rsplit(" ", 1)[0] if " " in words else ""  # a word cut at its end
+        words = words.strip(" ,;:(=<>.-")[:80].rsplit(" ", 1)[0] if len(words) > 80 else words.strip(" ,;:(=<>.-")
+        best = max(best, words, key=len)
+    return best if len(best) >= 12 else ""
+
+
 def _proposal(failure: dict) -> dict[str, str]:
     found = _exceptions(failure.get("text", ""))
     target = [(name, msg) for name, msg in found if name not in _HARNESS]
-    name, message = (target or found or [(failure.get("type", ""), "")])[-1 if target else 0]
-    fragment = _STABLE.match(message.strip())
-    words = fragment.group(0).rsplit(" ", 1)[0].strip(" ,;:(=<>.-") if fragment else ""
+    ours = [(name, msg) for name, msg in found if name != "RankFailures"]
+    name, message = (target or ours or found or [(failure.get("type", ""), "")])[-1 if target else 0]
     proposal = {"raises": name} if name.isidentifier() else {}
-    if len(words) >= 12:
-        proposal["match"] = re.escape(words[:80])
+    words = _stable_words(message)
+    if words:
+        proposal["match"] = re.escape(words)
     return proposal
 
 
