@@ -18,6 +18,7 @@ import atexit
 import logging
 import multiprocessing.util as mp_util
 import os
+import sys
 import time
 import weakref
 from collections import deque
@@ -183,8 +184,10 @@ class AsyncCallsQueue:
         if first_failure is not None:
             raise first_failure
 
-    def __del__(self):
-        if getattr(self, "_closed", True):
+    def __del__(self, _finalizing=sys.is_finalizing):
+        # Once the interpreter is finalizing, module globals may already be None: the exit hooks have finalized or
+        # aborted every open queue by then (_close_open_queues, the callers' abort), so there is nothing left to do.
+        if _finalizing() or getattr(self, "_closed", True):
             return
         if self._pending:
             logger.warning(
