@@ -16,14 +16,17 @@ import textwrap
 
 import pytest
 
+from spec_tests.harness.processes import CALLERS
 from spec_tests.harness.targets import ENV_VAR, current_target
 
 _HOLDER = textwrap.dedent("""
     import sys, types
     box = sys.ckptspec_box = sys.modules["ckptspec_box"] = types.ModuleType("ckptspec_box")  # before the target
     import os, time
+    import torch.distributed as dist
     from spec_tests.harness import async_core, workloads
     tmp, kind = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
     core = async_core()
     never, at_exit = os.path.join(tmp, "never-opened"), os.path.join(tmp, "opened-at-exit")
 
@@ -54,14 +57,9 @@ _HOLDER = textwrap.dedent("""
 
 
 @pytest.mark.spec("AC-6")
-@pytest.mark.parametrize(
-    "kind",
-    [
-        pytest.param("Persistent", marks=pytest.mark.needs("persistent_caller")),
-        pytest.param("Temporal", marks=pytest.mark.needs("temporal_caller")),
-    ],
-)
-def test_a_process_ending_with_callers_alive_reports_no_ignored_exception(tmp_path, kind):
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_a_process_ending_with_callers_alive_reports_no_ignored_exception(tmp_path, persistent):
+    kind = "Persistent" if persistent else "Temporal"
     env = dict(os.environ, **{ENV_VAR: current_target().name})
     try:
         ended = subprocess.run(
