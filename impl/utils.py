@@ -10,29 +10,69 @@
 * ``collective_device``, ``all_reduce`` and ``all_gather``: the collectives every module uses,
   on the device the group's backend needs (the current GPU for NCCL, the CPU otherwise).
 * ``errors_by_rank``: which ranks of a gathered list reported an error.
+
+NVRx's public helpers of this module, with their meaning: ``diff``, ``dict_list_map_outplace`` and
+``preload_tensors`` (``impl.dict_utils``), ``logger_stack``, ``debug_time``, ``debug_msg`` and ``fallback_logger``
+(``impl.debug_log``), ``wrap_for_async(fn)`` (``fn`` run with the garbage collector disabled; it returns None) and
+the type variables ``U`` and ``V``.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import gc
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from .debug_log import debug_msg, debug_time, fallback_logger, logger_stack
+from .dict_utils import dict_list_map_outplace, diff, preload_tensors
+
 __all__ = [
+    "U",
+    "V",
     "all_gather",
     "all_reduce",
     "collective_device",
+    "debug_msg",
+    "debug_time",
+    "dict_list_map_outplace",
+    "diff",
     "dist_rank",
     "dist_ready",
     "errors_by_rank",
+    "fallback_logger",
+    "logger_stack",
     "picklable_error",
+    "preload_tensors",
     "tree_map",
+    "wrap_for_async",
 ]
+
+U = TypeVar("U")
+V = TypeVar("V")
+
+
+def wrap_for_async(fn: Callable) -> Callable:
+    """``fn`` run with the garbage collector disabled (if it was enabled, it is enabled again after); the wrapper
+    takes ``fn``'s arguments and returns None."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs) -> None:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            fn(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return wrapped
 
 
 def dist_ready() -> bool:

@@ -49,6 +49,11 @@ class CachedMetadataFileSystemReader(FileSystemReader):
             self._cached_metadata = metadata
         return self._cached_metadata
 
+    @classmethod
+    def clear_metadata_cache(cls, path: str | os.PathLike | None = None) -> None:
+        """NVRx 0.7.0 keeps one metadata cache per path, shared by its readers, and this empties it (for ``path``, or
+        all). Here a reader's cache is its own, so a new reader always reads the metadata afresh: nothing to do."""
+
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         checksums = getattr(metadata, "checksums", None)

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
 import weakref
 from abc import ABC, abstractmethod
@@ -102,8 +103,7 @@ def _track_live(caller: AsyncCaller) -> None:
 
 
 def _untrack_live(caller: AsyncCaller) -> None:
-    if _LIVE_CALLERS is not None:  # None while the interpreter tears this module down (a late __del__)
-        _LIVE_CALLERS.discard(caller)
+    _LIVE_CALLERS.discard(caller)
 
 
 def _abort_live_callers() -> None:
@@ -158,9 +158,12 @@ class AsyncCaller(ABC):
     def close(self, abort: bool = False) -> None:
         """Stop the background process(es): wait for them, or kill them if ``abort``."""
 
-    def __del__(self):
-        # Never a collective here: a caller collected while still running is simply aborted.
-        self.close(abort=True)
+    def __del__(self, _finalizing=sys.is_finalizing):
+        # Never a collective here: a caller collected while still running is simply aborted. Once the interpreter
+        # is finalizing, module globals may already be None, so nothing is done: the exit hook has aborted every
+        # caller with a process by then, and a process it missed dies with its lifeline when this process ends.
+        if not _finalizing():
+            self.close(abort=True)
 
     @abstractmethod
     def _poll(self, timeout: float) -> None:

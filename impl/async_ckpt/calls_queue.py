@@ -18,6 +18,7 @@ import atexit
 import logging
 import multiprocessing.util as mp_util
 import os
+import sys
 import time
 import weakref
 from collections import deque
@@ -31,7 +32,7 @@ from ..utils import all_reduce, dist_ready, picklable_error
 from .callers import AsyncCaller, PersistentAsyncCaller, TemporalAsyncCaller
 from .request import AsyncRequest, raise_failure
 
-__all__ = ["AsyncCallsQueue"]
+__all__ = ["AsyncCallsQueue", "abort_nvrx_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,15 @@ def _close_open_queues() -> None:
                     queue.close(abort=True)
             except BaseException:
                 logger.exception("finalizing the calls in flight at interpreter exit failed")
+
+
+def abort_nvrx_checkpoint() -> None:
+    """Close every open AsyncCallsQueue of this process with ``abort=True`` (NVRx 0.7.0's name for it): their
+    background processes are killed and their pending calls dropped without finalizing. A closed queue stays
+    closed: later saves go through a new queue."""
+    if os.getpid() == _open_queues_pid:
+        for queue in list(_open_queues):
+            queue.close(abort=True)
 
 
 class _ActiveAsyncRequest(NamedTuple):
@@ -183,8 +193,10 @@ class AsyncCallsQueue:
         if first_failure is not None:
             raise first_failure
 
-    def __del__(self):
-        if getattr(self, "_closed", True):
+    def __del__(self, _finalizing=sys.is_finalizing):
+        # Once the interpreter is finalizing, module globals may already be None: the exit hooks have finalized or
+        # aborted every open queue by then (_close_open_queues, the callers' abort), so there is nothing left to do.
+        if _finalizing() or getattr(self, "_closed", True):
             return
         if self._pending:
             logger.warning(

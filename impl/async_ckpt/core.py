@@ -8,13 +8,16 @@ The documented module path (signature-compatible with NVRx ``async_ckpt.core``);
   of one int32 per completion check);
 * ``staging``: the shared-memory snapshot of a request's tensors taken before scheduling returns;
 * ``worker``: the loops of the background processes;
-* ``calls_queue``: ``AsyncCallsQueue``, which finalizes requests in schedule order.
+* ``calls_queue``: ``AsyncCallsQueue``, which finalizes requests in schedule order, and
+  ``abort_nvrx_checkpoint()``, which aborts every open queue of the process.
 """
 
 from __future__ import annotations
 
+import logging
+
 from .callers import AsyncCaller, PersistentAsyncCaller, TemporalAsyncCaller
-from .calls_queue import AsyncCallsQueue
+from .calls_queue import AsyncCallsQueue, abort_nvrx_checkpoint
 from .request import AsyncRequest
 
 __all__ = [
@@ -23,4 +26,7 @@ __all__ = [
     "TemporalAsyncCaller",
     "PersistentAsyncCaller",
     "AsyncCallsQueue",
+    "abort_nvrx_checkpoint",
 ]
+
+logger = logging.getLogger(__name__)

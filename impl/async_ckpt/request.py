@@ -16,10 +16,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
-from ..utils import all_gather, dist_rank, dist_ready, errors_by_rank, picklable_error
+from ..utils import all_gather, all_reduce, dist_rank, dist_ready, errors_by_rank, picklable_error
 
 __all__ = ["AsyncRequest", "CheckpointFailure", "raise_failure", "run_guarded"]
 
@@ -59,6 +60,20 @@ class AsyncRequest(NamedTuple):
             dist.barrier()
         for fn in self.finalize_fns:
             fn()
+
+    def execute_finalize_fns(self, validate_matching_call_idx: bool = True) -> int:
+        """Run the finalize functions in order; return ``call_idx``. With ``validate_matching_call_idx`` (and
+        torch.distributed initialized) every rank then checks, in one all-reduce, that all ranks finalized this
+        same ``call_idx``, and raises RuntimeError on every rank if not."""
+        for fn in self.finalize_fns:
+            fn()
+        if validate_matching_call_idx and dist_ready():
+            top, neg_bottom = all_reduce([self.call_idx, -self.call_idx], dist.ReduceOp.MAX, torch.int64)
+            if (top, -neg_bottom) != (self.call_idx, self.call_idx):
+                raise RuntimeError(
+                    f"ranks finalized different calls: this rank {self.call_idx}, others from {-neg_bottom} to {top}"
+                )
+        return self.call_idx
 
 
 def run_guarded(fn: Callable, *args, **kwargs) -> tuple[Any, BaseException | None]:

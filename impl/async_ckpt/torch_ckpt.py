@@ -6,6 +6,8 @@ returns the queue index of the scheduled save. The snapshot is taken by the call
 ``f`` should be a path: the save runs in another process, so a file object would be written
 there, not here.
 
+``save`` is ``torch.save`` itself (an instance attribute, as in NVRx), for a synchronous save.
+
 Decisions: ``async_fn`` is ``torch.save`` and is set per instance (instances never share it);
 ``finalize_async_save`` checks locally by default (``no_dist=True``), as in NVRx.
 """
@@ -28,6 +30,7 @@ class TorchAsyncCheckpoint:
     """``torch.save`` in the background, finalized through an ``AsyncCallsQueue``."""
 
     def __init__(self, persistent_queue: bool = True):
+        self.save = torch.save  # NVRx's instance attribute: the synchronous save
         self.async_fn = torch.save
         self._async_calls_queue = AsyncCallsQueue(persistent=persistent_queue)
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from ..dict_utils import dict_list_map_inplace, nested_values
 from .base_state_dict import TensorAwareStateDict
 
-__all__ = ["BasicTensorAwareStateDict", "TensorPlaceholder"]
+__all__ = ["BasicTensorAwareStateDict", "TensorPlaceholder", "dict_list_map_inplace", "nested_values"]
 
 
 def _walk(obj: Any, path: str = "state_dict") -> Iterator[tuple[str, Any]]:

@@ -117,6 +117,10 @@ class BaseCheckpointManager(ABC):
         """(fn, args): a picklable call that writes ``parts`` as dirty parts; it may run in another process."""
 
     @abstractmethod
+    def _check_loadable(self, snapshot: TensorAwareStateDict) -> None:
+        """Raise if ``snapshot`` could not be loaded back once saved (refused at save, on every rank, not at load)."""
+
+    @abstractmethod
     def _check_part(self, ckpt_id: CkptID, tag: Tag) -> None:
         """Raise if the clean part is not intact (find_latest counts only intact parts, IN-3)."""
 
@@ -184,6 +188,12 @@ class BaseCheckpointManager(ABC):
             snapshot = self._snapshot(state_dict)
         except Exception as exc:
             error = f"cannot snapshot the state dict: {_describe(exc)}"
+        if error is None:
+            assert snapshot is not None  # _snapshot returned
+            try:
+                self._check_loadable(snapshot)
+            except Exception as exc:
+                error = str(exc) if isinstance(exc, CheckpointingException) else _describe(exc)
         newest = self._scan(strict=False, local_error=error)  # also spreads a snapshot error to every rank
         if iteration <= newest:
             raise CheckpointingException(

@@ -11,16 +11,16 @@ Integrity and safety (IN-*): ``find_latest`` checks every part it counts, so a p
 (truncated, a flipped bit, another part copied over it) is logged and left out, and an intact replica takes its
 place where one exists; ``load`` checks the part again as it reads it and raises ``CheckpointingException``
 naming the file. Parts load with ``torch.load(weights_only=True)``: besides tensors and plain containers, only
-the classes in ``SAFE_GLOBALS`` and those the user allows with ``torch.serialization.add_safe_globals`` can
-be unpickled, so a planted file cannot run code. Files and directories are never group- or world-writable.
+the classes in ``SAFE_GLOBALS``, those the user allows with ``torch.serialization.add_safe_globals`` and the
+program's own TensorAwareStateDict subclasses can be unpickled (``part_globals``), so a planted file cannot run
+code; a state dict that could not be loaded back is refused at ``save()``. Files and directories are never group-
+or world-writable.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import pickle
 import re
 import struct
 from collections.abc import Sequence
@@ -31,9 +31,9 @@ import torch
 
 from ...integrity import ChecksumStream, IntegrityError, make_dirs, open_new, seal, unseal
 from ..base_state_dict import TensorAwareStateDict
-from ..basic_state_dict import BasicTensorAwareStateDict, TensorPlaceholder
 from ..replication.strategies import ReplicationStrategy
 from .base_manager import BaseCheckpointManager, CheckpointingException, CkptID, SameMachineReplicationException, Tag
+from .part_globals import SAFE_GLOBALS, check_loadable, load_part
 
 __all__ = ["SAFE_GLOBALS", "LocalCheckpointManager"]
 
@@ -41,11 +41,6 @@ logger = logging.getLogger(__name__)
 
 _DIRTY = ".dirty"
 _PART = re.compile(r"iter_(\d+)_(\d+)_(local|w\d+c[\d-]+)\.pt(\.dirty)?")
-
-
-SAFE_GLOBALS: list = [BasicTensorAwareStateDict, TensorPlaceholder, bytes]
-"""Classes a part may hold besides what ``torch.load(weights_only=True)`` allows anyway (``bytes``: pickle
-protocol 2 rebuilds an empty bytes value by calling it)."""
 
 
 def _label(ckpt_id: CkptID) -> bytes:
@@ -110,16 +105,10 @@ class LocalCheckpointManager(BaseCheckpointManager):
         return [(ckpt_id, tag) for _, ckpt_id, tag, dirty in self._files() if not dirty]
 
     def _load(self, ckpt_id: CkptID, tag: Tag) -> TensorAwareStateDict:
-        path = self._path(ckpt_id, tag)
-        body = self._intact_body(ckpt_id, tag)
-        try:
-            with torch.serialization.safe_globals(SAFE_GLOBALS):
-                return torch.load(io.BytesIO(body), weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise CheckpointingException(
-                f"local checkpoint part {path} holds objects that are not allowed to load: {exc} (a trusted "
-                "TensorAwareStateDict class can be allowed with torch.serialization.add_safe_globals)"
-            ) from None
+        return load_part(self._intact_body(ckpt_id, tag), f"local checkpoint part {self._path(ckpt_id, tag)}")
+
+    def _check_loadable(self, snapshot: TensorAwareStateDict) -> None:
+        check_loadable(snapshot)
 
     def _intact_body(self, ckpt_id: CkptID, tag: Tag) -> memoryview:
         """The part's torch.save bytes, read once and checked against its trailer."""

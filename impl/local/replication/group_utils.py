@@ -4,14 +4,19 @@ A TensorAwareStateDict (TASD) crosses a process group in two messages: the hollo
 with its tensors' shapes and dtypes, then all tensor bytes packed into one uint8 buffer. The buffer
 travels on the device the group's backend needs (the current GPU for NCCL, the CPU otherwise) and
 arrives on ``target_device``. The sender's TASD is left as it was.
+
+``batched(iterable, n)`` (NVRx's helper, ``itertools.batched`` of Python 3.12): tuples of ``n`` items, the last
+one shorter when the items run out.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Hashable, Sequence
+import itertools
+import logging
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,6 +27,8 @@ from ..base_state_dict import TensorAwareStateDict
 __all__ = [
     "ExchangePlan",
     "ExchangePlanEntry",
+    "T",
+    "batched",
     "broadcast_state_dict",
     "local_copy",
     "parse_group_sequence",
@@ -30,6 +37,18 @@ __all__ = [
 ]
 
 Layout = list[tuple[torch.Size, torch.dtype]]
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+def batched(iterable: Iterable[T], n: int) -> Iterator[tuple[T, ...]]:
+    """Consecutive tuples of ``n`` items of ``iterable`` (the last may be shorter); ValueError if ``n < 1``."""
+    if n < 1:
+        raise ValueError(f"n must be at least one, got {n!r}")
+    items = iter(iterable)
+    while chunk := tuple(itertools.islice(items, n)):
+        yield chunk
 
 
 def parse_group_sequence(replication_jump: int, replication_factor: int, world_size: int) -> list[list[int]]:

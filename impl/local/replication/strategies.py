@@ -14,6 +14,9 @@ Decisions:
 * The sender of a missing part is its lowest-ranked holder in the clique: deterministic, no RNG.
 * ``placement_tag`` names the layout (world size and this rank's clique); the manager records it
   with every part, so parts saved under other replication parameters are recognised.
+
+``LazyCliqueReplicationStrategy`` (NVRx's name) takes the same parameters but creates the process groups only
+when first used (any method, ``placement_tag`` included), so it can be made before ``torch.distributed`` is.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,7 +32,14 @@ import torch.distributed as dist
 from ..base_state_dict import TensorAwareStateDict
 from .group_utils import ExchangePlan, broadcast_state_dict, parse_group_sequence, recv_state_dict, send_state_dict
 
-__all__ = ["CliqueReplicationStrategy", "NoReplicasAvailableError", "ReplicationStrategy"]
+__all__ = [
+    "CliqueReplicationStrategy",
+    "EagerT",
+    "LazyCliqueReplicationStrategy",
+    "LazyReplicationStrategyBuilder",
+    "NoReplicasAvailableError",
+    "ReplicationStrategy",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -144,3 +154,52 @@ class CliqueReplicationStrategy(ReplicationStrategy):
             elif entry.receiver == me:
                 received[entry.id_] = recv_state_dict(entry.sender, self.local_group, self.target_device)
         return received
+
+
+EagerT = TypeVar("EagerT", bound=ReplicationStrategy)
+"""The kind of strategy a ``LazyReplicationStrategyBuilder`` builds."""
+
+
+class LazyReplicationStrategyBuilder(ReplicationStrategy, ABC, Generic[EagerT]):
+    """A strategy built on first use (``_eager_build``), then used for every call: its process groups are created
+    when the strategy is first needed, not when it is made."""
+
+    def __init__(self):
+        self._replication_strategy: EagerT | None = None
+
+    @property
+    def replication_strategy(self) -> EagerT:
+        """The built strategy (built now if it was not yet: a collective, on every rank)."""
+        if self._replication_strategy is None:
+            self._replication_strategy = self._eager_build()
+        return self._replication_strategy
+
+    @abstractmethod
+    def _eager_build(self) -> EagerT:
+        """Build the strategy (collective)."""
+
+    def replicate(self, local_ckpt, id_):
+        return self.replication_strategy.replicate(local_ckpt, id_)
+
+    def retrieve_plan(self, globally_available_ids, wanted):
+        return self.replication_strategy.retrieve_plan(globally_available_ids, wanted)
+
+    def retrieve_execute(self, plan, my_data):
+        return self.replication_strategy.retrieve_execute(plan, my_data)
+
+    @property
+    def placement_tag(self) -> str:
+        return self.replication_strategy.placement_tag
+
+
+class LazyCliqueReplicationStrategy(LazyReplicationStrategyBuilder[CliqueReplicationStrategy]):
+    """``CliqueReplicationStrategy.from_replication_params(replication_jump, replication_factor)``, built on first
+    use. ``replication_jump`` defaults to the number of GPUs visible when this class was defined, as in NVRx."""
+
+    def __init__(self, replication_jump: int = torch.cuda.device_count(), replication_factor: int = 2):
+        super().__init__()
+        self.replication_jump = replication_jump
+        self.replication_factor = replication_factor
+
+    def _eager_build(self) -> CliqueReplicationStrategy:
+        return CliqueReplicationStrategy.from_replication_params(self.replication_jump, self.replication_factor)
