@@ -68,6 +68,7 @@ __all__ = [
     "Entry",
     "ExpectationsError",
     "apply",
+    "describe_failure",
     "failure_problem",
     "for_version",
     "is_hypothesis_test",
@@ -188,6 +189,15 @@ def _entry(path: str, index: int, entry) -> Entry:
         entry["reason"],
         **{key: entry[key] for key in _OPTIONAL if key in entry},
     )
+
+
+def describe_failure(exc: BaseException) -> tuple[list[str], str]:
+    """The class names of `exc`, its bases and (for a group) its members', and its text: type, message, notes (what
+    failure_problem judges)."""
+    members = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else []
+    names = [cls.__name__ for e in [exc, *members] for cls in type(e).__mro__]
+    text = "\n".join([f"{type(e).__name__}: {e}" for e in [exc, *members]] + list(getattr(exc, "__notes__", [])))
+    return names, text
 
 
 def failure_problem(entry: Entry, type_names: Iterable[str], text: str) -> str | None:

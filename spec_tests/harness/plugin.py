@@ -278,7 +278,7 @@ def pytest_runtest_makereport(item, call):
             note = f"[{cid}] {known[cid]['statement']}" if cid in known else f"[{cid}] (unknown clause)"
             if note not in present:
                 excinfo.value.add_note(note)
-        failure = _failure(excinfo.value)
+        failure = expectations.describe_failure(excinfo.value)
         item.user_properties.append(("spec_failure", {"type": failure[0][0], "text": failure[1][:2000]}))
         # A failed (or expectedly failing) test may leave a broken queue in its warm ranks, whose close() or __del__
         # can hang a later test there: the next test of the module gets fresh ranks.
@@ -294,14 +294,6 @@ def pytest_runtest_makereport(item, call):
             report.outcome = "failed"
             report.longrepr = f"{problem}\n\n{report.longreprtext}"
     return report
-
-
-def _failure(exc: BaseException) -> tuple[list[str], str]:
-    """The class names of `exc`, its bases and (for a group) its members', and its text: type, message, notes."""
-    members = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else []
-    names = [cls.__name__ for e in [exc, *members] for cls in type(e).__mro__]
-    text = "\n".join([f"{type(e).__name__}: {e}" for e in [exc, *members]] + list(getattr(exc, "__notes__", [])))
-    return names, text
 
 
 # ------------------------------------------------------------------------------------ fixtures
