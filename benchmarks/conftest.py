@@ -49,6 +49,19 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     }
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    """Drop the benchmarks that recorded no round, so that an interrupted run still writes its JSON.
+
+    pytest-benchmark computes every benchmark's statistics for the JSON, and one with no round (the test in flight
+    when SIGINT came: gpu_run interrupts a stage at its budget) makes it raise, losing every finished measurement
+    (seen on the H200 run of 2026-11-26).
+    """
+    bench_session = getattr(session.config, "_benchmarksession", None)
+    if bench_session is not None:
+        bench_session.benchmarks[:] = [bench for bench in bench_session.benchmarks if bench.stats]
+
+
 def pytest_benchmark_update_json(config, benchmarks, output_json):
     if not config.option.benchmark_json:
         return

@@ -1,6 +1,7 @@
 """Device-to-host staging throughput over a size sweep (--bench-sweep-mib). GPU only.
 
-UNTESTED: written on a machine without a GPU; every benchmark here skips there.
+Ran once on an H200 (2026-11-26, docs/gpu.md): the sweep's tests ran without error, but the interrupted run lost
+their figures; no figure yet. Without a GPU every benchmark here skips.
 
 - `copy-pinned` / `copy-pageable` (ceilings `d2h-pinned`, `d2h-pageable`): one copy of a CUDA
   buffer into a preallocated pinned or pageable host buffer.

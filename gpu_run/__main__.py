@@ -5,6 +5,7 @@
     python -m gpu_run run --all                on a GPU node: every stage, in order
     python -m gpu_run run --call N --pack      on a lent device machine: call N (of plan's list), within 600 s
     python -m gpu_run run --stage NAME ...     chosen stages
+    python -m gpu_run results DIR --update F   a stored run (conformance/gpu/<run>) as the table of F's gpu-results block
     ... run --dry-run                          set-up and the checks only, as without a GPU: stages end at the skips
 
 Results go to --out (default $OUT, else ./gpu-results): <stage>.log, <stage>.json, summary.json, summary.md;
@@ -20,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpu_run import plan, runner, wheels
+from gpu_run import plan, results, runner, wheels
 
 WHEELHOUSE = plan.ROOT / "gpu_run" / "wheelhouse"
 CARRY_LIMIT_MIB = 64.0
@@ -35,10 +36,17 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--group", action="append", help="only this group (repeatable; default: all)")
     show = sub.add_parser("plan", help="print the stages, budgets and device calls")
     show.add_argument("--wheelhouse", type=Path, default=WHEELHOUSE)
+    table = sub.add_parser("results", help="a stored run's results as a Markdown table")
+    table.add_argument("folder", type=Path, help="a folder of a run's <stage>.json files and summary.json")
+    table.add_argument("--update", type=Path, help="replace the gpu-results block of this Markdown file")
     run = sub.add_parser("run", help="set up and run stages (offline)")
     which = run.add_mutually_exclusive_group(required=True)
     which.add_argument("--all", action="store_true", help="every stage, in order, no call deadline")
-    which.add_argument("--call", type=int, help=f"device call 1..{len(plan.CALLS)} (its stages, within 570 s)")
+    which.add_argument(
+        "--call",
+        type=int,
+        help=f"device call 1..{len(plan.CALLS)} (its stages, within 570 s; {plan.LEASE_CALL}: a 15-minute lease)",
+    )
     which.add_argument("--stage", action="append", choices=list(plan.BY_NAME), help="a stage (repeatable)")
     run.add_argument("--dry-run", action="store_true", help="set-up and checks only, as on a machine without a GPU")
     run.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-results"))
@@ -63,7 +71,7 @@ def _print_plan(wheelhouse: Path) -> None:
         stages = plan.call_stages(number)
         groups = plan.call_groups(stages)
         sizes = [wheels.folder_mib(wheelhouse / g) for g in groups if (wheelhouse / g).is_dir()]
-        total = plan.SETUP_S + sum(s.budget_s for s in stages)
+        total = plan.call_seconds(stages)
         print(f"  call {number}: {', '.join(s.name for s in stages)}  ({total} s; carry {sum(sizes):.1f} MiB)")
         print(f"    run tool: command='python3 -m gpu_run run --call {number} --pack', carry={_carry(groups)}")
 
@@ -74,6 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         for group, what in wheels.prepare(args.wheelhouse, args.python_version, args.group).items():
             print(f"{group}: {what}")
         _print_plan(args.wheelhouse)
+        return 0
+    if args.command == "results":
+        text = results.render(args.folder)
+        if args.update is None:
+            print(text, end="")
+        else:
+            results.update(args.update, text)
         return 0
     if args.command == "plan":
         _print_plan(args.wheelhouse)

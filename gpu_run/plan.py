@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CALL_LIMIT_S = 570  # a device command runs at most 600 s; the rest is for packing the results
+TOGETHER_WORKERS = 2  # xdist workers of each stage run `together` (8 such stages on a 16-core machine)
 SETUP_S = 60  # installing from the wheelhouse and checking every target imports, in each call
 # The selection that needs a GPU: GPU-marked tests, and the snapshot family with the trainer's state on the GPU.
 GPU_SELECTION = ("-m", "gpu or tensor_device", "--tensor-device", "cuda")
@@ -26,6 +27,7 @@ COMMON = ("-q", "-p", "no:randomly")
 S3_DISTRIBUTIONS = ("moto", "boto3")
 # Installed with torch on any machine that has it (torch's own dependencies), or too large to carry (numpy, which
 # every torch image holds): never downloaded, and the set-up fails with their name if the machine lacks one.
+# (filelock is carried: the H200 image's was older than multi-storage-client needs.)
 MACHINE_PROVIDES = (
     "torch",
     "numpy",
@@ -35,7 +37,6 @@ MACHINE_PROVIDES = (
     "jinja2",
     "markupsafe",
     "fsspec",
-    "filelock",
     "typing-extensions",
     "setuptools",
     "triton",
@@ -81,6 +82,8 @@ class Stage:
     machine without a GPU, or with --dry-run: "run" when every test it selects skips there (it must end in those
     skips), "collect" when it would run CPU work instead (it collects its tests only). `record`: the JSON it
     writes, "conformance" (--conformance-json) or "benchmark" (--benchmark-json). `s3`: needs the s3 wheel group.
+    `together`: run at the same time as the other `together` stages of its call (each with `-n TOGETHER_WORKERS`):
+    the GPU-selection stages spend their time starting persistent workers, not on the GPU or the CPUs.
     """
 
     name: str
@@ -91,6 +94,7 @@ class Stage:
     without_gpu: str = "run"
     record: str = "conformance"
     s3: bool = False
+    together: bool = False  # starts with the call's other `together` stages, at once (see runner.run_stages)
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -98,9 +102,30 @@ class Stage:
         return ("base", *(("s3",) if self.s3 else ()), *self.releases)
 
 
-def _gpu_stage(name: str, budget_s: int, target: str, release: str | None = None) -> Stage:
+def _gpu_stage(name: str, budget_s: int, target: str, release: str | None = None, together: bool = False) -> Stage:
     paths = ("spec_tests/protocol",) if target.startswith("dcp-") else ("spec_tests", "fault_injection")
-    return Stage(name, budget_s, target, (*paths, "-n", "auto", *GPU_SELECTION, *COMMON), (release,) if release else ())
+    # worksteal: with two workers, the two slow persistent-queue tests must not queue behind each other.
+    workers = (str(TOGETHER_WORKERS), "--dist", "worksteal") if together else ("auto",)
+    args = (*paths, "-n", *workers, *GPU_SELECTION, *COMMON)
+    return Stage(name, budget_s, target, args, (release,) if release else (), together=together)
+
+
+def _bench_d2h(name: str, budget_s: int, sweep: str, rounds: int) -> Stage:
+    args = ("benchmarks/test_d2h.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda", *COMMON)
+    return Stage(
+        name,
+        budget_s,
+        "impl",
+        (*args, "--bench-sweep-mib", sweep, "--bench-rounds", str(rounds)),
+        BENCH_RELEASES,
+        record="benchmark",
+    )
+
+
+def _bench_save(name: str, budget_s: int, size_mib: int, rounds: int, saves: int) -> Stage:
+    args: tuple[str, ...] = ("benchmarks/test_save.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda")
+    args += (*COMMON, "--bench-size-mib", str(size_mib), "--bench-rounds", str(rounds), "--bench-saves", str(saves))
+    return Stage(name, budget_s, "impl", args, BENCH_RELEASES, without_gpu="collect", record="benchmark")
 
 
 def _full_stage(release: str) -> Stage:
@@ -115,6 +140,20 @@ def _full_stage(release: str) -> Stage:
     )
 
 
+# The lease's stages (one device call of a 15-minute lease, LEASE_CALL): every GPU-selection stage at once, then
+# the benchmarks at sizes that fit what is left.
+LEASE_STAGES: tuple[Stage, ...] = (
+    *(
+        _gpu_stage(f"{name}-lease", 300, target, release, together=True)
+        for name, target, release in (
+            ("impl", "impl", None),
+            *((release, spec.target, release) for release, spec in RELEASES.items()),
+            *((t, t, None) for t in ("dcp-thread", "dcp-process", "dcp-staged")),
+        )
+    ),
+    _bench_d2h("bench-d2h-lease", 60, "64,1024", 3),
+    _bench_save("bench-save-lease", 120, 512, 2, 3),
+)
 STAGES: tuple[Stage, ...] = (
     _gpu_stage("impl-gpu", 120, "impl"),
     _gpu_stage("nvrx-0.4.1-gpu", 75, "nvrx", "nvrx-0.4.1"),
@@ -124,25 +163,8 @@ STAGES: tuple[Stage, ...] = (
     _gpu_stage("dcp-thread-gpu", 30, "dcp-thread"),
     _gpu_stage("dcp-process-gpu", 30, "dcp-process"),
     _gpu_stage("dcp-staged-gpu", 30, "dcp-staged"),
-    Stage(
-        "bench-d2h",
-        200,
-        "impl",
-        ("benchmarks/test_d2h.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda", *COMMON)
-        + ("--bench-sweep-mib", "64,256,1024,4096,8192", "--bench-rounds", "5"),
-        BENCH_RELEASES,
-        record="benchmark",
-    ),
-    Stage(
-        "bench-save",
-        240,
-        "impl",
-        ("benchmarks/test_save.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda", *COMMON)
-        + ("--bench-size-mib", "1024", "--bench-rounds", "3", "--bench-saves", "5"),
-        BENCH_RELEASES,
-        without_gpu="collect",
-        record="benchmark",
-    ),
+    _bench_d2h("bench-d2h", 200, "64,256,1024,4096,8192", 5),
+    _bench_save("bench-save", 240, 1024, 3, 5),
     # The whole suite on impl; test_d2h.py is bench-d2h's (its NVRx and Megatron-Core peers need their releases).
     Stage(
         "impl-full",
@@ -153,6 +175,7 @@ STAGES: tuple[Stage, ...] = (
         s3=True,
     ),
     *(_full_stage(release) for release in RELEASES),
+    *LEASE_STAGES,
 )
 BY_NAME = {stage.name: stage for stage in STAGES}
 
@@ -162,7 +185,9 @@ CALLS: tuple[tuple[str, ...], ...] = (
     ("bench-d2h", "bench-save"),
     ("impl-full",),
     *((f"{release}-full",) for release in RELEASES),
+    tuple(stage.name for stage in LEASE_STAGES),
 )
+LEASE_CALL = len(CALLS)  # the whole GPU half that fits a 15-minute lease: one call, started at once
 
 
 def call_stages(number: int) -> list[Stage]:
@@ -170,6 +195,22 @@ def call_stages(number: int) -> list[Stage]:
     if not 1 <= number <= len(CALLS):
         raise ValueError(f"call {number}: the calls are 1 to {len(CALLS)}")
     return [BY_NAME[name] for name in CALLS[number - 1]]
+
+
+def batches(stages: list[Stage]) -> list[list[Stage]]:
+    """The stages in order, consecutive `together` stages in one batch, every other stage alone."""
+    grouped: list[list[Stage]] = []
+    for stage in stages:
+        if stage.together and grouped and grouped[-1][-1].together:
+            grouped[-1].append(stage)
+        else:
+            grouped.append([stage])
+    return grouped
+
+
+def call_seconds(stages: list[Stage]) -> int:
+    """The longest a run of these stages takes: the set-up, then each batch as long as its longest budget."""
+    return SETUP_S + sum(max(stage.budget_s for stage in batch) for batch in batches(stages))
 
 
 def call_groups(stages: list[Stage]) -> list[str]:

@@ -2,7 +2,7 @@
 
 Contract of `run_stages`:
 - Set-up first (wheels.install of the groups the stages need; a probe of the Python: torch, CUDA, the GPU), then
-  each stage in order. A stage whose wheel group is absent, or whose target does not import as the release it
+  each stage in order; consecutive `together` stages start at the same time, each within its own budget. A stage whose wheel group is absent, or whose target does not import as the release it
   names, is not started, with the reason; the others still run.
 - A stage runs `python -m pytest <args> --impl <target>` with its JSON under `out` (`<stage>.json`) and its output
   in `<stage>.log`, interrupted (SIGINT, so that pytest still writes its reports; SIGKILL 30 s later) at its
@@ -27,6 +27,8 @@ import signal
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -93,13 +95,17 @@ def _end_leftovers(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def stage_command(python: str, stage: plan.Stage, out: Path, gpu_mode: bool, collect_only: bool) -> list[str]:
+def stage_command(
+    python: str, stage: plan.Stage, out: Path, gpu_mode: bool, collect_only: bool, work: Path | None = None
+) -> list[str]:
     """The pytest command line of a stage; without a GPU in one process (-n 0), where nothing runs to share out."""
     args = list(stage.args)
     if not gpu_mode and "-n" in args:
         args[args.index("-n") + 1] = "0"
     record = "--conformance-json" if stage.record == "conformance" else "--benchmark-json"
+    # A base temp of its own: pytest prunes old numbered base temps, which would be another stage's run together.
     command = [python, "-m", "pytest", *args, "--impl", stage.target]
+    command += ["--basetemp", str(work / f"tmp-{stage.name}")] if work is not None else []
     return command + (["--collect-only"] if collect_only else [record, str(out / f"{stage.name}.json")])
 
 
@@ -140,9 +146,11 @@ def run_stage(
         "PYTHONPATH": wheels.pythonpath(work, stage.releases),
         "PYTHONUNBUFFERED": "1",
         "HYPOTHESIS_PROFILE": "ci",
+        # Stages run together queue for the one GPU: a test may wait for it as long as its stage may run.
+        **({"CKPTSPEC_GPU_WAIT_S": str(int(budget))} if stage.together else {}),
     }
     log_path = out / f"{stage.name}.log"
-    command = stage_command(python, stage, out, gpu_mode, collect_only)
+    command = stage_command(python, stage, out, gpu_mode, collect_only, work)
     start = time.monotonic()
     timed_out = False
     with open(log_path, "w") as log:
@@ -214,7 +222,8 @@ def run_stages(
     gpu_mode = bool(summary["machine"]["gpu"]) and not dry_run
     log(f"machine: {summary['machine']}; {'running on the GPU' if gpu_mode else 'no GPU run (set-up checks only)'}")
     checked: dict = {}
-    for stage in stages:
+
+    def start_or_skip(stage: plan.Stage) -> Callable[[], Result]:
         left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
         absent = [g for g in stage.groups if summary["set_up"].get(g) == "absent from the wheelhouse"]
         reason = None
@@ -225,15 +234,20 @@ def run_stages(
         elif problem := _check_target(python, stage, work, checked):
             reason = f"set-up failed: {problem}"
         if reason:
-            results.append(Result(stage.name, reason, reason.startswith("set-up"), budget_s=stage.budget_s))
-        else:
-            budget: float = stage.budget_s if gpu_mode else max(stage.budget_s, DRY_BUDGET_S)
-            budget = budget if left is None else min(budget, left - GRACE_S)
-            # A dry run on a machine with a GPU collects only: its GPU-only tests would run there, not skip.
-            collect = dry_run and bool(summary["machine"]["gpu"])
-            results.append(run_stage(python, stage, work, out, budget, gpu_mode, collect))
-        result = results[-1]
-        log(f"{stage.name}: {result.status} [{result.seconds:.0f} s of {stage.budget_s} s] {result.counts or ''}")
+            return lambda: Result(stage.name, reason, reason.startswith("set-up"), budget_s=stage.budget_s)
+        budget: float = stage.budget_s if gpu_mode else max(stage.budget_s, DRY_BUDGET_S)
+        budget = budget if left is None else min(budget, left - GRACE_S)
+        # A dry run on a machine with a GPU collects only: its GPU-only tests would run there, not skip.
+        collect = dry_run and bool(summary["machine"]["gpu"])
+        return lambda: run_stage(python, stage, work, out, budget, gpu_mode, collect)
+
+    for batch in plan.batches(stages):
+        jobs = [start_or_skip(stage) for stage in batch]
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            batch_results = list(pool.map(lambda job: job(), jobs))
+        for stage, result in zip(batch, batch_results, strict=True):
+            results.append(result)
+            log(f"{stage.name}: {result.status} [{result.seconds:.0f} s of {stage.budget_s} s] {result.counts or ''}")
     _write_summary(out, summary, results)
     return sum(r.problem for r in results)
 

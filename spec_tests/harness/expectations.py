@@ -30,6 +30,9 @@ The file (named by the adapter's EXPECTATIONS) is TOML:
     intermittent = "failed 2 of 3 runs"          optional: the failure does not happen on every run (a race
                                                  in the target); the xfail is then not strict, and the
                                                  value says how often it was seen
+    tensor_device = "cuda"                       optional: only when the snapshot family's tensors live on
+                                                 this device (--tensor-device; devices.py); without it the
+                                                 entry applies on either
 
 One file per target, its entries for every release (array-api-tests' per-library xfail files, with
 versions): `for_version` keeps the entries that apply to the release under test; the others are neither
@@ -79,7 +82,7 @@ __all__ = [
 # An entry's `verdict`: what its failure means when it is not the target breaking the clause.
 VERDICTS = frozenset({"api-changed", "documented-otherwise"})
 _REQUIRED = {"test", "clause", "reason"}
-_OPTIONAL = {"versions", "level", "intermittent", "raises", "match", "verdict"}
+_OPTIONAL = {"versions", "level", "intermittent", "raises", "match", "verdict", "tensor_device"}
 
 # Functions that run a hypothesis state machine: a test calling one draws examples too.
 _MACHINE_RUNNERS = frozenset({"run_machine", "run_state_machine_as_test"})
@@ -100,6 +103,7 @@ class Entry:
     raises: str | None = None  # the exception class name the failure shows
     match: str | None = None  # a regular expression the failure's text contains
     verdict: str | None = None  # one of VERDICTS, or None: the target breaks the clause
+    tensor_device: str | None = None  # "cpu" or "cuda": only for runs with the trainer's tensors there
 
     @property
     def label(self) -> str:
@@ -170,6 +174,8 @@ def _entry(path: str, index: int, entry) -> Entry:
             raise ExpectationsError(
                 f'{where}: versions {entry["versions"]!r} is not a version specifier such as "<0.5" or ">=0.5,<0.7"'
             ) from None
+    if entry.get("tensor_device", "cpu") not in ("cpu", "cuda"):
+        raise ExpectationsError(f"{where}: tensor_device {entry['tensor_device']!r} is not 'cpu' or 'cuda'")
     if entry.get("level", "strict") != "strict":
         raise ExpectationsError(
             f"{where}: level {entry['level']!r} is not 'strict' (a weak-level failure is an entry for the weak clause)"
@@ -222,9 +228,12 @@ def failure_problem(entry: Entry, type_names: Iterable[str], text: str) -> str |
     )
 
 
-def for_version(entries: Iterable[Entry], version: str) -> tuple[Entry, ...]:
-    """The entries that apply to release `version` of the target (see Entry.applies_to)."""
-    return tuple(entry for entry in entries if entry.applies_to(version))
+def for_version(entries: Iterable[Entry], version: str, tensor_device: str = "cpu") -> tuple[Entry, ...]:
+    """The entries that apply to release `version` of the target (see Entry.applies_to), in a run whose snapshot
+    family holds its tensors on `tensor_device`."""
+    return tuple(
+        entry for entry in entries if entry.applies_to(version) and entry.tensor_device in (None, tensor_device)
+    )
 
 
 def is_hypothesis_test(item: pytest.Item) -> bool:

@@ -214,7 +214,7 @@ def pytest_collection_modifyitems(session, config, items):
         item.user_properties.append(("spec_clauses", _cited(item)))
         item.user_properties.append(("impl", config.ckptspec_target.name))
     path = config.ckptspec_target.expectations_path
-    entries = expectations.for_version(expectations.load(path), config.ckptspec_target.version)
+    entries = expectations.for_version(expectations.load(path), config.ckptspec_target.version, devices.current())
     randomized = None if settings.get_profile(config.ckptspec_profile).derandomize else config.ckptspec_profile
     for problem in expectations.apply(path, entries, items, _cited, randomized, _narrowed_files(config)):
         problems[path].append(problem)

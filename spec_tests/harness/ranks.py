@@ -160,31 +160,38 @@ def _serve(conn, job) -> None:
 
 
 def _context():
+    import torch
+
     ctx = mp.get_context("forkserver")
     from spec_tests.harness.targets import current_target
 
     target = current_target()
-    ctx.set_forkserver_preload(
-        [
-            "torch",
-            "torch.distributed",
-            "pytest",
-            "spec_tests.harness.ranks",
-            target.adapter.__name__,
-            *target.adapter.MODULES.values(),
-        ]
-    )
+    preload = ["torch", "torch.distributed", "pytest", "spec_tests.harness.ranks"]
+    # A target whose import initialises CUDA (Megatron-Core's did, on an H200) would leave every rank forked from
+    # the server unable to use CUDA ("Cannot re-initialize CUDA in forked subprocess"): with a GPU, ranks import
+    # the target themselves. device_count() does not initialise CUDA.
+    if torch.cuda.device_count() == 0:
+        preload += [target.adapter.__name__, *target.adapter.MODULES.values()]
+    ctx.set_forkserver_preload(preload)
     return ctx
+
+
+class GpuWaitTimeout(TimeoutError):
+    """The GPUs a test needs stayed held by other tests past the wait: the test never started its ranks."""
 
 
 class _GpuLease:
     """Exclusive use of `count` GPUs among all processes of this machine: one flock'ed file per device.
 
     So that concurrent tests (pytest -n auto) never put two ranks on one GPU. Holdings are all or
-    nothing (a partial set is released before retrying), so two tests cannot deadlock. UNTESTED on GPU.
+    nothing (a partial set is released before retrying), so two tests cannot deadlock. The wait is bounded by
+    $CKPTSPEC_GPU_WAIT_S if set (several pytest runs sharing one GPU queue here: gpu_run sets it to a stage's
+    budget), else by the test's rank timeout; past it, GpuWaitTimeout, a harness error that names no clause.
+    Seen on an H200 (2026-11-26): eight concurrent runs serialised on it, and their 120 s waits ran out.
     """
 
     LOCK_DIR = os.path.join(tempfile.gettempdir(), "ckptspec-gpu-locks")
+    WAIT_ENV = "CKPTSPEC_GPU_WAIT_S"
 
     def __init__(self, count: int, timeout: float):
         import fcntl
@@ -193,6 +200,7 @@ class _GpuLease:
 
         os.makedirs(self.LOCK_DIR, exist_ok=True)
         self._files: list = []
+        timeout = float(os.environ.get(self.WAIT_ENV) or timeout)
         deadline = time.monotonic() + timeout
         while True:
             for device in range(torch.cuda.device_count()):
@@ -208,7 +216,10 @@ class _GpuLease:
                     return
             self.release()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{count} GPUs did not become free within {timeout:g}s")
+                raise GpuWaitTimeout(
+                    f"harness: {count} GPU(s) did not become free within {timeout:g} s (other tests held them; "
+                    f"${self.WAIT_ENV} sets the wait): the test did not run"
+                )
             time.sleep(0.2)
 
     @property

@@ -121,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="record the proposals in the file")
     args = parser.parse_args(argv)
     run = json.loads(args.run.read_text())
-    entries = expectations.for_version(expectations.load(str(args.expectations)), run["version"])
+    entries = expectations.for_version(
+        expectations.load(str(args.expectations)), run["version"], run.get("tensor_device", "cpu")
+    )
     proposals, problems = propose(run, entries)
     for entry, fields in proposals.items():
         print(f"{entry.test} [{entry.label}]: {fields}")

@@ -54,6 +54,23 @@ def test_entries_apply_to_the_releases_they_name(tmp_path, version, applying):
     assert [e.test.split("::")[1] for e in entries] == applying
 
 
+@pytest.mark.parametrize(
+    ("device", "applying"), [("cpu", ["test_anywhere", "test_cpu"]), ("cuda", ["test_anywhere", "test_cuda"])]
+)
+def test_entries_apply_to_the_tensor_device_they_name(tmp_path, device, applying):
+    """An entry with tensor_device applies only to runs whose snapshot family holds its tensors there."""
+    text = "".join(
+        f'[[xfail]]\ntest = "spec_tests/a.py::{name}"\nclause = "P-SNAP-1"\nreason = "r"\n{extra}\n'
+        for name, extra in (
+            ("test_anywhere", ""),
+            ("test_cpu", 'tensor_device = "cpu"'),
+            ("test_cuda", 'tensor_device = "cuda"'),
+        )
+    )
+    entries = expectations.for_version(_load(tmp_path, text), "1.0", device)
+    assert [e.test.split("::")[1] for e in entries] == applying
+
+
 def test_an_entry_keeps_its_specifier(tmp_path):
     old = _load(tmp_path, _FILE)[1]
     assert (old.versions, old.applies_to("0.4.1"), old.applies_to("0.5")) == ("<0.5", True, False)
@@ -68,6 +85,7 @@ def test_an_entry_keeps_its_specifier(tmp_path):
         ('raises = "not a name"', "raises 'not a name' is not an exception class name"),
         ('match = "(unclosed"', "match '(unclosed' is not a regular expression"),
         ('verdict = "fine"', "verdict 'fine' is not one of api-changed, documented-otherwise"),
+        ('tensor_device = "gpu"', "tensor_device 'gpu' is not 'cpu' or 'cuda'"),
     ],
 )
 def test_a_bad_versions_field_is_one_clear_error(tmp_path, extra, message):

@@ -23,9 +23,20 @@ def test_every_stage_is_in_one_call_and_every_call_fits_a_device_command():
     assert sorted(in_calls) == sorted(names), "each stage belongs to exactly one call"
     assert in_calls == names, "calls take the stages in their order of importance"
     for number in range(1, len(plan.CALLS) + 1):
-        total = plan.SETUP_S + sum(stage.budget_s for stage in plan.call_stages(number))
+        total = plan.call_seconds(plan.call_stages(number))
         assert total <= plan.CALL_LIMIT_S, f"call {number} needs {total} s"
-    assert sum(plan.SETUP_S + sum(s.budget_s for s in plan.call_stages(n)) for n in (1, 2, 3)) <= 28 * 60
+    assert sum(plan.call_seconds(plan.call_stages(n)) for n in (1, 2, 3)) <= 28 * 60
+    lease = plan.call_stages(plan.LEASE_CALL)
+    assert {s.target for s in lease if s.together} == {s.target for s in plan.STAGES if s.name.endswith("-gpu")}
+    # A 15-minute lease: the machine's start (about 2 minutes) and this one call.
+    assert plan.call_seconds(lease) + 120 <= 15 * 60
+
+
+def test_together_stages_share_one_batch_and_the_others_run_alone():
+    lease = plan.call_stages(plan.LEASE_CALL)
+    batches = plan.batches(lease)
+    assert [len(b) for b in batches] == [8, 1, 1]
+    assert plan.call_seconds(lease) == plan.SETUP_S + sum(max(s.budget_s for s in b) for b in batches)
 
 
 def test_stages_name_known_targets_and_the_releases_of_the_noxfile():
@@ -134,3 +145,47 @@ def test_dry_run_of_a_stage_reaches_the_skips_for_lack_of_a_gpu(tmp_path):
     with tarfile.open(archive) as tar:
         assert set(tar.getnames()) == {"snapshot-cuda.log", "snapshot-cuda.json"}
     assert Path(out / "summary.md").read_text().count("| snapshot-cuda |") == 1
+
+
+def test_results_name_harness_failures_and_never_charge_them_to_the_target(tmp_path):
+    """A stored GPU run's table (gpu_run.results): a failure the harness caused reads "not judged", others keep
+    their verdicts, and a test a stage never reached reads so."""
+    from gpu_run import results
+
+    machine = {"gpu": "GPU X", "torch": "2.0", "cuda": "13.0", "python": "3.12"}
+    (tmp_path / "summary.json").write_text(json.dumps({"machine": machine}))
+    tests = [
+        {"nodeid": "spec_tests/a.py::test_ok", "outcome": "passed", "clauses": ["P-SNAP-1"]},
+        {
+            "nodeid": "spec_tests/a.py::test_wait",
+            "outcome": "failed",
+            "clauses": ["P-SNAP-2"],
+            "failure": {"text": "GpuWaitTimeout: harness: 1 GPU(s) did not become free within 120 s"},
+        },
+        {
+            "nodeid": "spec_tests/a.py::test_bug",
+            "outcome": "failed",
+            "clauses": ["P-ISO-1"],
+            "message": "RankFailures: 2 of 2 ranks failed:\n    KeyError: <class 'type'>",
+        },
+        {
+            "nodeid": "spec_tests/a.py::test_listed",
+            "outcome": "xfail",
+            "clauses": ["P-STAGED-1"],
+            "entry": {"clauses": ["P-STAGED-1"]},
+            "failure": {"text": "AssertionError: 13 but should be 12"},
+        },
+    ]
+    (tmp_path / "t1-lease.json").write_text(json.dumps({"tensor_device": "cuda", "tests": tests}))
+    (tmp_path / "t2-lease.json").write_text(json.dumps({"tensor_device": "cuda", "tests": tests[:1]}))
+    text = results.render(tmp_path)
+    rows = {
+        line.split("|")[1].strip(" `"): line.split("|")[3:5] for line in text.splitlines() if line.startswith("| `")
+    }
+    assert [c.strip() for c in rows["test_ok"]] == ["passes", "passes"]
+    assert rows["test_wait"][0].strip().startswith("not judged: harness")
+    assert rows["test_bug"][0].strip().startswith("FAILS (not listed)")
+    assert rows["test_listed"][0].strip().startswith("fails as listed")
+    assert rows["test_bug"][1].strip() == "not reached"
+    assert "KeyError: <class 'type'>" in text and "charged to P-STAGED-1: AssertionError" in text
+    assert "GPU X, torch 2.0" in text
