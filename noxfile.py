@@ -6,7 +6,7 @@
     mutation                               cosmic-ray over impl on a random sample of 200 mutants, each judged by
                                            the tests that ran its lines first (not in CI; about 2 hours on 2
                                            cores): writes mutation/results.json, then `python -m mutation.summary
-                                           --update README.md` (`-- --sample 0` runs every mutant, `-- --resume`
+                                           --update docs/spec-design.md` (`-- --sample 0` runs every mutant, `-- --resume`
                                            goes on with a stopped run, `-- --rejudge` re-runs the survivors)
     spec(nvrx-0.4.1) / spec(nvrx-0.7.0) /  spec_tests against one release of a target, on the Python that
     spec(mcore-0.16.1) / spec(mcore-0.19.2) release needs; writes conformance/<target>-<release>.json
@@ -16,7 +16,8 @@
     launched                               spec_tests on two torchrun "nodes" of this machine (2 x 4 ranks, loopback)
                                            against impl, compared verdict by verdict with a forked run (issue 19)
 
-The conformance table of every release: `python -m spec_tests.harness.report conformance/*.json`.
+The conformance table of the releases run here: `python -m spec_tests.harness.report conformance/*.json`; of the
+stored runs: `python regenerate.py` (docs/results.md).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def mutation(session: nox.Session) -> None:
     session.run("python", "-m", "mutation.summary")
 
 
-# target -> its pip distribution; (target, release, Python): the releases the README reports on.
+# target -> its pip distribution; (target, release, Python): the releases docs/results.md reports on.
 DISTRIBUTIONS = {"nvrx": "nvidia-resiliency-ext", "mcore": "megatron-core"}
 RELEASES = [
     ("nvrx", "0.4.1", "3.11"),

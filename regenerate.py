@@ -1,14 +1,16 @@
-"""Every generated block of the README and every findings page, regenerated from the committed data.
+"""Every generated block of the docs, every findings page and the results page, regenerated from the committed data.
 
     python regenerate.py           rewrite the blocks and pages in place
     python regenerate.py --check   change nothing; exit 1 showing what differs from the committed text (CI)
 
-The blocks and their data: the conformance table and the protocol table (`conformance/all/*.json`, the stored runs
-of every target and release, spec_tests and fault_injection), the fault matrix (the same files), the benchmark
-summary (`benchmarks/results/*.json`) and the mutation score (`mutation/results.json`). Each block is made by its
-own module's command line (`--update FILE`), exactly as the README tells a reader to run it. The findings pages
-`docs/findings/<target>-<release>.md` come from the stored runs (spec_tests.harness.findings). `--check` makes
-everything in a temporary directory and compares.
+The blocks, the file each lives in, and their data: the conformance table, the protocol table and the fault matrix
+in `docs/results.md` (`conformance/all/*.json`, the stored runs of every target and release, spec_tests and
+fault_injection), the benchmark summary in `docs/benchmarks.md` (`benchmarks/results/*.json`) and the mutation score
+in `docs/spec-design.md` (`mutation/results.json`). Each block is made by its own module's command line
+(`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
+The findings pages `docs/findings/<target>-<release>.md` and the filterable page `docs/results.html` come from the
+stored runs too (spec_tests.harness.findings, spec_tests.harness.report --html). `--check` makes everything in a
+temporary directory and compares. Run it from the repository root.
 """
 
 from __future__ import annotations
@@ -31,76 +33,104 @@ RUNS = "conformance/all"
 RELEASES = ["impl", "nvrx-0.4.1", "nvrx-0.7.0", "mcore-0.16.1", "mcore-0.19.2"]
 PROTOCOL_ONLY = ["dcp-thread", "dcp-process", "dcp-staged"]
 BENCHMARK_RUNS = ["cpu.json", "cpu-nvrx-0.7.0.json", "cpu-mcore-0.19.2.json", "goodput-cpu.json"]
+RESULTS = "docs/results.md"
+BENCHMARKS = "docs/benchmarks.md"
+DESIGN = "docs/spec-design.md"
+RESULTS_PAGE = "docs/results.html"
+FINDINGS = "docs/findings"
 
 
 def _runs(names: Sequence[str]) -> list[str]:
     return [f"{RUNS}/{name}.json" for name in names]
 
 
-# block name -> (the command's main, its arguments before `--update FILE`); paths relative to the repository root.
-BLOCKS: dict[str, tuple[Callable[[list[str]], object], list[str]]] = {
-    "conformance": (report.main, [*_runs(RELEASES), "--areas", "async_ckpt", "storage", "local", "integrity"]),
-    "protocol": (report.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--areas", "protocol", "--block", "protocol"]),
-    "faults": (matrix.main, _runs(RELEASES + PROTOCOL_ONLY)),
-    "benchmarks": (benchmark_summary.main, [f"benchmarks/results/{name}" for name in BENCHMARK_RUNS]),
-    "mutation": (mutation_summary.main, []),
+# block name -> (the file holding it, the command's main, its arguments before `--update FILE`); paths relative to
+# the repository root.
+BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
+    "conformance": (
+        RESULTS,
+        report.main,
+        [*_runs(RELEASES), "--areas", "async_ckpt", "storage", "local", "integrity"],
+    ),
+    "protocol": (
+        RESULTS,
+        report.main,
+        [*_runs(RELEASES + PROTOCOL_ONLY), "--areas", "protocol", "--block", "protocol"],
+    ),
+    "faults": (RESULTS, matrix.main, _runs(RELEASES + PROTOCOL_ONLY)),
+    "benchmarks": (BENCHMARKS, benchmark_summary.main, [f"benchmarks/results/{name}" for name in BENCHMARK_RUNS]),
+    "mutation": (DESIGN, mutation_summary.main, []),
 }
+# The other generated files: (what it is, the command's main, its arguments with the output path last).
+PAGES: dict[str, tuple[Callable[[list[str]], object], list[str]]] = {
+    FINDINGS: (findings.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--out"]),
+    RESULTS_PAGE: (report.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--html"]),
+}
+FILES = sorted({file for file, _, _ in BLOCKS.values()})
 
 
-def command_line(name: str, readme: str = "README.md") -> str:
-    """The block's command as a reader types it."""
-    main, args = BLOCKS[name]
-    module = sys.modules[main.__module__].__name__
-    return " ".join(["python", "-m", module, *args, "--update", readme])
+def command_line(name: str) -> str:
+    """The command of a block (BLOCKS) or generated page (PAGES) as a reader types it."""
+    if name in BLOCKS:
+        file, main, args = BLOCKS[name]
+        args = [*args, "--update", file]
+    else:
+        main, args = PAGES[name]
+        args = [*args, name]
+    return " ".join(["python", "-m", sys.modules[main.__module__].__name__, *args])
 
 
-FINDINGS = ROOT / "docs" / "findings"
-
-
-def regenerate(readme: Path, findings_dir: Path) -> None:
-    """Rewrite every block of `readme` and the findings pages in `findings_dir` (run from the repository root)."""
-    for name, (main, args) in BLOCKS.items():
-        status = main([*args, "--update", str(readme)])
-        if status not in (None, 0):
+def regenerate(base: Path) -> None:
+    """Rewrite every block and page below `base`: the repository root, or a copy of its generated files (the
+    commands read their data from the working directory, the repository root)."""
+    for name, (file, main, args) in BLOCKS.items():
+        if main([*args, "--update", str(base / file)]) not in (None, 0):
             raise SystemExit(f"regenerate: the {name} block's command failed: {command_line(name)}")
-    if findings.main([*_runs(RELEASES + PROTOCOL_ONLY), "--out", str(findings_dir)]) != 0:
-        raise SystemExit("regenerate: the findings pages could not be made")
+    for name, (main, args) in PAGES.items():
+        if main([*args, str(base / name)]) not in (None, 0):
+            raise SystemExit(f"regenerate: {name} could not be made: {command_line(name)}")
 
 
-def drifted(readme: Path, findings_dir: Path) -> list[str]:
+def _generated(base: Path) -> list[Path]:
+    """The generated files below `base`, relative to it."""
+    pages = sorted(p.relative_to(base) for p in (base / FINDINGS).glob("*.md"))
+    return [Path(f) for f in FILES] + [Path(RESULTS_PAGE)] + pages
+
+
+def drifted() -> list[str]:
     """The diff lines of whatever committed text differs from what its command makes."""
     with tempfile.TemporaryDirectory(prefix="ckptspec-regenerate-") as tmp:
-        copy, pages = Path(tmp) / readme.name, Path(tmp) / "findings"
-        shutil.copyfile(readme, copy)
-        regenerate(copy, pages)
-        pairs = [(readme, copy)] + [(findings_dir / page.name, page) for page in sorted(pages.glob("*.md"))]
-        pairs += [
-            (page, pages / page.name) for page in sorted(findings_dir.glob("*.md")) if not (pages / page.name).exists()
-        ]
+        made = Path(tmp)
+        for file in FILES:
+            (made / file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / file, made / file)
+        regenerate(made)
         diff: list[str] = []
-        for committed, made in pairs:
+        for relative in sorted(set(_generated(ROOT)) | set(_generated(made))):
+            committed, fresh = ROOT / relative, made / relative
             before = committed.read_text().splitlines() if committed.exists() else []
-            after = made.read_text().splitlines() if made.exists() else []
-            diff += difflib.unified_diff(
-                before, after, str(committed.relative_to(ROOT)), "regenerated", n=0, lineterm=""
-            )
+            after = fresh.read_text().splitlines() if fresh.exists() else []
+            diff += difflib.unified_diff(before, after, str(relative), "regenerated", n=0, lineterm="")
     return diff
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python regenerate.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block differs")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block or page differs")
+    parser.add_argument("--commands", action="store_true", help="print each block's and page's own command")
     args = parser.parse_args(argv)
-    readme = ROOT / "README.md"
-    if not args.check:
-        regenerate(readme, FINDINGS)
+    if args.commands:
+        print("\n".join(command_line(name) for name in [*BLOCKS, *PAGES]))
         return 0
-    diff = drifted(readme, FINDINGS)
+    if not args.check:
+        regenerate(ROOT)
+        return 0
+    diff = drifted()
     if diff:
         print("\n".join(diff[:80]), file=sys.stderr)
         print("regenerate: generated text differs from its data; run: python regenerate.py, and commit the result")
         return 1
-    print(f"regenerate: the README's blocks ({', '.join(BLOCKS)}) and docs/findings/ match their data")
+    print(f"regenerate: the blocks ({', '.join(BLOCKS)}), {FINDINGS}/ and {RESULTS_PAGE} match their data")
     return 0
 
 

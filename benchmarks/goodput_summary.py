@@ -2,7 +2,7 @@
 
     figures(run)          # {(peer, interval): Figures}
     render(run)           # one table per save interval, absolute times and ratios, and the goals
-    render_compact(run)   # one table for the README: each peer over every interval, and the goals
+    render_compact(run)   # one table for docs/benchmarks.md: each peer over every interval, and the goals
 
 A run's figures are paired within the run, so that a machine whose load changes between runs (a shared CI
 runner) moves them little. The step time `m` of a run is the median of its steps that began with no save in
@@ -326,7 +326,7 @@ def render(run: Run, heading: str = "###") -> list[str]:
 
 
 def render_compact(run: Run) -> list[str]:
-    """The README's table: every peer over every interval, the notes and the goals ([] if no goodput rows)."""
+    """The table of docs/benchmarks.md: every peer over every interval, the notes and the goals ([] if no goodput rows)."""
     found = figures(run)
     if not found:
         return []

@@ -1,7 +1,7 @@
 """Markdown summary of benchmark runs: each figure against its ceiling and the best peer.
 
     python -m benchmarks.summary RUN.json [RUN.json ...]                 # full summary on stdout
-    python -m benchmarks.summary RUN.json [RUN.json ...] --update README.md   # one compact table per run
+    python -m benchmarks.summary RUN.json [RUN.json ...] --update docs/benchmarks.md   # one compact table per run
     python -m benchmarks.summary --noise RUN.json RUN.json ...           # spread of repeated runs
 
 RUN.json is pytest-benchmark's --benchmark-json output of `pytest benchmarks --benchmark-enable`.
@@ -341,7 +341,7 @@ def render(output_json: dict, heading: str = "###") -> str:
 
 
 def render_compact(output_json: dict, heading: str = "####") -> str:
-    """One table per run for the README: each peer's main figures, the ceilings, the goals; the goodput table."""
+    """One table per run for docs/benchmarks.md: each peer's main figures, the ceilings, the goals; the goodput table."""
     run = Run(output_json)
     goodput = goodput_summary.render_compact(run)
     if goodput_summary.alone(run):
@@ -452,7 +452,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
     parser.add_argument(
-        "--update", type=Path, metavar="README", help="write the compact tables between the markers of this file"
+        "--update", type=Path, metavar="FILE", help="write the compact tables between the markers of this file"
     )
     parser.add_argument(
         "--noise",

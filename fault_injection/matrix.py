@@ -1,9 +1,9 @@
 """The fault matrix: fault x phase x target, as Markdown, from conformance JSON files of the fault suite.
 
     python -m fault_injection.matrix A.json B.json ...              print the matrix
-    python -m fault_injection.matrix A.json ... --update README.md  replace the block between the lines
+    python -m fault_injection.matrix A.json ... --update docs/results.md  replace the block between the lines
                                                                     <!-- faults:start --> and <!-- faults:end -->
-    python -m fault_injection.matrix --run impl nvrx mcore [--out DIR] [--update README.md]
+    python -m fault_injection.matrix --run impl nvrx mcore [--out DIR] [--update docs/results.md]
         first run `pytest fault_injection -n auto -q -p no:randomly --impl T --conformance-json
         DIR/faults-T.json` per target (DIR defaults to conformance/), timing each run, then report on
         those files, with the wall times. Pytest exit codes 0 and 1 are data; any other is an error.

@@ -1,8 +1,8 @@
 """The mutation score table from `mutation/results.json` (written by `mutation.run`).
 
-    python -m mutation.summary                      print the table
-    python -m mutation.summary --update README.md   replace the block between <!-- mutation:start --> and
-                                                    <!-- mutation:end -->
+    python -m mutation.summary                                print the table
+    python -m mutation.summary --update docs/spec-design.md   replace the block between <!-- mutation:start -->
+                                                              and <!-- mutation:end -->
 
 Score = killed / (mutants run - equivalent), per impl module and overall, with the 95% Wilson interval of the
 overall score (the mutants are a uniform random sample of all of impl's). `mutation/equivalent.toml` lists the

@@ -12,9 +12,10 @@ Modules (one concept each):
     asserts     bounded calls and their outcomes; the assertion family (one message shape)
     runs        recorded runs (conformance JSON) read back, and the command that makes one
     verdicts    verdict words: what a run says about a clause
-    report      the conformance table (clause x target) and its command line
+    report      the conformance table (clause x target) and its command line (also --html: results_page)
+    results_page  the filterable HTML page of every clause against every run (docs/results.html)
+    findings    docs/findings/<target>-<release>.md: what a release breaks, by severity
     blocks      the generated blocks of Markdown files (print or update between marker lines)
-    regenerate  every generated table of the project, from the stored runs, in one command
     workloads   small state dicts and functions run by requests
     strategies  hypothesis strategies for state dicts and tensors
     s3          an S3 endpoint on loopback with a fault proxy, and its fixture (moto is imported on demand)

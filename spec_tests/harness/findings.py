@@ -24,7 +24,7 @@ from typing import Any
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import verdicts
 from spec_tests.harness.report import clause_verdict
-from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, load_run
+from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, load_run, page_name
 
 __all__ = ["SEVERITIES", "main", "page", "page_name"]
 
@@ -32,11 +32,6 @@ SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
 REPRO_DIR = "findings/repro"
 _PREFIX = re.compile(r"^\[[^\]]*\]\s*")
 _NOT_STRICT = re.compile(r"\s*\(not strict: [^)]*\)$")
-
-
-def page_name(run: Run) -> str:
-    """`nvrx-0.7.0` for the run labelled "nvrx 0.7.0"."""
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", run.label.replace("(", "").replace(")", "")).strip("-")
 
 
 def _mechanisms(run: Run, clause_id: str) -> list[str]:

@@ -13,7 +13,11 @@ Usage:
         first run the suite once per target (a name runs here with pytest; TARGET-RELEASE in its nox session
         `spec(TARGET-RELEASE)`), recording DIR/TARGET.json (DIR defaults to conformance/), then report on those.
 
-Every generated table of the project is regenerated from the stored runs by `python -m spec_tests.harness.regenerate`.
+    python -m spec_tests.harness.report A.json B.json ... --html FILE
+                                                                 write the filterable results page
+                                                                 (spec_tests.harness.results_page) instead
+
+Every generated table and page of the project is regenerated from the stored runs by `python regenerate.py`.
 
 Table contract: one row per clause id, registry order first (a clause no test cites is still a row), then ids only
 the input files know; columns clause, statement (shortened to about 70 characters), basis (documented, implied,
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import verdicts
+from spec_tests.harness import results_page, verdicts
 from spec_tests.harness.blocks import markers, write_block
 from spec_tests.harness.runs import Run, cli, load_run, run_target
 
@@ -158,6 +162,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="with --update, the block between <!-- NAME:start --> and <!-- NAME:end --> (default: conformance)",
     )
+    parser.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="write the filterable results page of every clause area to FILE (--areas and --update do not apply)",
+    )
     return parser
 
 
@@ -168,6 +178,9 @@ def _report(args: argparse.Namespace) -> None:
         run_target(target, json_path, args.suite)
         runs.append(json_path)
     paths = [*args.files, *runs]
+    if args.html is not None:
+        args.html.write_text(results_page.render([load_run(path) for path in paths], clause_verdict))
+        return
     block = render([load_run(path) for path in paths], clause_registry.load(tuple(args.areas)))
     write_block(block, args.update, *markers(args.block))
 

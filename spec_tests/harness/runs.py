@@ -36,6 +36,7 @@ __all__ = [
     "Record",
     "cli",
     "load_run",
+    "page_name",
     "pytest_command",
     "read_json",
     "run_target",
@@ -79,6 +80,11 @@ class Run:
 
     def outcomes(self, clause_id: str) -> list[str]:
         return [record.outcome for record in self.citing(clause_id)]
+
+
+def page_name(run: Run) -> str:
+    """The file name stem of a run's pages: `nvrx-0.7.0` for the run labelled "nvrx 0.7.0"."""
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", run.label.replace("(", "").replace(")", "")).strip("-")
 
 
 def _check(ok: bool, path: Path, problem: str) -> None:

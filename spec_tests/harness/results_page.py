@@ -1,0 +1,188 @@
+"""The results page: one self-contained HTML file of every clause against every stored run, with filters.
+
+    python -m spec_tests.harness.report conformance/all/*.json --html docs/results.html
+
+The page needs no server, no network and no build step: the table is plain HTML (readable with scripts off), and
+a short inline script filters it by target, area, verdict word, severity and basis. Each row shows the clause's
+statement in full, its source and the decision on demand (a <details> element); each cell where a target breaks
+a clause links to that clause on the target's findings page (docs/findings/, spec_tests.harness.findings).
+
+The filters can also be set from the address: `results.html#target=nvrx-0.7.0&verdict=breaks+its+documentation`
+sets the controls as a reader would and applies them (the browser test does exactly this), and every change of a
+control writes the address back, so a filtered view can be shared as a link.
+
+Rows: every clause of the registry, area by area in table order; a cell's verdict is the one docs/results.md shows
+(report.clause_verdict). Row and cell attributes carry what the filters read (data-area, data-severity, data-basis,
+data-target, data-word).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness import verdicts
+from spec_tests.harness.runs import Run, page_name
+
+__all__ = ["render", "slug"]
+
+FINDINGS_DIR = "findings"  # relative to the page, which lives in docs/
+
+
+def slug(heading: str) -> str:
+    """The anchor a Markdown renderer (GitHub's) gives a heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _link(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, stricter: int) -> str:
+    """Where a broken cell points: the clause's own section of the findings page, or the page's list of decisions."""
+    page = f"{FINDINGS_DIR}/{page_name(run)}.md"
+    if verdicts.basis_of(clause) == "decision":
+        heading = f"Stricter than documented: decisions of this spec it does not meet ({stricter})"
+    else:
+        heading = f"{cid} ({clause.get('severity', 'severity not yet assessed')}): {verdict}"
+    return f"{page}#{slug(heading)}"
+
+
+def _cell(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, stricter: int) -> str:
+    text = html.escape(str(verdict))
+    if verdict.broken:
+        text = f'<a href="{html.escape(_link(run, cid, clause, verdict, stricter))}">{text}</a>'
+    word = html.escape(verdict.word)
+    return f'<td data-target="{html.escape(page_name(run))}" data-word="{word}">{text}</td>'
+
+
+def _statement(clause: Mapping[str, Any]) -> str:
+    parts = [f"<p>{html.escape(str(clause.get('statement', '')))}</p>"]
+    for field in ("source", "decision"):
+        if clause.get(field):
+            parts.append(f"<p><b>{field.capitalize()}:</b> {html.escape(str(clause[field]))}</p>")
+    short = html.escape(" ".join(str(clause.get("statement", "")).split()[:9]) + " …")
+    return f"<details><summary>{short}</summary>{''.join(parts)}</details>"
+
+
+def _options(name: str, label: str, values: Sequence[str]) -> str:
+    options = "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in values)
+    return f'<label>{label} <select id="{name}"><option value="">all</option>{options}</select></label>'
+
+
+Judge = Callable[[Run, str, Mapping[str, Mapping[str, Any]]], verdicts.Verdict]
+
+
+def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
+    """The whole page (ends with a newline); `clause_verdict` is report.clause_verdict (passed in: report imports
+    this module)."""
+    registry = clause_registry.load()
+    known = {**{c: e for r in runs for c, e in r.clauses.items()}, **registry}
+    stricter = {
+        r.label: sum(clause_verdict(r, c, known).word == verdicts.BROKEN_WORDS["decision"] for c in registry)
+        for r in runs
+    }
+    rows: list[str] = []
+    words: set[str] = set()
+    for area in clause_registry.AREAS:
+        for cid, clause in clause_registry.load((area,)).items():
+            judged = [clause_verdict(run, cid, known) for run in runs]
+            words.update(v.word for v in judged)
+            cells = "".join(_cell(r, cid, clause, v, stricter[r.label]) for r, v in zip(runs, judged, strict=True))
+            basis, severity = verdicts.basis_of(clause), str(clause.get("severity", ""))
+            rows.append(
+                f'<tr data-clause="{html.escape(cid)}" data-area="{area}" data-severity="{html.escape(severity)}" '
+                f'data-basis="{basis}"><th scope="row">{html.escape(cid)}</th><td>{_statement(clause)}</td>'
+                f"<td>{area}</td><td>{basis}</td><td>{html.escape(severity)}</td>{cells}</tr>"
+            )
+    heads = "".join(f'<th data-target="{html.escape(page_name(r))}">{html.escape(r.label)}</th>' for r in runs)
+    filters = "".join(
+        [
+            _options("target", "Target", [page_name(r) for r in runs]),
+            _options("area", "Area", list(clause_registry.AREAS)),
+            _options("verdict", "Verdict", sorted(words)),
+            _options("severity", "Severity", list(clause_registry.SEVERITIES)),
+            _options("basis", "Basis", ["documented", "implied", "decision"]),
+        ]
+    )
+    devices = ", ".join(sorted({run.tensor_device for run in runs}))
+    return _PAGE.format(
+        filters=filters,
+        heads=heads,
+        rows="\n".join(rows),
+        legend=html.escape(verdicts.LEGEND).replace("**", ""),
+        devices=devices,
+        total=len(rows),
+        script=_SCRIPT,
+    )
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>ckptspec: conformance results</title>
+<!-- Generated by python regenerate.py from conformance/all/*.json: do not edit. -->
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 1em; }}
+#filters label {{ margin-right: 1em; }}
+table {{ border-collapse: collapse; margin-top: 1em; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 6px; vertical-align: top; text-align: left; }}
+thead th {{ position: sticky; top: 0; background: #eee; }}
+td[data-word="passes"] {{ background: #e6f4e6; }}
+td[data-word="breaks its documentation"], td[data-word="misses an implied rule"] {{ background: #fbe3e3; }}
+td[data-word="stricter than documented"], td[data-word="weak level only"] {{ background: #fff3d6; }}
+details summary {{ cursor: pointer; }}
+details p {{ max-width: 40em; margin: 0.3em 0; }}
+</style>
+</head>
+<body>
+<h1>ckptspec: every clause against every stored run</h1>
+<p>{legend} Measured with {devices} tensors (gloo) on a 2-core CPU machine; no verdict here was measured on a GPU.
+Click a statement for its source; a red or yellow cell links to the finding.</p>
+<form id="filters">{filters} <span id="shown">{total} of {total} clauses shown</span></form>
+<table id="results">
+<thead><tr><th>clause</th><th>statement</th><th>area</th><th>basis</th><th>severity</th>{heads}</tr></thead>
+<tbody>
+{rows}
+</tbody>
+</table>
+<script>
+{script}
+</script>
+</body>
+</html>
+"""
+
+_SCRIPT = """
+"use strict";
+const KEYS = ["target", "area", "verdict", "severity", "basis"];
+const control = (key) => document.getElementById(key);
+function apply() {
+  const want = Object.fromEntries(KEYS.map((k) => [k, control(k).value]));
+  document.querySelectorAll("[data-target]").forEach((el) => {
+    el.hidden = want.target !== "" && el.dataset.target !== want.target;
+  });
+  const rows = document.querySelectorAll("#results tbody tr");
+  let shown = 0;
+  rows.forEach((row) => {
+    const cells = [...row.querySelectorAll("td[data-target]")].filter((td) => !td.hidden);
+    const ok = (want.area === "" || row.dataset.area === want.area)
+      && (want.severity === "" || row.dataset.severity === want.severity)
+      && (want.basis === "" || row.dataset.basis === want.basis)
+      && (want.verdict === "" || cells.some((td) => td.dataset.word === want.verdict));
+    row.hidden = !ok;
+    shown += ok ? 1 : 0;
+  });
+  control("shown").textContent = shown + " of " + rows.length + " clauses shown";
+  const params = new URLSearchParams(KEYS.filter((k) => want[k] !== "").map((k) => [k, want[k]]));
+  history.replaceState(null, "", params.toString() ? "#" + params.toString() : location.pathname);
+}
+KEYS.forEach((key) => control(key).addEventListener("change", apply));
+const given = new URLSearchParams(location.hash.slice(1));
+KEYS.forEach((key) => {
+  if (given.has(key)) {
+    control(key).value = given.get(key);
+    control(key).dispatchEvent(new Event("change"));
+  }
+});
+"""

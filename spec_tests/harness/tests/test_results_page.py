@@ -1,0 +1,142 @@
+"""The results page (docs/results.html): its contents from a hand-written run, and its filters in headless Chromium.
+
+The browser test opens the committed page (kept equal to its data by `python regenerate.py --check`) with
+Debian's `chromium --headless --dump-dom`, the filters set from the address as the page allows, and reads back which
+rows and columns the page's own script left shown. It skips, saying why, where no Chromium is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness import results_page
+from spec_tests.harness.report import clause_verdict, main
+from spec_tests.harness.runs import REPO_ROOT, load_run
+
+PAGE = REPO_ROOT / "docs" / "results.html"
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _run_file(tmp_path: Path) -> Path:
+    """A run of impl where AR-5's test is a known failure charged to AR-5 and AR-1's test passed."""
+    tests = [
+        {"nodeid": "t.py::a", "outcome": "passed", "when": "call", "clauses": ["AR-1"], "duration": 0.1, "message": ""},
+        {
+            "nodeid": "t.py::b",
+            "outcome": "xfail",
+            "when": "call",
+            "clauses": ["AR-5"],
+            "duration": 0.1,
+            "message": "[AR-5] freeze shares the list",
+            "entry": {"clauses": ["AR-5"], "verdict": None, "intermittent": None},
+        },
+    ]
+    path = tmp_path / "impl.json"
+    registry = clause_registry.load()
+    path.write_text(
+        json.dumps(
+            {"target": "impl", "version": "(source tree)", "capabilities": [], "clauses": registry, "tests": tests}
+        )
+    )
+    return path
+
+
+def test_every_clause_is_a_row_and_a_broken_cell_links_to_its_finding(tmp_path):
+    run = load_run(_run_file(tmp_path))
+    page = results_page.render([run], clause_verdict)
+    rows = re.findall(r'<tr data-clause="([^"]+)"', page)
+    assert rows == list(clause_registry.load()), "one row per clause, in registry order"
+    link = 'href="findings/impl-source-tree.md#ar-5-data-loss-misses-an-implied-rule"'
+    assert link in page, "the broken AR-5 cell links to its section of the findings page"
+    assert 'data-word="passes">passes</td>' in page
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page), "self-contained: nothing loaded from elsewhere"
+
+
+def test_the_report_command_writes_the_page(tmp_path):
+    out = tmp_path / "results.html"
+    assert main([str(_run_file(tmp_path)), "--html", str(out)]) == 0
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_slug_is_the_anchor_of_a_findings_heading():
+    heading = "AR-7 (data-loss): misses an implied rule (1 of 4 tests; CPU tensors)"
+    assert results_page.slug(heading) == "ar-7-data-loss-misses-an-implied-rule-1-of-4-tests-cpu-tensors"
+
+
+class _Rows(HTMLParser):
+    """Each table row's clause, whether hidden, and its cells' (target, verdict word, hidden)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict] = []
+        self.heads: dict[str, bool] = {}  # target -> column head hidden
+        self.shown = ""
+        self._in_shown = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "tr" and "data-clause" in a:
+            row = {"clause": a["data-clause"], "area": a["data-area"], "severity": a["data-severity"]}
+            self.rows.append({**row, "hidden": "hidden" in a, "cells": []})
+        elif tag == "td" and "data-target" in a and self.rows:
+            self.rows[-1]["cells"].append((a["data-target"], a["data-word"], "hidden" in a))
+        elif tag == "th" and "data-target" in a:
+            self.heads[a["data-target"]] = "hidden" in a
+        self._in_shown = tag == "span" and a.get("id") == "shown"
+
+    def handle_endtag(self, tag):
+        self._in_shown = False
+
+    def handle_data(self, data):
+        if self._in_shown:
+            self.shown += data
+
+
+def _parse(text: str) -> _Rows:
+    parser = _Rows()
+    parser.feed(text)
+    return parser
+
+
+def _open(tmp_path: Path, fragment: str) -> _Rows:
+    """The page's DOM after its script ran, with the filters of `fragment` set."""
+    assert BROWSER is not None
+    command = [
+        BROWSER,
+        "--headless",
+        "--no-sandbox",  # the test may run as root (CI containers)
+        "--disable-gpu",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--dump-dom",
+        f"{PAGE.as_uri()}#{fragment}",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, f"chromium exited with {done.returncode}: {done.stderr[-2000:]}"
+    return _parse(done.stdout)
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+def test_the_page_filters_by_target_and_verdict_in_a_browser(tmp_path):
+    static = _parse(PAGE.read_text())
+    assert static.rows and not any(row["hidden"] for row in static.rows), "without filters every row is shown"
+    target, word = "nvrx-0.7.0", "breaks its documentation"
+    expected = [row["clause"] for row in static.rows if any(t == target and w == word for t, w, _ in row["cells"])]
+    assert expected, f"the stored runs hold no '{word}' for {target}: choose another filter for this test"
+
+    shown = _open(tmp_path, f"target={target}&verdict={word.replace(' ', '+')}")
+    assert [row["clause"] for row in shown.rows if not row["hidden"]] == expected
+    assert {t for t, hidden in shown.heads.items() if not hidden} == {target}, "only the chosen target's column"
+    assert all(hidden == (t != target) for row in shown.rows for t, _, hidden in row["cells"])
+    assert shown.shown == f"{len(expected)} of {len(static.rows)} clauses shown"
+
+    hangs = [row["clause"] for row in static.rows if (row["area"], row["severity"]) == ("protocol", "hang")]
+    severe = _open(tmp_path, "area=protocol&severity=hang")
+    assert hangs and [row["clause"] for row in severe.rows if not row["hidden"]] == hangs, "two filters together"
