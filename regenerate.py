@@ -6,7 +6,7 @@
 The blocks, the file each lives in, and their data: the conformance table, the protocol table and the fault matrix
 in `docs/results.md` (`conformance/all/*.json`, the stored runs of every target and release, spec_tests and
 fault_injection), the benchmark summary in `docs/benchmarks.md` (`benchmarks/results/*.json`) and the mutation score
-in `docs/spec-design.md` (`mutation/results.json`). Each block is made by its own module's command line
+in `docs/spec-design.md` (`mutation/results.json`), the GPU run's table in `docs/gpu.md` (`conformance/gpu/<run>/`). Each block is made by its own module's command line
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
 The findings pages `docs/findings/<target>-<release>.md` and the filterable page `docs/results.html` come from the
 stored runs too (spec_tests.harness.findings, spec_tests.harness.report --html). `--check` makes everything in a
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from benchmarks import summary as benchmark_summary
 from fault_injection import matrix
+from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
 from spec_tests.harness import findings, report
 
@@ -36,6 +37,8 @@ BENCHMARK_RUNS = ["cpu.json", "cpu-nvrx-0.7.0.json", "cpu-mcore-0.19.2.json", "g
 RESULTS = "docs/results.md"
 BENCHMARKS = "docs/benchmarks.md"
 DESIGN = "docs/spec-design.md"
+GPU = "docs/gpu.md"
+GPU_RUN = "conformance/gpu/2026-11-26-h200"  # the latest stored GPU run
 RESULTS_PAGE = "docs/results.html"
 FINDINGS = "docs/findings"
 
@@ -60,6 +63,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
     "faults": (RESULTS, matrix.main, _runs(RELEASES + PROTOCOL_ONLY)),
     "benchmarks": (BENCHMARKS, benchmark_summary.main, [f"benchmarks/results/{name}" for name in BENCHMARK_RUNS]),
     "mutation": (DESIGN, mutation_summary.main, []),
+    "gpu-results": (GPU, gpu_results.main, [GPU_RUN]),
 }
 # The other generated files: (what it is, the command's main, its arguments with the output path last).
 PAGES: dict[str, tuple[Callable[[list[str]], object], list[str]]] = {

@@ -6,6 +6,7 @@
     python -m gpu_run run --call N --pack      on a lent device machine: call N (of plan's list), within 600 s
     python -m gpu_run run --stage NAME ...     chosen stages
     python -m gpu_run results DIR --update F   a stored run (conformance/gpu/<run>) as the table of F's gpu-results block
+                                               (the same as python -m gpu_run.results DIR --update F)
     ... run --dry-run                          set-up and the checks only, as without a GPU: stages end at the skips
 
 Results go to --out (default $OUT, else ./gpu-results): <stage>.log, <stage>.json, summary.json, summary.md;
@@ -84,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_plan(args.wheelhouse)
         return 0
     if args.command == "results":
-        text = results.render(args.folder)
-        if args.update is None:
-            print(text, end="")
-        else:
-            results.update(args.update, text)
-        return 0
+        return results.main([str(args.folder), *(["--update", str(args.update)] if args.update else [])])
     if args.command == "plan":
         _print_plan(args.wheelhouse)
         return 0

@@ -15,8 +15,10 @@ Standard library only, like the rest of gpu_run; `update(path, text)` replaces t
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 START, END = "<!-- gpu-results:start -->", "<!-- gpu-results:end -->"
@@ -117,3 +119,21 @@ def update(path: Path, text: str) -> None:
     head, rest = document.split(START, 1)
     tail = rest.split(END, 1)[1]
     path.write_text(f"{head}{START}\n{text}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gpu_run.results FOLDER [--update FILE]`: print the table, or write it into FILE's block."""
+    parser = argparse.ArgumentParser(prog="python -m gpu_run.results", description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="a stored run: its <stage>.json files and summary.json")
+    parser.add_argument("--update", type=Path, help="replace the gpu-results block of this Markdown file")
+    args = parser.parse_args(argv)
+    text = render(args.folder)
+    if args.update is None:
+        print(text, end="")
+    else:
+        update(args.update, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
