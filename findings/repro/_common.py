@@ -57,8 +57,13 @@ PACKAGES = (*_PREFIXES, "megatron.core")
 def package() -> str:
     """The PACKAGE argument (exits 2 with the usage on a missing or unknown one)."""
     if len(sys.argv) != 2 or sys.argv[1] not in PACKAGES:
-        sys.exit(f"usage: python {sys.argv[0]} {{{'|'.join(PACKAGES)}}}")
+        _usage_error(f"usage: python {sys.argv[0]} {{{'|'.join(PACKAGES)}}}")
     return sys.argv[1]
+
+
+def _usage_error(message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.exit(2)
 
 
 def module(path: str) -> types.ModuleType:
@@ -66,7 +71,7 @@ def module(path: str) -> types.ModuleType:
     name = package()
     if name == "megatron.core":
         if path not in _MCORE:
-            sys.exit(f"Megatron-Core has no counterpart of {path}")
+            _usage_error(f"Megatron-Core has no counterpart of {path}")
         full = _MCORE[path]
     else:
         full = _PREFIXES[name] + path
@@ -119,7 +124,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(body: Callable[..., Any], rank: int, world: int, port: int, out: Any, hang_s: float, args: tuple) -> None:
+def _rank_main(
+    body: Callable[..., Any], rank: int, world: int, port: int, out: Any, hang_s: float, args: tuple
+) -> None:
     os.setpgrp()  # the parent ends this rank and whatever it started with one killpg
     faulthandler.dump_traceback_later(hang_s, exit=False)  # where a hung rank is, on its stderr
     try:
