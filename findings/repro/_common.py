@@ -34,7 +34,7 @@ import tempfile
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import torch
@@ -164,18 +164,10 @@ def run_ranks(body: Callable[..., Any], *args: Any, world: int = 2, timeout_s: f
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():
-                with _quietly():
+                with suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.join(timeout=5)
     return {r: results.get(r, ("hung", None)) for r in range(world)}
-
-
-@contextmanager
-def _quietly() -> Iterator[None]:
-    try:
-        yield
-    except ProcessLookupError:
-        pass
 
 
 @contextmanager
