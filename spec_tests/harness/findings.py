@@ -69,7 +69,7 @@ def _entry(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verd
 def page(run: Run, registry: Mapping[str, Mapping[str, Any]], root: Path = REPO_ROOT) -> str:
     """The Markdown page of one run (ends with a newline)."""
     judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
-    broken = [cid for cid, v in judged.items() if v.broken and verdicts.basis_of(registry[cid]) != "decision"]
+    broken = [cid for cid, v in judged.items() if v.broken and v.word != verdicts.BROKEN_WORDS["decision"]]
     broken.sort(key=lambda cid: (_rank(registry[cid]), verdicts.basis_of(registry[cid]) != "documented"))
     stricter = [cid for cid, v in judged.items() if v.word == verdicts.BROKEN_WORDS["decision"]]
     weak_only = [cid for cid, v in judged.items() if v.word == "weak level only"]

@@ -61,7 +61,7 @@ class Record(NamedTuple):
     outcome: str
     cited: frozenset[str]
     charged: frozenset[str] = frozenset()  # the clauses its expectations entry names (xfail / xpass only)
-    verdict: str | None = None  # the entry's verdict ("api-changed", "documented-otherwise") or None
+    verdict: str | None = None  # the entry's verdict ("api-changed", "documented-otherwise", "decision") or None
     intermittent: str | None = None  # the entry's "failed k of n runs", for a non-strict entry
     message: str = ""
 

@@ -9,6 +9,7 @@ Each test that cites a clause judges it, or not:
         basis decision                                     -> stricter than documented
         verdict api-changed                                -> API changed in this release
         verdict documented-otherwise                       -> not applicable (documented otherwise)
+        verdict decision                                   -> stricter than documented (for this target)
     xfail whose entry names other clauses                  -> nothing: that test broke another clause
     failed / error (no entry expected it)                  -> FAILS (not in expectations)
     skipped: no GPU                                        -> not run here (GPU)
@@ -57,7 +58,11 @@ NOT_RUN_GPU = "not run here (GPU)"
 SKIPPED = "skipped"
 NOT_JUDGED = "not judged (its tests fail on another clause)"
 NOT_COVERED = "not covered"
-_ENTRY_VERDICTS = {"api-changed": API_CHANGED, "documented-otherwise": DOCUMENTED_OTHERWISE}
+_ENTRY_VERDICTS = {
+    "api-changed": API_CHANGED,
+    "documented-otherwise": DOCUMENTED_OTHERWISE,
+    "decision": BROKEN_WORDS["decision"],
+}
 # Precedence of the words a clause's tests may say (a capability's skip word is matched by its prefix).
 _ORDER = (UNEXPECTED, *BROKEN_WORDS.values(), API_CHANGED, DOCUMENTED_OTHERWISE, PASSES, "not applicable (lacks")
 _ORDER += (NOT_RUN_GPU, SKIPPED)

@@ -51,3 +51,13 @@ def test_a_page_lists_the_breaks_by_basis_and_severity(tmp_path):
     assert "[`findings/repro/lib-1.0/D-2.py`]" in breaks and "- **Reproducer**: not yet written" in breaks
     assert "- C-1 (leak): a choice" in text.split("## Stricter")[1]
     assert "P-1" not in text
+
+
+def test_a_documented_clause_judged_as_a_decision_for_this_target_is_not_a_break(tmp_path):
+    record = _xfail("t.py::cpu_snapshot", "D-2", "CPU tensors are shared")
+    record["entry"]["verdict"] = "decision"
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"target": "lib", "version": "1.0", "clauses": REGISTRY, "tests": [record]}))
+    text = findings.page(load_run(path), REGISTRY, root=tmp_path)
+    assert "## Breaks: documented and implied clauses (0)" in text
+    assert "- D-2 (data-loss): no data loss" in text.split("## Stricter")[1]
