@@ -15,6 +15,8 @@ pytest session without ending it, so node faults are driven from outside, by lau
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import json
 import os
 import time
@@ -52,15 +54,43 @@ class LostNode:
     output: str
 
 
-_SCENARIOS: dict[str, LostNode] = {}  # phase -> its scenario, run once per phase and process for both tests
+_SCENARIOS: dict[str, LostNode] = {}  # phase -> its scenario, run once per phase and session for both tests
+# Waiting for another xdist worker's run of a scenario: at most two launches and the failed save's bounds.
+SHARED_WAIT = 2 * LAUNCH_BOUND + BOUND + JOB_END_BOUND + EXIT_BOUND + 60
 
 
 def _scenario(target, tmp_path_factory, phase) -> LostNode:
     if phase == "plan" and not target.has("storage_writer"):
         pytest.skip("the target has no storage writer, so its saves have no planning phase")
     if phase not in _SCENARIOS:
-        _SCENARIOS[phase] = _lose_node(tmp_path_factory.mktemp(f"lost-node-{phase}"), phase)
+        _SCENARIOS[phase] = _shared_scenario(tmp_path_factory, phase)
     return _SCENARIOS[phase]
+
+
+def _shared_scenario(tmp_path_factory, phase) -> LostNode:
+    """The scenario of `phase`, run once per session: under xdist the two tests of a phase may land on two
+    workers, and the first to ask runs it (each run starts eight processes) while the other waits for its result
+    in the session's shared temporary directory."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        return _lose_node(tmp_path_factory.mktemp(f"lost-node-{phase}"), phase)
+    shared = tmp_path_factory.getbasetemp().parent  # popen-gwN's parent: one directory per xdist session
+    result = shared / f"lost-node-{run_id}-{phase}.json"
+    with open(shared / f"lost-node-{run_id}-{phase}.lock", "w") as lock:
+        deadline = time.monotonic() + SHARED_WAIT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"another worker's lost-node scenario ({phase}) held its lock past {SHARED_WAIT:g}s")
+                time.sleep(0.2)
+        if result.exists():
+            return LostNode(**json.loads(result.read_text()))
+        lost = _lose_node(tmp_path_factory.mktemp(f"lost-node-{phase}"), phase)
+        result.write_text(json.dumps(dataclasses.asdict(lost)))
+        return lost
 
 
 def _lose_node(tmp_path, phase) -> LostNode:
