@@ -34,7 +34,7 @@ import tempfile
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import torch
@@ -119,7 +119,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(body: Callable[..., Any], rank: int, world: int, port: int, out: Any, hang_s: float, args: tuple) -> None:
+def _rank_main(
+    body: Callable[..., Any], rank: int, world: int, port: int, out: Any, hang_s: float, args: tuple
+) -> None:
     os.setpgrp()  # the parent ends this rank and whatever it started with one killpg
     faulthandler.dump_traceback_later(hang_s, exit=False)  # where a hung rank is, on its stderr
     try:
@@ -136,7 +138,8 @@ def _rank_main(body: Callable[..., Any], rank: int, world: int, port: int, out: 
 def run_ranks(body: Callable[..., Any], *args: Any, world: int = 2, timeout_s: float = 60.0) -> dict[int, tuple]:
     """Run `body(rank, world, *args)` on `world` forked gloo ranks. Returns {rank: ("returned", value) |
     ("raised", text) | ("hung", None)}; a rank still running after `timeout_s` is "hung" (its stack is dumped to
-    stderr a few seconds before) and is killed with everything it started."""
+    stderr a few seconds before) and is killed with everything it started. Whatever a rank that returned started
+    and left running (its process group) is killed too."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     port = _free_port()
@@ -156,19 +159,18 @@ def run_ranks(body: Callable[..., Any], *args: Any, world: int = 2, timeout_s: f
     finally:
         for p in procs:
             p.join(timeout=5)
-            if p.is_alive():
-                with _quietly():
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.join(timeout=5)
+            # Also when the rank returned: what it started and left behind (a library's spawned worker,
+            # multiprocessing manager or resource tracker) is still in its process group, orphaned.
+            with _quietly():
+                os.killpg(p.pid, signal.SIGKILL)
+            p.join(timeout=5)
     return {r: results.get(r, ("hung", None)) for r in range(world)}
 
 
 @contextmanager
 def _quietly() -> Iterator[None]:
-    try:
+    with suppress(ProcessLookupError):
         yield
-    except ProcessLookupError:
-        pass
 
 
 @contextmanager
