@@ -143,7 +143,8 @@ def _rank_main(
 def run_ranks(body: Callable[..., Any], *args: Any, world: int = 2, timeout_s: float = 60.0) -> dict[int, tuple]:
     """Run `body(rank, world, *args)` on `world` forked gloo ranks. Returns {rank: ("returned", value) |
     ("raised", text) | ("hung", None)}; a rank still running after `timeout_s` is "hung" (its stack is dumped to
-    stderr a few seconds before) and is killed with everything it started."""
+    stderr a few seconds before) and is killed with everything it started. Whatever a rank that returned started
+    and left running (its process group) is killed too."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     port = _free_port()
@@ -163,10 +164,11 @@ def run_ranks(body: Callable[..., Any], *args: Any, world: int = 2, timeout_s: f
     finally:
         for p in procs:
             p.join(timeout=5)
-            if p.is_alive():
-                with suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.join(timeout=5)
+            # Also when the rank returned: what it started and left behind (a library's spawned worker,
+            # multiprocessing manager or resource tracker) is still in its process group, orphaned.
+            with suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.join(timeout=5)
     return {r: results.get(r, ("hung", None)) for r in range(world)}
 
 
