@@ -2,8 +2,9 @@
 
 AsyncCallsQueue.maybe_finalize_async_calls documents: "CheckpointException - if any rank(s) raised an exception
 during checkpoint writing, the exceptions are wrapped and raised on all ranks." With the temporal caller
-(AsyncCallsQueue(persistent=False)) the forked child's exit code is never read: rank 1's async_fn raises, yet the
-blocking finalize returns on both ranks and the finalize function (the commit) runs.
+(AsyncCallsQueue(persistent=False)) of NVRx 0.4.1 and 0.7.0 and Megatron-Core 0.16.1 and 0.19.2 the forked child's
+exit code is never read (TemporalAsyncCaller only checks is_alive() and join()s it): rank 1's async_fn raises, yet
+the blocking finalize returns on both ranks and the finalize function (the commit) runs.
 
     python AQ-7.py nvidia_resiliency_ext | megatron.core | impl
 """

@@ -1,7 +1,7 @@
 """AR-5: a frozen AsyncRequest gains finalize functions added to the original afterwards.
 
 AsyncRequest.freeze() is documented as "disallowing adding new finalization functions"; in NVRx 0.4.1 and 0.7.0
-(and Megatron-Core) it is `self._replace(is_frozen=True)`, a shallow copy whose `finalize_fns` is the original's
+and Megatron-Core 0.16.1 and 0.19.2 it is `self._replace(is_frozen=True)`, a shallow copy whose `finalize_fns` is the original's
 list, so `add_finalize_fn` on the original also changes the frozen (scheduled) request.
 
     python AR-5.py nvidia_resiliency_ext | megatron.core | impl
