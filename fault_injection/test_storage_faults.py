@@ -88,6 +88,12 @@ def _storage_errors(tmp, phase) -> dict[str, ErrnoSaves]:
 def test_storage_error_fails_the_save_on_every_rank(target, tmp_path, phase):
     results = on_ranks(WORLD, _storage_errors, str(tmp_path), phase, timeout=150)
     save, tmp = saves.DcpSave(target), str(tmp_path)
+    tried = [e for e in ERRNOS if all(e in r for r in results)]
+    if tried and not any(r[e].fired for e in tried for r in results):
+        pytest.skip(
+            f"not judged: the fault layer saw no matching operation in {phase} for any error (the target writes "
+            "through calls or processes the layer does not reach)"
+        )
     problems = []
     for version, errno_name in enumerate(ERRNOS, start=1):
         if not all(errno_name in r for r in results):

@@ -141,7 +141,7 @@ def save_refused(base: str, case: str, mode: str):
     return outcome.text, named in outcome.message, bounded(BOUND, "find_latest()", manager(base, None).find_latest)
 
 
-@pytest.mark.spec("IN-6", "LM-3")
+@pytest.mark.spec("IN-6")
 @pytest.mark.parametrize("mode", ["sync", "persistent"])
 @pytest.mark.parametrize("case", sorted(CANNOT_LOAD))
 def test_a_state_dict_that_cannot_load_is_refused_at_save(rank_pool, tmp_path, case, mode):

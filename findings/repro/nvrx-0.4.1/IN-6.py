@@ -5,7 +5,7 @@ Implied by the local checkpointing guide: "If these requirements are not met, a 
 `TensorAwareStateDict` is necessary." A documented extension point implies that what the manager saves with it
 loads again, and what cannot load is refused while the program can still be fixed (at save, not after a crash).
 
-In NVRx 0.4.1, LocalCheckpointManager.save checks nothing: _save_fn runs torch.save on the part, so a state dict of
+In NVRx 0.4.1 (0.7.0 fails this script the same way), LocalCheckpointManager.save checks nothing: _save_fn runs torch.save on the part, so a state dict of
 a class defined inside a function fails with pickle's own error (AttributeError "Can't pickle local object"),
 not CheckpointingException. (The finding's other cases are not shown here: a value of a class no one allowed is
 saved and committed, which 0.4.1 still loads since it unpickles with weights_only=False, IN-4's matter; and the
