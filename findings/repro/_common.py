@@ -320,9 +320,10 @@ def s3_stub(failing: dict[str, int]) -> Iterator[tuple[str, list[str]]]:
         def _answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             path = self.path.split("?")[0]
-            status = next(
-                (s for end, s in failing.items() if path.endswith(end)), 200 if self.command == "PUT" else 404
-            )
+            if self.command != "PUT":
+                status = 404
+            else:
+                status = next((s for end, s in failing.items() if path.endswith(end)), 200)
             if status == 200:
                 stored.append(path)
             body = (
