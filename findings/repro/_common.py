@@ -31,10 +31,13 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 import traceback
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -194,3 +197,163 @@ def setup_failed(results: dict[int, tuple]) -> None:
     for rank, (how, value) in sorted(results.items()):
         print(f"  rank {rank}: {how}: {value}")
     sys.exit(2)
+
+
+# ------------------------------------------------------------------------------------- bounded calls
+
+
+def outcome(bound_s: float, fn: Callable[..., Any], *args: Any) -> str:
+    """What fn(*args), run in a daemon thread, did within `bound_s`: "returned", the exception's type name (with
+    its message's first line after ": "), or "still waiting after N s" (the thread is left behind: a rank ends
+    with os._exit)."""
+    done: list[str] = []
+
+    def call() -> None:
+        try:
+            fn(*args)
+            done.append("returned")
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            done.append(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(bound_s)
+    return done[0] if done else f"still waiting after {bound_s:g} s"
+
+
+def linger(where: str, rank: int, world: int, bound_s: float) -> None:
+    """Return once every rank has called linger(where, ...) or after `bound_s`: a rank left waiting in a collective
+    must not see its peers exit (that would end its wait with a connection error instead). `where`: a directory
+    shared by the ranks (scratch())."""
+    Path(where, f"linger-{rank}").touch()
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline and not all(Path(where, f"linger-{r}").exists() for r in range(world)):
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------- local checkpoints
+
+
+def _cpu_state_dict_class() -> type:
+    """CpuStateDict: a TensorAwareStateDict over a flat dict of CPU tensors and plain values.
+
+    001 requires CUDA tensors for BasicTensorAwareStateDict and tells users with other state dicts to implement
+    TensorAwareStateDict: this is such an implementation, for the PACKAGE's TensorAwareStateDict. It is reached
+    as `_common.CpuStateDict` (a module attribute made on first use), so pickled parts and replicas name it."""
+    base = module("local.base_state_dict").TensorAwareStateDict
+
+    class CpuStateDict(base):  # type: ignore[misc, valid-type]
+        def __init__(self, state: dict):
+            self.state = dict(state)
+            self.slots: dict = {}  # key -> (shape, dtype) of each popped tensor
+
+        @property
+        def is_hollow(self) -> bool:
+            return bool(self.slots)
+
+        @property
+        def tensors(self) -> list:
+            return [v for v in self.state.values() if isinstance(v, torch.Tensor)]
+
+        def pop_tensors(self) -> list:
+            popped = self.tensors
+            self.slots = {k: (tuple(v.shape), v.dtype) for k, v in self.state.items() if isinstance(v, torch.Tensor)}
+            for key in self.slots:
+                del self.state[key]
+            return popped
+
+        def insert_tensors(self, tensor_data) -> None:
+            self.state.update(zip(self.slots, tensor_data, strict=True))
+            self.slots = {}
+
+        def init_tensors(self) -> None:
+            self.insert_tensors([torch.empty(shape, dtype=dtype) for shape, dtype in self.slots.values()])
+
+        def copy_tensors_to_cpu(self, non_blocking: bool = False) -> None:
+            for key, value in self.state.items():
+                if isinstance(value, torch.Tensor):
+                    self.state[key] = value.detach().to("cpu", copy=True)
+
+        def restore_tensor_device(self, non_blocking: bool = True) -> None:
+            pass
+
+    CpuStateDict.__module__, CpuStateDict.__qualname__ = __name__, "CpuStateDict"
+    return CpuStateDict
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CpuStateDict":
+        globals()[name] = _cpu_state_dict_class()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def cpu_replica_transfers() -> None:
+    """Without a GPU, let NVRx send local-checkpoint replicas over gloo: its sender calls tensor.cuda() on each
+    tensor, which returns a CUDA tensor itself unchanged; here the CPU tensors stand for CUDA tensors, so .cuda()
+    returns the tensor itself. (The receiver's torch.empty_like(..., device="cuda") is covered by module().)"""
+    if not torch.cuda.is_available():
+        torch.Tensor.cuda = lambda tensor, *args, **kwargs: tensor  # type: ignore[method-assign, assignment]
+
+
+# ------------------------------------------------------------------------------------------ object store
+
+
+@contextmanager
+def s3_stub(failing: dict[str, int]) -> Iterator[tuple[str, list[str]]]:
+    """A stand-in S3 endpoint on loopback for Multi-Storage Client. Yields the MSC config file (for MSC_CONFIG) with
+    profile `stub` pointing at it (bucket `ckpt`, no retries, 5 s timeouts), and the list of the paths stored.
+
+    A PUT whose path ends with a key of `failing` is answered with that status and an S3 error; every other PUT
+    succeeds (its path is listed, the data dropped); any other request is answered 404 (no such object)."""
+    stored: list[str] = []
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            path = self.path.split("?")[0]
+            if self.command != "PUT":
+                status = 404
+            else:
+                status = next((s for end, s in failing.items() if path.endswith(end)), 200)
+            if status == 200:
+                stored.append(path)
+            body = (
+                b""
+                if status == 200
+                else b"<?xml version='1.0'?><Error><Code>Stub</Code><Message>stub</Message></Error>"
+            )
+            self.send_response(status)
+            self.send_header("ETag", '"0"')
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _answer
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    options = f"base_path: ckpt, endpoint_url: 'http://127.0.0.1:{server.server_address[1]}', region_name: us-east-1"
+    options += ", connect_timeout: 5, read_timeout: 5, retries: {total_max_attempts: 1, mode: standard}"
+    options += ", request_checksum_calculation: when_required"
+    credentials = "{type: S3Credentials, options: {access_key: stub, secret_key: stub}}"
+    with scratch() as tmp:
+        config = os.path.join(tmp, "msc.yaml")
+        with open(config, "w") as f:
+            f.write("profiles:\n  stub:\n")
+            f.write(f"    storage_provider: {{type: s3, options: {{{options}}}}}\n")
+            f.write(f"    credentials_provider: {credentials}\n    retry: {{attempts: 1, delay: 0}}\n")
+        try:
+            yield config, stored
+        finally:
+            server.shutdown()
+            server.server_close()

@@ -1,0 +1,1 @@
+../nvrx-0.4.1/FI-STORAGE-1.py
