@@ -89,7 +89,7 @@ def test_the_writer_is_a_storage_writer_taking_the_documented_keywords(target, t
     assert issubclass(reader, FileSystemReader), f"CachedMetadataFileSystemReader derives from {reader.__mro__}"
 
 
-def _preloaded(path: str) -> dict[str, list]:
+def _preloaded(path: str) -> dict[str, dict]:
     """Plan a save of two CPU tensors and stage it with preload_tensors, for each non_blocking: (device, values) of
     every staged tensor, and of the state dict's."""
     import torch
