@@ -247,9 +247,11 @@ def test_metadata_loaded_from_a_previous_checkpoint_is_reused(tmp_path):
     strategies.mutate_in_place(state)
     same = str(tmp_path / "same")
     exchanged = _cached_save(state, same, None, saving.DecentralizedPlanner(), persistent=None)
-    assert sds.get_metadata_caching_status() == (False, True), (
-        f"status after reusing loaded metadata is {sds.get_metadata_caching_status()}, not (False, True)"
-    )
+    # NVRx 0.7.0 removed get_metadata_caching_status (SD-5's API-changed entry): there the plans exchanged and
+    # the loads below judge SD-8.
+    status = getattr(sds, "get_metadata_caching_status", None)
+    if status is not None:
+        assert status() == (False, True), f"status after reusing loaded metadata is {status()}, not (False, True)"
     assert "gather_object" not in exchanged, (
         f"planning gathered the local plans ({exchanged}) although they were verified"
     )
@@ -260,6 +262,7 @@ def test_metadata_loaded_from_a_previous_checkpoint_is_reused(tmp_path):
     sds.init_checkpoint_metadata_cache(saving.read_metadata(first))
     changed = str(tmp_path / "changed")
     _cached_save(state, changed, None, saving.DecentralizedPlanner(), persistent=None)
-    assert sds.get_metadata_caching_status()[1] is False, "loaded metadata was reused for a different structure"
+    if status is not None:
+        assert status()[1] is False, "loaded metadata was reused for a different structure"
     dist.barrier()
     assert_state_dict_equal(saving.load(state, changed), state, call="dcp.load after the structure changed")
