@@ -222,6 +222,22 @@ def outcome(bound_s: float, fn: Callable[..., Any], *args: Any) -> str:
     return done[0] if done else f"still waiting after {bound_s:g} s"
 
 
+def _nothing() -> None:
+    """The warm-up request of started_queue()."""
+
+
+def started_queue() -> Any:
+    """A persistent AsyncCallsQueue of the PACKAGE whose worker has started: a first request that does nothing is
+    finalized (within 120 s: a spawned worker imports torch, slow on a busy host) before the caller's bounded save."""
+    core = module("async_ckpt.core")
+    queue = core.AsyncCallsQueue(persistent=True)
+    queue.schedule_async_request(core.AsyncRequest(_nothing, (), []))
+    started = outcome(120, queue.maybe_finalize_async_calls, True)
+    if started != "returned":
+        raise RuntimeError(f"the warm-up request: {started}")
+    return queue
+
+
 def linger(where: str, rank: int, world: int, bound_s: float) -> None:
     """Return once every rank has called linger(where, ...) or after `bound_s`: a rank left waiting in a collective
     must not see its peers exit (that would end its wait with a connection error instead). `where`: a directory

@@ -33,25 +33,11 @@ BOUND_S = 30  # the clause's bound on the blocking finalize (gloo's own timeout 
 CASES = {"data": ("/data/__1_0.distcp", 500), "metadata": ("/metadata/.metadata", 503)}
 
 
-def _warm_up() -> None:
-    """A first request that does nothing: it starts the checkpoint worker before the bounded save."""
-
-
-def _started_queue():
-    """A persistent AsyncCallsQueue whose worker has started (a spawned worker imports torch: slow on a busy host)."""
-    queue = core.AsyncCallsQueue(persistent=True)
-    queue.schedule_async_request(core.AsyncRequest(_warm_up, (), []))
-    started = _common.outcome(120, queue.maybe_finalize_async_calls, True)
-    if started != "returned":
-        raise RuntimeError(f"the warm-up request: {started}")
-    return queue
-
-
 def _body(rank: int, world: int, config: str, tmp: str, case: str) -> str:
     import torch
 
     os.environ["MSC_CONFIG"] = config  # before the checkpoint worker starts: it inherits the environment
-    queue = _started_queue()
+    queue = _common.started_queue()
     writer = writers.FileSystemWriterAsync(f"msc://stub/{case}", thread_count=1, use_msc=True)
     state = {f"r{rank}": torch.arange(12.0) + rank}
     planned = saver.save_state_dict_async_plan(state, writer, None, 0, planner=DefaultSavePlanner())

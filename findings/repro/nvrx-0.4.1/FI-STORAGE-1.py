@@ -73,26 +73,12 @@ writers = _common.module("async_ckpt.filesystem_async")
 saver = _common.module("async_ckpt.state_dict_saver")
 
 
-def _warm_up() -> None:
-    """A first request that does nothing: it starts the checkpoint worker before the bounded save."""
-
-
-def _started_queue():
-    """A persistent AsyncCallsQueue whose worker has started (a spawned worker imports torch: slow on a busy host)."""
-    queue = core.AsyncCallsQueue(persistent=True)
-    queue.schedule_async_request(core.AsyncRequest(_warm_up, (), []))
-    started = _common.outcome(120, queue.maybe_finalize_async_calls, True)
-    if started != "returned":
-        raise RuntimeError(f"the warm-up request: {started}")
-    return queue
-
-
 def _body(rank: int, world: int, tmp: str, phase: str) -> str:
     import torch
 
     if phase == "write" and rank == 1:
         os.environ[FULL_DISK] = f"*.distcp|{tmp}/fired"
-    queue = _started_queue()
+    queue = _common.started_queue()
     writer = writers.FileSystemWriterAsync(os.path.join(tmp, "ckpt"), thread_count=1)
     state = {f"r{rank}": torch.arange(12.0) + rank}
     planned = saver.save_state_dict_async_plan(state, writer, None, 0, planner=DefaultSavePlanner())
