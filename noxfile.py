@@ -2,7 +2,7 @@
 
     tests-3.11 / tests-3.12 / tests-3.13   the README's two set-up commands, verbatim, on that Python
     lowest                                 the suite on the lowest declared version of every dependency
-    lint                                   ruff (lint, format), mypy, deptry: what .ci/run checks
+    lint                                   ruff (lint, format), mypy, import layers, deptry: what .ci/run checks
     mutation                               cosmic-ray over impl on a random sample of 200 mutants, each judged by
                                            the tests that ran its lines first (not in CI; about 2 hours on 2
                                            cores): writes mutation/results.json, then `python -m mutation.summary
@@ -67,6 +67,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+    session.run("lint-imports")
     session.run("deptry", ".")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.regression import __main__ as cli
 from benchmarks.regression.history import HistoryError, label, read
-from benchmarks.test_regression_compare import TIMES, make_run, unusable, write_baseline, written
+from benchmarks.regression_runs import TIMES, make_run, unusable, write_baseline, written
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -30,6 +30,7 @@ __all__ = [
     "ERRNOS",
     "EXIT_BOUND",
     "PHASES",
+    "SAVE_PHASES",
     "STORAGE_FAULTS",
     "Hooks",
     "Step",
@@ -46,6 +47,8 @@ BOUND = 30.0
 EXIT_BOUND = 10.0
 """Seconds within which processes must be gone after abort or trainer death (as AQ-11 and PC-4)."""
 PHASES = ("plan", "staging", "write", "finalize", "exchange", "committed")
+SAVE_PHASES = PHASES[:4]
+"""The phases of one running save, in order (one rank has no replica exchange; "committed" is after the save)."""
 """Phases of a save, in order; the fault matrix has one column per phase."""
 
 ERRNOS = ("ENOSPC", "EACCES", "EIO")

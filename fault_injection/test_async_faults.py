@@ -19,6 +19,7 @@ from fault_injection import faultfs, saves
 from fault_injection.faults import (
     BOUND,
     EXIT_BOUND,
+    SAVE_PHASES,
     Hooks,
     Step,
     exits_within,
@@ -123,7 +124,7 @@ def _killed_rank(tmp, phase):
 
 @pytest.mark.spec("FI-RANK-1", "FI-RANK-2", "FI-RANK-3")
 @pytest.mark.needs("persistent_caller")
-@pytest.mark.parametrize("phase", ["plan", "staging", "write", "finalize"])
+@pytest.mark.parametrize("phase", SAVE_PHASES)
 def test_killed_rank(target, tmp_path, phase):
     save = saves.for_target(target)
     _skip_plan_without_writer(save, phase)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from fault_injection.faults import on_ranks
+from spec_tests.drivers.damage import Damage, load_damaged_checkpoint, load_damaged_local, plant_then_load
+from spec_tests.drivers.local import rank_value
 from spec_tests.harness import assert_each_rank, assert_state_dict_equal, world
-from spec_tests.integrity.damage import Damage, load_damaged_checkpoint, load_damaged_local, plant_then_load
-from spec_tests.local.common import rank_value
 
 CLAUSES = {"truncate": "FI-TRUNCATE-1", "flip": "FI-BITFLIP-1", "swap": "FI-SWAP-1", "delete": "FI-DELETE-1"}
 NEEDS = {

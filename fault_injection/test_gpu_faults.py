@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fault_injection.faults import BOUND, on_ranks
-from fault_injection.test_storage_faults import ERRNOS, WORLD, ErrnoSaves, _storage_errors
+from fault_injection.faults import BOUND, ERRNOS, on_ranks
+from fault_injection.storage_errors import WORLD, ErrnoSaves, storage_errors
 from spec_tests.harness import async_core, bounded
 
 
@@ -84,7 +84,7 @@ def _devices_then_storage_errors(tmp, phase):
     device = torch.cuda.current_device()
     seen = [None] * dist.get_world_size()
     dist.all_gather_object(seen, device)
-    return DevicesAndErrors(seen, _storage_errors(tmp, phase))
+    return DevicesAndErrors(seen, storage_errors(tmp, phase))
 
 
 @pytest.mark.gpu

@@ -1,7 +1,7 @@
 """Local checkpointing under node loss and under a rank killed during the replica exchange.
 
 Four ranks on two "nodes" of two ranks each (node n holds ranks 2n and 2n+1); every rank keeps its
-local checkpoint under its own root (spec_tests.local.common), so losing a node deletes the roots of
+local checkpoint under its own root (spec_tests.drivers.local), so losing a node deletes the roots of
 its two ranks, and every rank restarts as a fresh process, as after a job restart.
 """
 
@@ -30,7 +30,7 @@ def _node_ranks(node: int) -> list[int]:
 
 def _recoverable(layout, lost_node: int) -> bool:
     """The clique property: every rank's part still has a holder outside the lost node."""
-    from spec_tests.local.common import cliques
+    from spec_tests.drivers.local import cliques
 
     groups = [[r] for r in range(WORLD)] if layout is None else cliques(WORLD, *layout)
     lost = set(_node_ranks(lost_node))
@@ -47,7 +47,7 @@ def _cases():
 
 
 def _save_every_case(tmp):
-    from spec_tests.local.common import save_values
+    from spec_tests.drivers.local import save_values
 
     for layout, node in _cases():
         save_values(_case_dir(tmp, layout, node), layout, ITERATION)
@@ -63,8 +63,8 @@ def _found_and_loaded(base, layout, iteration) -> Restarted:
     """A restarted rank: what find_latest returned, and None or why load() did not give `iteration`.
 
     Compared here: tensors do not travel back from a rank that exits right after replying."""
+    from spec_tests.drivers.local import fresh_find_then_load, rank_value
     from spec_tests.harness import assert_state_dict_equal
-    from spec_tests.local.common import fresh_find_then_load, rank_value
 
     rank, _ = world()
     found = fresh_find_then_load(base, layout)
@@ -89,7 +89,7 @@ def _restart_every_case(tmp):
 @pytest.mark.needs("local_checkpointing")
 @pytest.mark.parametrize("phase", ["exchange"])
 def test_lost_node_recovers_exactly_when_a_copy_survives(tmp_path, phase):
-    from spec_tests.local.common import lose_nodes
+    from spec_tests.drivers.local import lose_nodes
 
     tmp = str(tmp_path)
     on_ranks(WORLD, _save_every_case, tmp, timeout=120, backend="gloo")
@@ -121,7 +121,7 @@ def _die_then(replicate, *args, **kwargs):
 
 
 def _save_then_die_in_exchange(tmp):
-    from spec_tests.local.common import manager, rank_value, save, tasd
+    from spec_tests.drivers.local import manager, rank_value, save, tasd
 
     rank, _ = world()
     save(manager(tmp, EXCHANGE_LAYOUT), tasd(rank_value(rank, 1)), 1)
@@ -181,7 +181,7 @@ class FailedLocalSave:
 def _save_on_failing_storage(tmp, where, log, hung_fails=True):
     """save(1), then save(2) with rank 1's storage failing at `where`. A rank whose save(2) hung (allowed only
     with hung_fails=False) has a thread left in a collective, so it reports no find/load afterwards."""
-    from spec_tests.local.common import manager, node_root, rank_value, save, tasd
+    from spec_tests.drivers.local import manager, node_root, rank_value, save, tasd
 
     rank, _ = world()
     save(manager(tmp), tasd(rank_value(rank, 1)), 1)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import pytest
 
 from fault_injection import faults
-from fault_injection.faults import BOUND, EXIT_BOUND
+from fault_injection.faults import BOUND, EXIT_BOUND, SAVE_PHASES
 from spec_tests.harness import HUNG, loopback
 
 LAUNCH_BOUND = 240.0  # seconds for a launch (start-up of torch and the target on a loaded machine included)
@@ -143,12 +143,9 @@ def _lose_node(tmp_path, phase) -> LostNode:
     )
 
 
-PHASES = ["plan", "staging", "write", "finalize"]
-
-
 @pytest.mark.spec("FI-NODE-3")
 @pytest.mark.needs("persistent_caller")
-@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("phase", SAVE_PHASES)
 def test_lost_node(target, tmp_path_factory, phase):
     lost = _scenario(target, tmp_path_factory, phase)
     assert lost.outcome not in ("returned", HUNG), (
@@ -167,7 +164,7 @@ def test_lost_node(target, tmp_path_factory, phase):
 
 @pytest.mark.spec("FI-NODE-3", "FI-ORPHAN-1")
 @pytest.mark.needs("persistent_caller")
-@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("phase", SAVE_PHASES)
 def test_lost_node_leaves_nothing_running_on_the_surviving_node(target, tmp_path_factory, phase):
     """The same scenario (run once for both tests): node 0's trainer ended its save and exited; nothing it started
     may outlive it by more than EXIT_BOUND. A separate test, so that a target failing this one is still held to

@@ -23,12 +23,12 @@ import pytest
 import torch.distributed as dist
 
 from fault_injection import faultfs
+from fault_injection.crash_points import in_child
 from fault_injection.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, on_ranks
-from fault_injection.test_crash_consistency import _in_child
+from spec_tests.drivers.damage import Damage, apply, files_under
+from spec_tests.drivers.protocol_saves import WARM_BOUND, assert_loads, committed, expected, rank_state, save, start
 from spec_tests.harness import HUNG, attempt, remove, wait_for_file, world
 from spec_tests.harness.protocol import protocol_saver
-from spec_tests.integrity.damage import Damage, apply, files_under
-from spec_tests.protocol.common import WARM_BOUND, assert_loads, committed, expected, rank_state, save, start
 
 pytestmark = pytest.mark.needs("protocol")
 WORLD = 2
@@ -230,7 +230,7 @@ def _crashes(tmp: str, phase: str) -> tuple[int, int, list[str]]:
     dist.destroy_process_group()  # the forked saves make their own
     old, new, trace = os.path.join(tmp, "old"), os.path.join(tmp, "new"), os.path.join(tmp, "trace.log")
     for name, args in (("old", (old, 0, None, None)), ("trace", (new, 1, trace, None))):
-        kind, detail = _in_child(tmp, name, _save_in_child, *args)
+        kind, detail = in_child(tmp, name, _save_in_child, *args)
         assert kind == "ok", f"the {name} save failed: {detail}"
     points = [p for p in faultfs.read_log(trace) if _phase_of(p) == phase] if os.path.exists(trace) else []
     if not points:
@@ -239,7 +239,7 @@ def _crashes(tmp: str, phase: str) -> tuple[int, int, list[str]]:
     for point in points:
         log = os.path.join(tmp, f"crash{point.index}.log")
         crash = faultfs.Fault("crash", at=point.index)
-        _in_child(tmp, f"crash{point.index}", _save_in_child, new, 1, log, crash, crashes=True)
+        in_child(tmp, f"crash{point.index}", _save_in_child, new, 1, log, crash, crashes=True)
         crashed += bool(faultfs.fired(log, "crash"))
         remove(log)
         for what, version, path in (("previous", 0, old), ("new", 1, new)):

@@ -12,81 +12,19 @@ phase in the process(es) that run it:
 """
 
 import os
-from dataclasses import dataclass
 
 import pytest
 
-from fault_injection import faultfs, saves
-from fault_injection.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, Hooks, Step, on_ranks
-from spec_tests.harness import HUNG, async_core, close_quietly, current_target, outcome_of, world
-
-WORLD = 2
-
-
-def _hooks(tmp, phase, errno_name, rank, new):
-    ranks, where = STORAGE_FAULTS[phase, errno_name]
-    if ranks != "all" and ranks != rank:
-        return Hooks(), None
-    log = os.path.join(tmp, f"fs-{errno_name}-{rank}.log")
-    fault = faultfs.Fault("raise", errno=faultfs.errno_of(errno_name), **where)
-    return Hooks.at(phase, Step(fs=faultfs.Plan(root=new, log=log, faults=(fault,)))), log
-
-
-@dataclass(frozen=True)
-class ErrnoSaves:
-    outcome: str  # of the save that hit the error
-    fired: bool  # whether the fault layer injected the error on this rank
-    after: str  # outcome of the next save on the same queue, or "not tried"
-
-
-def _storage_errors(tmp, phase) -> dict[str, ErrnoSaves]:
-    """Per errno: the faulty save's outcome, whether the fault fired, and the next save's outcome."""
-    rank, world_size = world()
-    save = saves.DcpSave(current_target())
-    queue = async_core().AsyncCallsQueue(persistent=True)
-    save.save(queue, os.path.join(tmp, "old"), 0, rank, world_size)
-    results: dict[str, ErrnoSaves] = {}
-    for version, errno_name in enumerate(ERRNOS, start=1):
-        new = os.path.join(tmp, f"new-{errno_name}")
-        hooks, log = _hooks(tmp, phase, errno_name, rank, new)
-        outcome = outcome_of(
-            save.save,
-            queue,
-            new,
-            version,
-            rank,
-            world_size,
-            hooks,
-            bound=BOUND,
-            what=f"a save hitting {errno_name} in {phase}",
-        )
-        fired = log is not None and bool(faultfs.fired(log, "raise"))
-        if outcome == HUNG:
-            results[errno_name] = ErrnoSaves(outcome, fired, "not tried")
-            break
-        after = outcome_of(
-            save.save,
-            queue,
-            os.path.join(tmp, f"after-{errno_name}"),
-            10 + version,
-            rank,
-            world_size,
-            bound=BOUND,
-            what=f"the save after {errno_name}",
-        )
-        results[errno_name] = ErrnoSaves(outcome, fired, after)
-        if after == HUNG:
-            break
-    else:
-        close_quietly(queue, abort=True, bound=EXIT_BOUND)  # abort: the quick way
-    return results
+from fault_injection import saves
+from fault_injection.faults import ERRNOS, on_ranks
+from fault_injection.storage_errors import WORLD, storage_errors
 
 
 @pytest.mark.spec("FI-STORAGE-1", "FI-STORAGE-2")
 @pytest.mark.needs("storage_writer", "persistent_caller")
 @pytest.mark.parametrize("phase", ["plan", "write", "finalize"])
 def test_storage_error_fails_the_save_on_every_rank(target, tmp_path, phase):
-    results = on_ranks(WORLD, _storage_errors, str(tmp_path), phase, timeout=150)
+    results = on_ranks(WORLD, storage_errors, str(tmp_path), phase, timeout=150)
     save, tmp = saves.DcpSave(target), str(tmp_path)
     tried = [e for e in ERRNOS if all(e in r for r in results)]
     if tried and not any(r[e].fired for e in tried for r in results):

@@ -1,6 +1,5 @@
 """AsyncCallsQueue and the caller completion protocol: indices, order, collectives, errors, close."""
 
-import functools
 import gc
 import os
 import pickle
@@ -15,6 +14,7 @@ from hypothesis import given
 from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.async_ckpt.collective_counter import CollectiveCounter
+from spec_tests.async_ckpt.queue_calls import finalize_queue, lines, request
 from spec_tests.async_ckpt.queue_results import (
     Aborted,
     BadInput,
@@ -29,34 +29,16 @@ from spec_tests.async_ckpt.queue_results import (
 )
 from spec_tests.harness import devices, strategies, workloads
 from spec_tests.harness.asserts import assert_each_rank, assert_equal, assert_state_dict_equal, attempt, bounded
-from spec_tests.harness.processes import CALLERS, async_core, close_quietly, exists, remove, wait_for_file
+from spec_tests.harness.processes import (
+    CALLER_CLASSES,
+    CALLERS,
+    async_core,
+    close_quietly,
+    exists,
+    remove,
+    wait_for_file,
+)
 from spec_tests.harness.ranks import ranks, world
-
-# The two caller classes, each needing its target capability.
-CALLER_CLASSES = [
-    pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
-    pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
-]
-
-
-def _request(gate=None, fail_with=None, log=None, tag=None):
-    fns = [functools.partial(workloads.append_line, log, tag)] if log else []
-    return async_core().AsyncRequest(workloads.gated, (gate, fail_with), fns)
-
-
-def _finalize(queue, blocking=True, no_dist=False, bound=60):
-    return bounded(
-        bound,
-        f"maybe_finalize_async_calls(blocking={blocking}, no_dist={no_dist})",
-        queue.maybe_finalize_async_calls,
-        blocking,
-        no_dist,
-    )
-
-
-def _lines(path):
-    return Path(path).read_text().split() if os.path.exists(path) else []
-
 
 # ------------------------------------------------------------------------ indices and order
 
@@ -66,10 +48,10 @@ def _indices_and_default_caller(tmp):
     queue = core.AsyncCallsQueue()
     pids = [os.path.join(tmp, f"pid{i}") for i in range(2)]
     idx = [queue.schedule_async_request(core.AsyncRequest(workloads.write_pid, (p,), [])) for p in pids]
-    _finalize(queue)
+    finalize_queue(queue)
     other = core.AsyncCallsQueue()
     other_idx = other.schedule_async_request(core.AsyncRequest(None, (), []))
-    _finalize(other)
+    finalize_queue(other)
     other.close()
     queue.close()
     runners = {int(Path(p).read_text()) for p in pids}
@@ -89,13 +71,13 @@ def test_default_queue_is_persistent_and_counts_from_zero(rank_pool, tmp_path):
 def _head_of_line(tmp, persistent):
     log, gate0 = os.path.join(tmp, "log"), os.path.join(tmp, "gate0")
     queue = async_core().AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(_request(gate0, log=log, tag="a"))
-    queue.schedule_async_request(_request(None, log=log, tag="b"))
-    early = _finalize(queue, blocking=False)
+    queue.schedule_async_request(request(gate0, log=log, tag="a"))
+    queue.schedule_async_request(request(None, log=log, tag="b"))
+    early = finalize_queue(queue, blocking=False)
     pending = queue.get_num_unfinalized_calls()
     workloads.open_gate(gate0)
-    done = _finalize(queue)
-    result = HeadOfLine(early, pending, done, queue.get_num_unfinalized_calls(), _lines(log))
+    done = finalize_queue(queue)
+    result = HeadOfLine(early, pending, done, queue.get_num_unfinalized_calls(), lines(log))
     queue.close()
     return result
 
@@ -135,12 +117,12 @@ def _finalize_after_every_rank(tmp, persistent):
     )
     if rank == 0:
         workloads.open_gate(gate)
-    first = _finalize(queue, blocking=False)  # rank 1's call cannot be done yet
+    first = finalize_queue(queue, blocking=False)  # rank 1's call cannot be done yet
     if rank == 1:
         # Not a timing assertion: rank 1's call finishes a while after every rank entered the blocking finalize, so
         # a rank that finalizes without waiting for the others does so every time, not only when it wins a race.
         threading.Timer(RANK1_LATE, workloads.open_gate, (gate,)).start()
-    second = _finalize(queue)
+    second = finalize_queue(queue)
     queue.close()
     return EveryRankFinished(first, second, seen)
 
@@ -162,14 +144,14 @@ def test_finalize_fns_run_once_after_every_rank_finished(rank_pool, tmp_path, pe
 def _poll_costs(tmp, persistent):
     gate = os.path.join(tmp, f"gate{dist.get_rank()}")
     queue = async_core().AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(_request(gate))
+    queue.schedule_async_request(request(gate))
     with CollectiveCounter() as dist_poll:
-        answer = _finalize(queue, blocking=False, no_dist=False)
+        answer = finalize_queue(queue, blocking=False, no_dist=False)
     with CollectiveCounter() as local_poll:
-        _finalize(queue, blocking=False, no_dist=True)
+        finalize_queue(queue, blocking=False, no_dist=True)
     workloads.open_gate(gate)
     with CollectiveCounter() as local_final:
-        _finalize(queue, blocking=True, no_dist=True)
+        finalize_queue(queue, blocking=True, no_dist=True)
     queue.close()
     return PollCosts(answer, dist_poll.calls, local_poll.calls + local_final.calls)
 
@@ -276,15 +258,15 @@ def test_finalize_fn_error_on_one_rank_raises_on_every_rank(rank_pool, tmp_path,
 def _failed_call_is_dropped(tmp, persistent):
     log = os.path.join(tmp, "log")
     queue = async_core().AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(_request(None, fail_with="disk full", log=log, tag="bad"))
-    queue.schedule_async_request(_request(None, log=log, tag="good"))
+    queue.schedule_async_request(request(None, fail_with="disk full", log=log, tag="bad"))
+    queue.schedule_async_request(request(None, log=log, tag="good"))
     first = attempt(
         queue.maybe_finalize_async_calls, True, False, bound=30, what="blocking finalize", hung_fails=True
     ).text
     pending = queue.get_num_unfinalized_calls()
-    again = _finalize(queue, bound=30)
+    again = finalize_queue(queue, bound=30)
     close_quietly(queue)
-    return FailedCallDropped(first, pending, again, _lines(log))
+    return FailedCallDropped(first, pending, again, lines(log))
 
 
 @pytest.mark.spec("AQ-9")
@@ -307,9 +289,9 @@ def _close_finalizes(tmp, persistent):
     log = os.path.join(tmp, "log")
     queue = async_core().AsyncCallsQueue(persistent=persistent)
     for tag in ("a", "b"):
-        queue.schedule_async_request(_request(None, log=log, tag=tag))
+        queue.schedule_async_request(request(None, log=log, tag=tag))
     bounded(60, "close()", queue.close)
-    return Closed(_lines(log), queue.get_num_unfinalized_calls())
+    return Closed(lines(log), queue.get_num_unfinalized_calls())
 
 
 @pytest.mark.spec("AQ-10")
@@ -341,7 +323,7 @@ def _ended_in_flight(tmp, persistent, ending):
     else:
         bounded(10, "close(abort=True)", holder[0].close, abort=True)
     runner = int(Path(pid_file).read_text())
-    return Aborted(_lines(log), exists(runner))
+    return Aborted(lines(log), exists(runner))
 
 
 @pytest.mark.spec("AQ-11")
@@ -420,8 +402,8 @@ def _unpicklable(tmp):
     queue = core.AsyncCallsQueue(persistent=True)
     held = core.AsyncRequest(workloads.gated, (threading.Lock(), None), [])
     refused = attempt(queue.schedule_async_request, held, named=(TypeError, pickle.PicklingError)).text
-    idx = queue.schedule_async_request(_request(None, log=os.path.join(tmp, "log"), tag="ok"))
-    done = _finalize(queue, bound=30)
+    idx = queue.schedule_async_request(request(None, log=os.path.join(tmp, "log"), tag="ok"))
+    done = finalize_queue(queue, bound=30)
     queue.close()
     return Unpicklable("refused" if refused in ("TypeError", "PicklingError") else refused, idx, done)
 
@@ -445,10 +427,10 @@ def test_works_without_a_process_group(tmp_path, persistent):
     dist.destroy_process_group()
     log = os.path.join(tmp_path, "log")
     queue = async_core().AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(_request(None, log=log, tag="a"))
+    queue.schedule_async_request(request(None, log=log, tag="a"))
     call = "without a process group: schedule, blocking finalize with no_dist=False"
-    assert_equal("maybe_finalize_async_calls()", _finalize(queue), [0], call=call)
-    assert_equal("finalize fns run", _lines(log), ["a"], call=call)
+    assert_equal("maybe_finalize_async_calls()", finalize_queue(queue), [0], call=call)
+    assert_equal("finalize fns run", lines(log), ["a"], call=call)
     queue.close()
 
 
@@ -464,7 +446,7 @@ def _snapshot(tmp, persistent, state_dict):
     queue.schedule_async_request(core.AsyncRequest(workloads.save_when_open, (gate, state_dict, out), []))
     strategies.mutate_in_place(state_dict)  # the next training step, while the write waits
     workloads.open_gate(gate)
-    _finalize(queue)
+    finalize_queue(queue)
     queue.close()
     assert_state_dict_equal(
         torch.load(out, weights_only=False),

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
+from spec_tests.async_ckpt.queue_calls import finalize_queue, lines, request
 from spec_tests.async_ckpt.queue_results import TwoQueues
-from spec_tests.async_ckpt.test_queue import _finalize, _lines, _request
 from spec_tests.harness.asserts import assert_equal, attempt
 from spec_tests.harness.processes import CALLERS, async_core
 
@@ -14,15 +14,15 @@ def _two_queues(tmp, persistent):
     log = os.path.join(tmp, "log")
     q1, q2 = (async_core().AsyncCallsQueue(persistent=persistent) for _ in range(2))
     idx = [
-        q.schedule_async_request(_request(None, log=log, tag=f"{name}{i}"))
+        q.schedule_async_request(request(None, log=log, tag=f"{name}{i}"))
         for i in range(2)
         for name, q in (("x", q1), ("y", q2))
     ]
-    _finalize(q1)
-    first = sorted(_lines(log)), q1.get_num_unfinalized_calls(), q2.get_num_unfinalized_calls()
-    _finalize(q2)
+    finalize_queue(q1)
+    first = sorted(lines(log)), q1.get_num_unfinalized_calls(), q2.get_num_unfinalized_calls()
+    finalize_queue(q2)
     q1.close(), q2.close()
-    return TwoQueues(idx, *first, sorted(_lines(log)))
+    return TwoQueues(idx, *first, sorted(lines(log)))
 
 
 @pytest.mark.spec("AQ-13")
@@ -45,13 +45,13 @@ def test_two_queues_do_not_interfere(rank_pool, tmp_path, persistent):
 def _close_one_queue(tmp, persistent):
     log = os.path.join(tmp, "log")
     q1, q2 = (async_core().AsyncCallsQueue(persistent=persistent) for _ in range(2))
-    q2.schedule_async_request(_request(None, log=log, tag="y0"))
-    q1.schedule_async_request(_request(None, log=log, tag="x0"))
-    _finalize(q1)
+    q2.schedule_async_request(request(None, log=log, tag="y0"))
+    q1.schedule_async_request(request(None, log=log, tag="x0"))
+    finalize_queue(q1)
     q1.close()
-    finalized = attempt(_finalize, q2)
+    finalized = attempt(finalize_queue, q2)
     q2.close()
-    return (finalized.value if finalized.returned else str(finalized)), sorted(_lines(log))
+    return (finalized.value if finalized.returned else str(finalized)), sorted(lines(log))
 
 
 @pytest.mark.spec("AQ-13")

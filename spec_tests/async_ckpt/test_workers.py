@@ -13,7 +13,7 @@ import pytest
 
 from spec_tests.harness import workloads
 from spec_tests.harness.asserts import HUNG, assert_equal, attempt, bounded
-from spec_tests.harness.processes import alive, async_core, wait_for_file
+from spec_tests.harness.processes import CALLER_CLASSES, alive, async_core, wait_for_file
 from spec_tests.harness.ranks import ranks
 from spec_tests.harness.targets import ENV_VAR, current_target
 
@@ -184,13 +184,7 @@ _CALLER_USER = textwrap.dedent("""
 
 
 @pytest.mark.spec("PC-7")
-@pytest.mark.parametrize(
-    "caller_name",
-    [
-        pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
-        pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
-    ],
-)
+@pytest.mark.parametrize("caller_name", CALLER_CLASSES)
 def test_a_process_using_a_caller_without_close_exits(tmp_path, caller_name):
     env = dict(os.environ, **{ENV_VAR: current_target().name})
     user = subprocess.Popen([sys.executable, "-c", _CALLER_USER, str(tmp_path), caller_name], env=env)

@@ -4,7 +4,8 @@ Modules (one concept each):
     targets     Target, adapters, capabilities; how every process resolves the same target
     clauses     the clause registry (spec_tests/clauses/*.toml)
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
-    ranks       the multi-rank runner (run a body on N ranks, with a bound and a report of every rank)
+    rank_runs   the vocabulary of a rank run (outcomes, the RankFailures report, per-rank state, the Runner seam)
+    ranks       the multi-rank runner (run a body on N forked ranks, with a bound and a report of every rank)
     launched    under torchrun: rank 0 drives the session and the bodies run on the launched ranks
     launched_rank  what a launched rank does with one body (process group, pool state, stop requests)
     loopback    several torchrun "nodes" on this machine; comparing the verdicts of two runs
@@ -21,7 +22,10 @@ Modules (one concept each):
     s3          an S3 endpoint on loopback with a fault proxy, and its fixture (moto is imported on demand)
     machines    running hypothesis state machines (imported on demand: it needs hypothesis)
 
-fault_injection/ and benchmarks/ import the names below from here, never from a test module.
+The import rule, the same for every file (CONTRIBUTING.md, "Layers"): the harness is the bottom layer (it imports
+no target, driver or test); above it, code imports this package's names below or a harness module's public names,
+never a private (underscored) name of another package and never a test module. import-linter's contracts in
+pyproject.toml check the layers; spec_tests/harness/tests/test_import_rules.py checks the names.
 """
 
 from spec_tests.harness.asserts import (

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import pytest
 
 from spec_tests.harness.launched_rank import Close, End, RankSide, Run, World, connect, post, take
-from spec_tests.harness.ranks import DUMP_WAIT, GRACE_AFTER_FAILURE, RankFailures, _finish, _job, _Outcome
+from spec_tests.harness.rank_runs import DUMP_WAIT, GRACE_AFTER_FAILURE, Outcome, RankFailures, finish, job_of
 
 __all__ = ["ENV", "Driver", "active", "configure", "current"]
 
@@ -115,7 +115,7 @@ class _Collector(threading.Thread):
     def __init__(self, store, k: int, n: int, timeout: float, beats: dict):
         super().__init__(name="ckptspec-collector", daemon=True)
         self.store, self.k, self.timeout = store, k, timeout
-        self.outcomes = [_Outcome() for _ in range(n)]
+        self.outcomes = [Outcome() for _ in range(n)]
         self.gone: list[int] = []
         self.beats = beats  # rank -> (last count seen, when it changed, when it was read): kept across runs
 
@@ -187,7 +187,7 @@ class Driver:
     def run(self, fn, world_size, args=(), kwargs=None, *, backend="auto", timeout, unwrap=False, pool=None) -> list:
         """Run fn(*args, **kwargs) on launched ranks 0..world_size-1; each rank's result, or RankFailures."""
         __tracebackhide__ = True
-        job = _job(fn, unwrap, args, kwargs or {})
+        job = job_of(fn, unwrap, args, kwargs or {})
         if world_size > self.world.size:
             pytest.skip(
                 f"needs {world_size} ranks; the launched world has {self.world.size} "
@@ -220,7 +220,7 @@ class Driver:
             plan.group = None  # as the forked runner respawns a pool after a failure
             for r in members:
                 self._holds[r] = None
-        return _finish(collector.outcomes, timeout, {})
+        return finish(collector.outcomes, timeout, {})
 
     def close_pool(self, pool) -> None:
         plan = self._plans.pop(id(pool), None)

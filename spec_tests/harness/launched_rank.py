@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from spec_tests.harness.ranks import rank_state
+from spec_tests.harness.rank_runs import rank_state
 
 __all__ = ["Close", "End", "RankSide", "Run", "Stopped", "World", "connect"]
 
@@ -78,7 +78,7 @@ class World:
 @dataclass(frozen=True)
 class Run:
     k: int  # the run's number, the same on every rank
-    job: tuple  # ranks._job: (module, qualname, unwrap, args, kwargs)
+    job: tuple  # rank_runs.job_of: (module, qualname, unwrap, args, kwargs)
     group: tuple  # (process group id, n, backend, timeout s): the body's default group
     state: tuple  # (key, epoch): whose rank_state the body sees; a new epoch starts it empty
     one_shot: bool  # @ranks: group, state and leftover processes are dropped after the run

@@ -42,7 +42,7 @@ from hypothesis.errors import InvalidArgument
 
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import devices, expectations, launched, reaper
-from spec_tests.harness.ranks import RankPool
+from spec_tests.harness.ranks import RankPool, use_runner
 from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, TargetError, TargetUnavailable, load_target
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
@@ -105,6 +105,7 @@ def pytest_configure(config):
         clause_registry.load()
         expectations.load(config.ckptspec_target.expectations_path)
         launched.configure(config)
+        use_runner(launched.current())  # None without a launcher: forked ranks
         if not hasattr(config, "workerinput") and launched.reports():
             _check_writable(config.getoption("--conformance-json"))
     except (TargetError, TargetUnavailable, clause_registry.ClauseError, expectations.ExpectationsError) as exc:

@@ -12,13 +12,19 @@ import pytest
 from spec_tests.harness.asserts import attempt
 from spec_tests.harness.targets import current_target
 
-__all__ = ["CALLERS", "alive", "async_core", "close_quietly", "exists", "remove", "wait_for_file"]
+__all__ = ["CALLERS", "CALLER_CLASSES", "alive", "async_core", "close_quietly", "exists", "remove", "wait_for_file"]
 
 CALLERS = [
     pytest.param(True, id="persistent", marks=pytest.mark.needs("persistent_caller")),
     pytest.param(False, id="temporal", marks=pytest.mark.needs("temporal_caller")),
 ]
 """Parameters `persistent` of a test run once per caller: a persistent worker, or a temporal child per call."""
+
+CALLER_CLASSES = [
+    pytest.param("PersistentAsyncCaller", marks=pytest.mark.needs("persistent_caller")),
+    pytest.param("TemporalAsyncCaller", marks=pytest.mark.needs("temporal_caller")),
+]
+"""Parameters `caller_name` of a test run once per caller class, by its public name."""
 
 
 def async_core():

@@ -18,7 +18,8 @@ A run fails with one `RankFailures` listing every rank: its traceback, its unexp
 or, for a rank that did not finish within the timeout (or within a short grace period after another
 rank failed), its stack dumped by faulthandler. `expect_exit={rank: code}` declares a death the test
 causes on purpose (e.g. `-signal.SIGKILL`). A rank that calls `pytest.skip` skips the test.
-Under torchrun the bodies run on the launched ranks instead (spec_tests.harness.launched), but for expect_exit.
+Another runner can take the bodies instead (`use_runner`): under torchrun, the launched ranks
+(spec_tests.harness.launched), but for expect_exit. The vocabulary of a run is in spec_tests.harness.rank_runs.
 """
 
 from __future__ import annotations
@@ -39,30 +40,31 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
-__all__ = ["RankFailures", "RankPool", "ranks", "rank_state", "resolve_backend", "world"]
+from spec_tests.harness.rank_runs import (
+    DEFAULT_TIMEOUT,
+    DUMP_WAIT,
+    GRACE_AFTER_FAILURE,
+    Outcome,
+    RankFailures,
+    Runner,
+    finish,
+    job_of,
+    rank_state,
+    world,
+)
 
-DEFAULT_TIMEOUT = 120.0
-GRACE_AFTER_FAILURE = 3.0
-DUMP_WAIT = 2.0
+__all__ = ["RankFailures", "RankPool", "rank_state", "ranks", "resolve_backend", "run_on_ranks", "use_runner", "world"]
 
-rank_state: dict = {}
-"""Per-rank state kept between runs of one RankPool (empty in a fresh rank)."""
-
-
-class RankFailures(AssertionError):
-    """One or more ranks failed, hung or exited unexpectedly; the message covers every rank."""
-
-
-def world() -> tuple[int, int]:
-    import torch.distributed as dist
-
-    return dist.get_rank(), dist.get_world_size()
+_runner: Runner | None = None
 
 
-def _launched():
-    from spec_tests.harness import launched
+def use_runner(runner: Runner | None) -> None:
+    """Hand every multi-rank body of this process to `runner` (None: fork the ranks here, the default).
 
-    return launched.current()
+    Chosen once, at configuration (the launched mode registers its driver), as pytest-xdist chooses its scheduler.
+    """
+    global _runner
+    _runner = runner
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
@@ -70,8 +72,8 @@ def resolve_backend(backend: str, world_size: int) -> str:
     import pytest
     import torch
 
-    if _launched():
-        return _launched().resolve_backend(backend, world_size)
+    if _runner is not None:
+        return _runner.resolve_backend(backend, world_size)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
@@ -233,12 +235,6 @@ class _GpuLease:
 
 
 @dataclass
-class _Outcome:
-    kind: str = "pending"  # ok | error | skip | exit | expected_exit | hung
-    detail: object = None
-
-
-@dataclass
 class _Ranks:
     """N started rank processes and the pipes to them."""
 
@@ -274,9 +270,9 @@ class _Ranks:
             conns.append(parent_end)
         return cls(spec, procs, conns, workdir, lease=lease)
 
-    def collect(self, timeout: float, expect_exit: dict[int, int]) -> list[_Outcome]:
+    def collect(self, timeout: float, expect_exit: dict[int, int]) -> list[Outcome]:
         """Wait for one reply (or exit) per rank, bounded by timeout and the failure grace."""
-        self.outcomes = [_Outcome() for _ in self.procs]
+        self.outcomes = [Outcome() for _ in self.procs]
         deadline, failed_at = time.monotonic() + timeout, None
         while self.pending():
             limit = deadline if failed_at is None else min(deadline, failed_at + GRACE_AFTER_FAILURE)
@@ -288,7 +284,7 @@ class _Ranks:
                 if self._update(rank, expect_exit) and failed_at is None:
                     failed_at = time.monotonic()
         for rank in self.pending():
-            self.outcomes[rank] = _Outcome("hung", self._dump_stack(rank))
+            self.outcomes[rank] = Outcome("hung", self._dump_stack(rank))
         return self.outcomes
 
     def pending(self) -> list[int]:
@@ -342,66 +338,17 @@ class _Ranks:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _describe(outcomes: list[_Outcome], timeout: float, expect_exit: dict[int, int]) -> str | None:
-    """The RankFailures text, or None if every rank did what was expected."""
-    bad, lines = 0, []
-    for rank, o in enumerate(outcomes):
-        if o.kind == "error":
-            text = f"rank {rank} raised\n{_indent(o.detail)}"
-        elif o.kind == "exit":
-            want = f" (expected {expect_exit[rank]})" if rank in expect_exit else ""
-            text = f"rank {rank} exited with code {o.detail}{want} without reporting a result"
-        elif o.kind == "hung":
-            text = (
-                f"rank {rank} did not finish within {timeout:g}s (or was stopped after another "
-                f"rank failed); stack:\n{_indent(o.detail)}"
-            )
-        elif rank in expect_exit and o.kind != "expected_exit":
-            text = f"rank {rank} was expected to exit with code {expect_exit[rank]} but returned"
-        else:
-            lines.append(f"rank {rank}: {o.kind}")
-            continue
-        bad += 1
-        lines.append(text)
-    if not bad:
-        return None
-    return f"{bad} of {len(outcomes)} ranks failed:\n\n" + "\n\n".join(lines)
-
-
-def _indent(text) -> str:
-    return "\n".join("    " + line for line in str(text).rstrip().splitlines())
-
-
-def _finish(outcomes, timeout, expect_exit) -> list:
-    import pytest
-
-    __tracebackhide__ = True
-    message = _describe(outcomes, timeout, expect_exit)
-    if message:
-        raise RankFailures(message)
-    skips = [o.detail for o in outcomes if o.kind == "skip"]
-    if skips:
-        pytest.skip(skips[0])
-    return [o.detail if o.kind == "ok" else None for o in outcomes]
-
-
-def _job(fn, unwrap, args, kwargs):
-    if "<locals>" in fn.__qualname__:
-        raise TypeError(f"{fn.__qualname__} must be a module-level function to run on ranks")
-    return (fn.__module__, fn.__qualname__, unwrap, args, kwargs)
-
-
 def run_on_ranks(
     fn, world_size, args=(), kwargs=None, *, backend="auto", timeout=DEFAULT_TIMEOUT, expect_exit=None, unwrap=False
 ) -> list:
     """Run fn(*args, **kwargs) once on fresh ranks; return each rank's result."""
     __tracebackhide__ = True
-    if _launched() and not expect_exit:
-        return _launched().run(fn, world_size, args, kwargs, backend=backend, timeout=timeout, unwrap=unwrap)
-    if _launched():
-        _launched().note_forked()  # a rank killed on purpose would end the launched job
+    if _runner is not None and not expect_exit:
+        return _runner.run(fn, world_size, args, kwargs, backend=backend, timeout=timeout, unwrap=unwrap)
+    if _runner is not None:
+        _runner.note_forked()  # a rank killed on purpose would end a launched job: fork this run's ranks
     backend, expect_exit = resolve_backend(backend, world_size), dict(expect_exit or {})
-    job = _job(fn, unwrap, args, kwargs or {})
+    job = job_of(fn, unwrap, args, kwargs or {})
     group = _Ranks.start(world_size, backend, timeout, [job] * world_size)
     try:
         for conn in group.conns:
@@ -409,7 +356,7 @@ def run_on_ranks(
         outcomes = group.collect(timeout, expect_exit)
     finally:
         group.kill()
-    return _finish(outcomes, timeout, expect_exit)
+    return finish(outcomes, timeout, expect_exit)
 
 
 def ranks(
@@ -446,9 +393,9 @@ class RankPool:
         """Run fn(*args, **kwargs) on every rank; return the per-rank results."""
         __tracebackhide__ = True
         timeout = self.timeout if timeout is None else timeout
-        if _launched():
-            return _launched().run(fn, self.world_size, args, kwargs, backend=self.backend, timeout=timeout, pool=self)
-        job = _job(fn, False, args, kwargs)
+        if _runner is not None:
+            return _runner.run(fn, self.world_size, args, kwargs, backend=self.backend, timeout=timeout, pool=self)
+        job = job_of(fn, False, args, kwargs)
         if self._ranks is None:
             self._ranks = _Ranks.start(self.world_size, self.backend, self.timeout, [job] * self.world_size)
         else:
@@ -458,11 +405,11 @@ class RankPool:
         if any(o.kind != "ok" for o in outcomes):
             ranks_, self._ranks = self._ranks, None
             ranks_.kill()  # a failed process group may not be reusable: respawn on the next run
-        return _finish(outcomes, timeout, {})
+        return finish(outcomes, timeout, {})
 
     def close(self) -> None:
-        if _launched():
-            _launched().close_pool(self)
+        if _runner is not None:
+            _runner.close_pool(self)
         if self._ranks is not None:
             ranks_, self._ranks = self._ranks, None
             for conn in ranks_.conns:

@@ -13,11 +13,11 @@ import pytest
 import torch
 from hypothesis import assume, given
 
+from spec_tests.drivers import saving
+from spec_tests.drivers.damage import damages, files_under, load_damaged_checkpoint
 from spec_tests.harness import strategies
 from spec_tests.harness.asserts import attempt
 from spec_tests.harness.ranks import run_on_ranks
-from spec_tests.integrity.damage import damages, files_under, load_damaged_checkpoint
-from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer", "temporal_caller")
 

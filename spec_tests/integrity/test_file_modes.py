@@ -11,9 +11,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spec_tests.drivers import saving
+from spec_tests.drivers.local import manager, rank_value, save, tasd
 from spec_tests.harness.processes import remove
-from spec_tests.local.common import manager, rank_value, save, tasd
-from spec_tests.storage import saving
 
 UMASKS = (0o000, 0o002, 0o007, 0o022, 0o027, 0o077)
 

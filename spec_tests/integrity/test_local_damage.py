@@ -14,8 +14,8 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from spec_tests.integrity.damage import Damage, damages, load_damaged_local
-from spec_tests.local.common import Found, assert_found, rank_value
+from spec_tests.drivers.damage import Damage, damages, load_damaged_local
+from spec_tests.drivers.local import Found, assert_found, rank_value
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 LAYOUTS = [pytest.param(None, id="no-replication"), pytest.param((1, 2), id="jump1-factor2")]

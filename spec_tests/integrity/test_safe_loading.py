@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from spec_tests.drivers.damage import plant_then_load
+from spec_tests.drivers.local import Found, assert_found, rank_value
 from spec_tests.harness.asserts import assert_each_rank
-from spec_tests.integrity.damage import plant_then_load
-from spec_tests.local.common import Found, assert_found, rank_value
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 LAYOUTS = [pytest.param(None, id="no-replication"), pytest.param((1, 2), id="jump1-factor2")]

@@ -17,10 +17,7 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from spec_tests.harness import strategies
-from spec_tests.harness.asserts import assert_each_rank
-from spec_tests.harness.machines import run_machine
-from spec_tests.local.common import (
+from spec_tests.drivers.local import (
     PART_SLACK,
     PAYLOAD,
     assert_found,
@@ -32,6 +29,9 @@ from spec_tests.local.common import (
     storage_bytes,
     try_save_values,
 )
+from spec_tests.harness import strategies
+from spec_tests.harness.asserts import assert_each_rank
+from spec_tests.harness.machines import run_machine
 
 WORLD = 4
 

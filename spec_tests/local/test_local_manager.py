@@ -17,11 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests.harness import strategies, workloads
-from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, attempt, bounded
-from spec_tests.harness.processes import async_core
-from spec_tests.harness.ranks import world
-from spec_tests.local.common import (
+from spec_tests.drivers.local import (
     BOUND,
     PART_SLACK,
     PAYLOAD,
@@ -39,6 +35,10 @@ from spec_tests.local.common import (
     storage_bytes,
     tasd,
 )
+from spec_tests.harness import strategies, workloads
+from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, attempt, bounded
+from spec_tests.harness.processes import async_core
+from spec_tests.harness.ranks import world
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 

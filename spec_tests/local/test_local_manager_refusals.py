@@ -8,11 +8,7 @@ from dataclasses import dataclass
 import pytest
 from torch.distributed.checkpoint import CheckpointException
 
-from spec_tests.harness import workloads
-from spec_tests.harness.asserts import assert_each_rank, attempt, bounded
-from spec_tests.harness.processes import async_core
-from spec_tests.harness.ranks import world
-from spec_tests.local.common import (
+from spec_tests.drivers.local import (
     BOUND,
     Found,
     assert_found,
@@ -26,6 +22,10 @@ from spec_tests.local.common import (
     save_values,
     tasd,
 )
+from spec_tests.harness import workloads
+from spec_tests.harness.asserts import assert_each_rank, attempt, bounded
+from spec_tests.harness.processes import async_core
+from spec_tests.harness.ranks import world
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from spec_tests.drivers.local import BOUND, find_then_load, module, node_root, save, tasd
 from spec_tests.harness.asserts import assert_each_rank, bounded
 from spec_tests.harness.ranks import world
-from spec_tests.local.common import BOUND, find_then_load, module, node_root, save, tasd
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 

@@ -7,10 +7,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spec_tests.drivers.local import BOUND, cliques, module, strategy, tasd
 from spec_tests.harness import strategies
 from spec_tests.harness.asserts import assert_each_rank, assert_equal, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.ranks import world
-from spec_tests.local.common import BOUND, cliques, module, strategy, tasd
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 

@@ -13,9 +13,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spec_tests.drivers.cpu_state_dict import CpuTensorAwareStateDict
 from spec_tests.harness import strategies
 from spec_tests.harness.asserts import assert_state_dict_equal
-from spec_tests.local.cpu_state_dict import CpuTensorAwareStateDict
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from spec_tests.harness.asserts import assert_each_rank, attempt
-from spec_tests.harness.ranks import world
-from spec_tests.local.common import (
+from spec_tests.drivers.cpu_state_dict import TargetsTensorAwareStateDict
+from spec_tests.drivers.local import (
     BOUND,
     Found,
     assert_found,
@@ -27,14 +26,15 @@ from spec_tests.local.common import (
     save,
     tasd,
 )
-from spec_tests.local.cpu_state_dict import _Base
+from spec_tests.harness.asserts import assert_each_rank, attempt
+from spec_tests.harness.ranks import world
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 
 UNUSED = ("pop_tensors", "tensors", "is_hollow", "insert_tensors", "init_tensors")
 
 
-class DeviceMovesOnly(_Base):
+class DeviceMovesOnly(TargetsTensorAwareStateDict):
     """A TASD over a nested dict of CPU tensors that implements only the device moves."""
 
     def __init__(self, state_dict: dict):

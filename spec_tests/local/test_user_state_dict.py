@@ -8,28 +8,21 @@ passed to torch.serialization.add_safe_globals.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
+from spec_tests.drivers.cpu_state_dict import TargetsTensorAwareStateDict
+from spec_tests.drivers.local import BOUND, manager, save
 from spec_tests.harness.asserts import assert_each_rank, attempt, bounded
 from spec_tests.harness.ranks import world
-from spec_tests.harness.targets import current_target
-from spec_tests.local.common import BOUND, manager, save
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 
-_Base: Any = (
-    current_target().module("local.base_state_dict").TensorAwareStateDict
-    if current_target().has("local_checkpointing")
-    else object
-)
 LAYOUTS = [pytest.param(None, id="no-replication"), pytest.param((1, 2), id="jump1-factor2")]
 MODES = ["sync", "temporal", "persistent"]
 
 
-class UserStateDict(_Base):
+class UserStateDict(TargetsTensorAwareStateDict):
     """Named tensors and plain values; a popped tensor leaves a (shape, dtype) tuple behind."""
 
     def __init__(self, values: dict):

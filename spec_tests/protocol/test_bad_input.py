@@ -6,11 +6,19 @@ import os
 
 import pytest
 
+from spec_tests.drivers.protocol_saves import (
+    BOUND,
+    assert_loads,
+    expected,
+    rank_state,
+    save,
+    save_outcome,
+    start,
+    warm_saver,
+)
+from spec_tests.drivers.saving import tree
 from spec_tests.harness.asserts import HUNG, attempt
 from spec_tests.harness.ranks import run_on_ranks, world
-from spec_tests.protocol.common import BOUND, assert_loads, expected, rank_state, save, start, warm_saver
-from spec_tests.protocol.test_failures import _save_outcome
-from spec_tests.storage.saving import tree
 
 pytestmark = pytest.mark.needs("protocol")
 
@@ -56,7 +64,7 @@ def _snapshot(path):
 def test_bad_input_fails_on_every_rank_and_leaves_the_location_as_it_was(tmp_path, case):
     path = _before(str(tmp_path), case)
     before = _snapshot(path)
-    body = _unsaveable if case == "unsaveable" else _save_outcome
+    body = _unsaveable if case == "unsaveable" else save_outcome
     outcomes = run_on_ranks(body, 2, (path,), timeout=240)
     wrong = {r: str(o) for r, o in enumerate(outcomes) if o.returned or o.text == HUNG}
     assert not wrong, f"a save with bad input ({case}) returned or hung on ranks {sorted(wrong)}: {wrong}"

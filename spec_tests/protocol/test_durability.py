@@ -15,12 +15,12 @@ import pytest
 import torch.distributed as dist
 
 from fault_injection import faultfs
-from fault_injection.faults import on_ranks
-from fault_injection.test_crash_consistency import SAVE_PHASES, _crash_points, _in_child, durability_problems
+from fault_injection.crash_points import crash_points, durability_problems, in_child
+from fault_injection.faults import SAVE_PHASES, on_ranks
+from spec_tests.drivers.protocol_saves import WARM_BOUND, assert_loads, committed, expected, rank_state, save
 from spec_tests.harness.asserts import bounded
 from spec_tests.harness.processes import remove
 from spec_tests.harness.protocol import protocol_saver
-from spec_tests.protocol.common import WARM_BOUND, assert_loads, committed, expected, rank_state, save
 
 pytestmark = pytest.mark.needs("protocol")
 ALL_POINTS = {phase: 0 for phase in SAVE_PHASES}  # every point counts as the last phase's: the whole save
@@ -42,7 +42,7 @@ def _save(path: str, version: int, log: str | None, fault):
 def _trace(tmp: str) -> list:
     dist.destroy_process_group()  # the forked saves make their own
     log = os.path.join(tmp, "trace.log")
-    kind, detail = _in_child(tmp, "trace", _save, os.path.join(tmp, "new"), 1, log, None)
+    kind, detail = in_child(tmp, "trace", _save, os.path.join(tmp, "new"), 1, log, None)
     assert kind == "ok", f"the traced save failed: {detail}"
     points = faultfs.read_log(log) if os.path.exists(log) else []
     if not any(p.op == "write" for p in points):
@@ -73,7 +73,7 @@ def test_a_reported_success_is_durable(tmp_path):
 def _crashes(tmp: str):
     old, new = os.path.join(tmp, "old"), os.path.join(tmp, "new")
     _trace(tmp)  # skips where nothing can be seen
-    kind, detail = _in_child(tmp, "old", _save, old, 0, None, None)
+    kind, detail = in_child(tmp, "old", _save, old, 0, None, None)
     assert kind == "ok", f"saving the previous checkpoint failed: {detail}"
 
     def check():
@@ -88,7 +88,7 @@ def _crashes(tmp: str):
                 problems.append(f"the {what} checkpoint: {type(exc).__name__}: {exc}")
         return problems
 
-    return _crash_points(tmp, lambda log, fault: _save(new, 1, log, fault), SAVE_PHASES[-1], check)
+    return crash_points(tmp, lambda log, fault: _save(new, 1, log, fault), SAVE_PHASES[-1], check)
 
 
 @pytest.mark.spec("P-CRASH-1")

@@ -6,31 +6,26 @@ forked or a spawned worker): a directory where a rank's data file `__<rank>_0.di
 its open fail; a FIFO there makes its open block until someone reads it (storage that hangs).
 """
 
-import contextlib
 import os
 import signal
 
 import pytest
 
+from spec_tests.drivers.protocol_saves import (
+    BOUND,
+    EXIT_BOUND,
+    committed,
+    data_file,
+    rank_state,
+    release,
+    save_outcome,
+    start,
+    warm_saver,
+)
 from spec_tests.harness.asserts import HUNG, attempt
 from spec_tests.harness.ranks import run_on_ranks, world
-from spec_tests.protocol.common import BOUND, EXIT_BOUND, committed, rank_state, start, warm_saver
 
 pytestmark = pytest.mark.needs("protocol")
-
-
-def data_file(path: str, rank: int) -> str:
-    """The first data file of `rank` in DCP's file-system layout (torch's FileSystemWriter, NVRx, Megatron-Core)."""
-    return os.path.join(path, f"__{rank}_0.distcp")
-
-
-def _save_outcome(path):
-    """What a whole save (start, then wait) of a warm saver did on this rank, within BOUND."""
-    rank, _ = world()
-    saver = warm_saver(path)
-    outcome = attempt(lambda: start(saver, rank_state(rank, 1), path).wait(), bound=BOUND, what="start() and wait()")
-    attempt(saver.close, bound=BOUND, what="close()")
-    return outcome
 
 
 @pytest.mark.spec("P-ERROR-1")
@@ -38,7 +33,7 @@ def _save_outcome(path):
 def test_a_write_failing_on_one_rank_fails_the_save_on_every_rank(tmp_path, failing_rank):
     path = str(tmp_path / "c")
     os.makedirs(data_file(path, failing_rank))  # that rank's data file cannot be created
-    outcomes = run_on_ranks(_save_outcome, 2, (path,), timeout=120)
+    outcomes = run_on_ranks(save_outcome, 2, (path,), timeout=120)
     listing = sorted(os.listdir(path))
     wrong = {r: str(o) for r, o in enumerate(outcomes) if o.returned or o.text == HUNG}
     assert not wrong, (
@@ -65,12 +60,6 @@ def test_a_rank_killed_mid_save_fails_the_save_on_the_survivors_within_the_bound
         f"wait() on rank 0 after rank 1 was killed mid-save: {outcome}, but should raise within {BOUND:g}s"
     )
     assert not committed(path), "a save during which rank 1 was killed was committed"
-
-
-def release(fifo: str) -> None:
-    """Let a writer blocked opening `fifo` go on (it then writes into a pipe nobody reads: EPIPE)."""
-    with contextlib.suppress(OSError):
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
 
 
 def _abort_hung(path):

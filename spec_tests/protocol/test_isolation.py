@@ -5,11 +5,11 @@ as a training step does) or from a second saver with a state dict of its own."""
 import pytest
 import torch
 
+from spec_tests.drivers.protocol_saves import BOUND, assert_loads, expected, rank_state, start, wait, warm_saver
 from spec_tests.harness import devices
 from spec_tests.harness.asserts import bounded
 from spec_tests.harness.ranks import run_on_ranks, world
 from spec_tests.harness.strategies import private_copy
-from spec_tests.protocol.common import BOUND, assert_loads, expected, rank_state, start, wait, warm_saver
 
 pytestmark = pytest.mark.needs("protocol")
 NUMEL = 1 << 20  # 4 MiB per rank and save: the first save is still in flight when the second starts

@@ -15,23 +15,24 @@ import time
 
 import pytest
 
-from spec_tests.harness.asserts import attempt
-from spec_tests.harness.processes import wait_for_file
-from spec_tests.harness.ranks import run_on_ranks, world
-from spec_tests.harness.targets import ENV_VAR, current_target
-from spec_tests.protocol.common import (
+from spec_tests.drivers.protocol_saves import (
     BOUND,
     EXIT_BOUND,
     WARM_BOUND,
     assert_loads,
+    data_file,
     expected,
     in_group,
     rank_state,
+    release,
     save,
     start,
     warm_saver,
 )
-from spec_tests.protocol.test_failures import data_file, release
+from spec_tests.harness.asserts import attempt
+from spec_tests.harness.processes import wait_for_file
+from spec_tests.harness.ranks import run_on_ranks, world
+from spec_tests.harness.targets import ENV_VAR, current_target
 
 pytestmark = pytest.mark.needs("protocol")
 
@@ -91,11 +92,11 @@ def _record_and_run(pidfile, tmp):
 
 
 def _run_trainer(path: str, bound: float, *options: str) -> tuple[int | None, list[int]]:
-    """Run spec_tests.protocol.trainer on `path`: its exit code (None: still running `bound` s after its save
+    """Run spec_tests.drivers.trainer on `path`: its exit code (None: still running `bound` s after its save
     started, then killed) and the processes of its session left EXIT_BOUND s after it ended (then killed)."""
     env = {**os.environ, ENV_VAR: current_target().name}
     trainer = subprocess.Popen(
-        [sys.executable, "-m", "spec_tests.protocol.trainer", path, *options], env=env, start_new_session=True
+        [sys.executable, "-m", "spec_tests.drivers.trainer", path, *options], env=env, start_new_session=True
     )
     try:
         wait_for_file(path + ".started", WARM_BOUND)  # start-up (importing torch) is not the subject

@@ -7,11 +7,11 @@ import pytest
 import torch
 from hypothesis import given
 
+from spec_tests.drivers.protocol_saves import assert_loads, start, wait, warm_saver
+from spec_tests.drivers.saving import load, mismatch
 from spec_tests.harness import devices, strategies
 from spec_tests.harness.processes import remove
 from spec_tests.harness.ranks import rank_state, ranks, world
-from spec_tests.protocol.common import assert_loads, start, wait, warm_saver
-from spec_tests.storage.saving import load, mismatch
 
 pytestmark = pytest.mark.needs("protocol")
 DELAY_NUMEL = 1 << 21  # an 8 MiB tensor: the save is still in flight when the trainer changes the state

@@ -94,7 +94,7 @@ def _preloaded(path: str) -> dict[str, dict]:
     every staged tensor, and of the state dict's."""
     import torch
 
-    from spec_tests.storage import saving
+    from spec_tests.drivers import saving
 
     state = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(4, dtype=torch.int64)}
     writer = saving.module("filesystem_async").FileSystemWriterAsync(path)

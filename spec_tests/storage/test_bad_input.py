@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
+from spec_tests.drivers import saving
 from spec_tests.harness.asserts import assert_equal, attempt
-from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")
 

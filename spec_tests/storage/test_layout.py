@@ -10,9 +10,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spec_tests.drivers import saving
 from spec_tests.harness import strategies
 from spec_tests.harness.processes import remove
-from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")
 DATA_FILE = re.compile(r"^(?P<group>.*)__(?P<rank>\d+)_(?P<k>\d+)\.distcp$")

@@ -10,10 +10,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import _StoragePrefix
 from torch.distributed.checkpoint.utils import _DistWrapper
 
+from spec_tests.drivers import saving
 from spec_tests.harness import strategies
 from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal
 from spec_tests.harness.ranks import ranks, world
-from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer", "persistent_caller")
 OBJECT_COLLECTIVES = ("gather_object", "scatter_object_list", "all_gather_object", "broadcast_object_list")

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
+from spec_tests.drivers import saving
 from spec_tests.harness.asserts import assert_equal, attempt, bounded
 from spec_tests.harness.s3 import BUCKET
-from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer", "msc", "temporal_caller")
 SAVE_BOUND = 45.0

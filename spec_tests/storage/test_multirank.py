@@ -9,9 +9,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
+from spec_tests.drivers import saving
 from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, bounded
 from spec_tests.harness.ranks import world
-from spec_tests.storage import saving
 
 # The temporal caller: a persistent worker per rank would cost more start-up than the tests themselves, and
 # what is checked here is the storage protocol between ranks, the same for either caller.

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spec_tests.drivers import saving
 from spec_tests.harness.asserts import assert_equal
 from spec_tests.harness.processes import remove
-from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")
 

@@ -9,10 +9,10 @@ import torch.distributed.checkpoint as dcp
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spec_tests.drivers import saving
 from spec_tests.harness import devices, strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal
 from spec_tests.harness.processes import CALLERS, remove
-from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")
 EMPTY_BOUND = 20.0  # nothing to write on a warm queue: finalization is immediate

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint import FileSystemWriter, state_dict_saver
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
+from spec_tests.drivers import saving
 from spec_tests.harness import strategies
 from spec_tests.harness.processes import CALLERS, remove
 from spec_tests.harness.ranks import world
-from spec_tests.storage import saving
 
 pytestmark = pytest.mark.needs("storage_writer")
 SAME_FIELDS = ("state_dict_metadata", "planner_data", "version")

@@ -6,19 +6,24 @@ data; `assert_loads` reads it back with stock dcp.load in this process, no proce
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 
-from spec_tests.harness.asserts import assert_state_dict_equal, bounded
+from spec_tests.drivers.saving import load, template
+from spec_tests.harness.asserts import assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.protocol import SaveHandle, Saver, protocol_saver
-from spec_tests.storage.saving import load, template
+from spec_tests.harness.ranks import world
 
 __all__ = [
     "BOUND",
     "EXIT_BOUND",
     "WARM_BOUND",
     "committed",
+    "data_file",
+    "release",
+    "save_outcome",
     "warm_saver",
     "expected",
     "rank_state",
@@ -73,7 +78,6 @@ def save(state_dict: dict, path: str, saver: Saver | None = None, bound: float =
 
 def warm_saver(path: str, **options) -> Saver:
     """A new saver that has completed one save, to `path` + ".warm", as a trainer's has; collective."""
-    from spec_tests.harness.ranks import world
 
     saver = protocol_saver(**options)
     handle = bounded(WARM_BOUND, "the first start()", saver.start, rank_state(world()[0], 0), path + ".warm")
@@ -109,3 +113,23 @@ def in_group(pgid: int) -> list[int]:
 
 
 __all__ += ["in_group"]
+
+
+def data_file(path: str, rank: int) -> str:
+    """The first data file of `rank` in DCP's file-system layout (torch's FileSystemWriter, NVRx, Megatron-Core)."""
+    return os.path.join(path, f"__{rank}_0.distcp")
+
+
+def save_outcome(path):
+    """What a whole save (start, then wait) of a warm saver did on this rank, within BOUND."""
+    rank, _ = world()
+    saver = warm_saver(path)
+    outcome = attempt(lambda: start(saver, rank_state(rank, 1), path).wait(), bound=BOUND, what="start() and wait()")
+    attempt(saver.close, bound=BOUND, what="close()")
+    return outcome
+
+
+def release(fifo: str) -> None:
+    """Let a writer blocked opening `fifo` go on (it then writes into a pipe nobody reads: EPIPE)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))

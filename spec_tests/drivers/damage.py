@@ -18,12 +18,12 @@ import torch
 import torch.distributed as dist
 from hypothesis import strategies as st
 
+from spec_tests.drivers import saving
+from spec_tests.drivers.local import find_then_load, manager, node_root, rank_value, save, tasd
 from spec_tests.harness import strategies
 from spec_tests.harness.asserts import attempt
 from spec_tests.harness.processes import remove
 from spec_tests.harness.ranks import world
-from spec_tests.local.common import find_then_load, manager, node_root, rank_value, save, tasd
-from spec_tests.storage import saving
 
 __all__ = [
     "KINDS",

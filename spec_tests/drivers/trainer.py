@@ -1,6 +1,6 @@
 """A trainer that starts one save and ends normally without wait() or close() (P-EXIT-2, P-EXIT-3).
 
-    python -m spec_tests.protocol.trainer CHECKPOINT [--multiprocessing]
+    python -m spec_tests.drivers.trainer CHECKPOINT [--multiprocessing]
 
 World of one rank (gloo, a FileStore next to CHECKPOINT); the target is CKPTSPEC_IMPL's. Once the save is
 started it writes CHECKPOINT + ".started": the test bounds the exit from then (start-up is not the subject). The
@@ -15,9 +15,9 @@ import sys
 
 import torch.distributed as dist
 
+from spec_tests.drivers.protocol_saves import rank_state
 from spec_tests.harness.protocol import protocol_saver
 from spec_tests.harness.targets import current_target
-from spec_tests.protocol.common import rank_state
 
 
 def main(path: str):

@@ -18,14 +18,15 @@ import torch
 from spec_tests.harness.targets import current_target
 from spec_tests.harness.workloads import PickleGate
 
-__all__ = ["CpuTensorAwareStateDict", "Slot"]
+__all__ = ["CpuTensorAwareStateDict", "Slot", "TargetsTensorAwareStateDict"]
 
-# A target without local checkpointing still collects this suite (its tests skip on `needs`).
-_Base: Any = (
+TargetsTensorAwareStateDict: Any = (
     current_target().module("local.base_state_dict").TensorAwareStateDict
     if current_target().has("local_checkpointing")
     else object
 )
+"""The target's TensorAwareStateDict base class; `object` for a target without local checkpointing, whose tests
+still collect (and skip on `needs`)."""
 
 
 class Slot:
@@ -51,7 +52,7 @@ def _leaves(obj):
             yield obj, key
 
 
-class CpuTensorAwareStateDict(_Base):
+class CpuTensorAwareStateDict(TargetsTensorAwareStateDict):
     """A nested dict/list state dict of CPU tensors and plain values."""
 
     def __init__(self, state_dict: dict):
