@@ -17,6 +17,7 @@ __all__ = [
     "md_table",
     "quotient",
     "seconds_of",
+    "snapshot_verdict",
 ]
 
 GiB = 1 << 30
@@ -121,3 +122,13 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 def floor_of(run: Run, nbytes: int, device: str) -> tuple[str, float | None]:
     name = "d2h-pinned" if device == "cuda" else "memcpy"
     return name, run.ceiling_seconds(name, nbytes)
+
+
+def snapshot_verdict(record: dict) -> str:
+    """The snapshot check of a stall benchmark, with the device of the tensors it judged: a wrong snapshot of CPU
+    tensors says nothing of CUDA tensors, which the peers' documents promise to stage."""
+    snapshot = record.get("snapshot")
+    if snapshot is None:
+        return "-"
+    word = "correct" if snapshot == "correct" else "wrong snapshot"
+    return f"{word} ({record.get('device', 'cpu').upper()} tensors)"

@@ -34,10 +34,10 @@ from time import perf_counter
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from spec_tests.harness import MissingCapability, load_target
+from spec_tests.harness.recipe import plan_async_save, recipe_modules
 
 __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
 
@@ -69,16 +69,8 @@ class Peer:
 
 
 def plan_write(target_name: str, state_dict, path: str, **writer_kwargs):
-    """Plan a save with the target's FileSystemWriterAsync; return (request parts, finalize fn).
-
-    The parts are `(save_fn, preload_fn, save_args)` from `get_save_function_and_args()`.
-    """
-    target = load_target(target_name)
-    fsa = target.module("async_ckpt.filesystem_async")
-    saver = target.module("async_ckpt.state_dict_saver")
-    writer = fsa.FileSystemWriterAsync(path, **writer_kwargs)
-    planned = saver.save_state_dict_async_plan(state_dict, writer, None, 0, planner=DefaultSavePlanner())
-    return writer.get_save_function_and_args(), partial(saver.save_state_dict_async_finalize, *planned)
+    """The documented recipe's planned save (spec_tests.harness.recipe) with the target's FileSystemWriterAsync."""
+    return plan_async_save(recipe_modules(load_target(target_name)), state_dict, path, **writer_kwargs)
 
 
 class _WriterPeer(Peer):
@@ -91,10 +83,7 @@ class _WriterPeer(Peer):
 
     def save(self, state_dict, path):
         start = perf_counter()
-        (save_fn, preload_fn, save_args), finalize = plan_write(
-            self._target_name, state_dict, path, **self._writer_kwargs
-        )
-        request = self._core.AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn)
+        request = plan_write(self._target_name, state_dict, path, **self._writer_kwargs).request()
         planned = perf_counter()
         self._queue.schedule_async_request(request)
         return {"plan": planned - start, "schedule": perf_counter() - planned}

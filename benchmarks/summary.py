@@ -21,7 +21,6 @@ from pathlib import Path
 from benchmarks import goodput_summary
 from benchmarks.figures import (
     GiB,
-    MiB,
     Run,
     floor_of,
     fmt_bytes,
@@ -29,9 +28,10 @@ from benchmarks.figures import (
     fmt_ratio,
     fmt_time,
     md_table,
-    quotient,
     seconds_of,
+    snapshot_verdict,
 )
+from benchmarks.goals import goals
 from spec_tests.harness import ReportError, update_file
 
 __all__ = ["main", "noise", "render", "render_compact"]
@@ -48,16 +48,6 @@ def _ceilings(run: Run) -> list[str]:
         for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"]))
     ]
     return md_table(["ceiling", "bytes", "time", "throughput"], rows)
-
-
-def snapshot_verdict(record: dict) -> str:
-    """The snapshot check of a stall benchmark, with the device of the tensors it judged: a wrong snapshot of CPU
-    tensors says nothing of CUDA tensors, which the peers' documents promise to stage."""
-    snapshot = record.get("snapshot")
-    if snapshot is None:
-        return "-"
-    word = "correct" if snapshot == "correct" else "wrong snapshot"
-    return f"{word} ({record.get('device', 'cpu').upper()} tensors)"
 
 
 def stall_peer(record: dict) -> str:
@@ -192,107 +182,6 @@ def _load(run: Run) -> list[str]:
     return md_table(["written by", "load", "throughput", "x best"], rows)
 
 
-# --------------------------------------------------------------------------------------- goals
-
-
-def _goal(text: str, value: float | None, limit: float, measured: str) -> str:
-    if value is None:
-        return f"- [ ] {text}: not measured in this run"
-    mark = "x" if value <= limit else " "
-    return f"- [{mark}] {text}: {measured}"
-
-
-def _goals(run: Run) -> list[str]:
-    """The performance goals of impl, checked against this run's figures."""
-    lines = []
-    gpu = bool(run.info.get("gpu"))
-    for family in ("dcp", "torch"):
-        impl = run.one("stall", f"{family}:impl")
-        nvrx = run.one("stall", f"{family}:nvrx")
-        if impl is None:
-            lines.append(f"- [ ] `{family}:impl`: not measured in this run")
-            continue
-        floor_name, floor = floor_of(run, impl["bytes"], impl.get("device", "cpu"))
-        limit = 1.2 if gpu else 1.5
-        ratio = impl["seconds"] / floor if floor else None
-        correct = impl.get("snapshot") == "correct"
-        lines.append(
-            _goal(
-                f"`{family}:impl` stall <= {limit}x the {floor_name} floor, snapshot correct",
-                ratio if correct else float("inf"),
-                limit,
-                f"{fmt_ratio(impl['seconds'], floor)}, {snapshot_verdict(impl)}",
-            )
-        )
-        if nvrx is not None:
-            lines.append(
-                _goal(
-                    f"`{family}:impl` stall no worse than `{family}:nvrx`",
-                    impl["seconds"] / nvrx["seconds"],
-                    1.0,
-                    f"{fmt_time(impl['seconds'])} vs {fmt_time(nvrx['seconds'])} (nvrx: {snapshot_verdict(nvrx)})",
-                )
-            )
-    impl, sync = run.one("durable", "dcp:impl"), run.one("durable", "dcp:save")
-    lines.append(
-        _goal(
-            "`dcp:impl` time to durable <= 1.1x synchronous `dcp.save`",
-            quotient(impl, sync),
-            1.1,
-            fmt_ratio(seconds_of(impl), seconds_of(sync)),
-        )
-    )
-    for executor in ("thread", "process"):
-        peer = f"dcp:async_save-{executor}"
-        for figure in ("stall", "durable"):
-            mine, theirs = run.one(figure, "dcp:impl"), run.one(figure, peer)
-            lines.append(
-                _goal(
-                    f"`dcp:impl` ahead of `{peer}` on {figure}",
-                    quotient(mine, theirs),
-                    1.0,
-                    f"{fmt_time(seconds_of(mine))} vs {fmt_time(seconds_of(theirs))}",
-                )
-            )
-    memory = run.one("memory", "dcp:impl")
-    if memory is None:
-        lines.append("- [ ] `dcp:impl` memory: not measured in this run")
-    else:
-        m = memory["memory"]
-        lines.append(
-            _goal(
-                "`dcp:impl` peak extra host memory <= 1.1x staged bytes",
-                m["peak_extra_bytes"] / m["staged_bytes"],
-                1.1,
-                fmt_ratio(m["peak_extra_bytes"], m["staged_bytes"]),
-            )
-        )
-        allowance = 16 * MiB + m["staged_bytes"] // 100
-        lines.append(
-            _goal(
-                f"`dcp:impl` no growth over {m['saves']} saves (within 16 MiB + 1% of staged)",
-                m["growth_bytes"] / allowance,
-                1.0,
-                fmt_bytes(m["growth_bytes"]),
-            )
-        )
-    if gpu:
-        for peer in ("preload:impl", "stage:impl"):
-            rows = run.get("d2h", peer)
-            if rows:
-                largest = max(rows, key=lambda r: r["bytes"])
-                ceiling = run.ceiling_seconds("d2h-pinned", largest["bytes"])
-                lines.append(
-                    _goal(
-                        f"`{peer}` D2H >= 80% of the pinned copy ({fmt_bytes(largest['bytes'])})",
-                        largest["seconds"] / ceiling * 0.8 if ceiling else None,
-                        1.0,
-                        fmt_ratio(ceiling, largest["seconds"]),
-                    )
-                )
-    return lines
-
-
 # --------------------------------------------------------------------------------------- render
 
 
@@ -331,7 +220,7 @@ def render(output_json: dict, heading: str = "###") -> str:
     alone = goodput_summary.alone(run)
     lines = [f"{heading} {run.label}", ""]
     if not alone:
-        lines += [f"{heading}# Goals for impl", "", *_goals(run), "", *_checksum_cost(run)]
+        lines += [f"{heading}# Goals for impl", "", *goals(run), "", *_checksum_cost(run)]
     for title, section in SECTIONS:
         table = section(run)
         if table:
@@ -403,7 +292,7 @@ def _compact_saves(run: Run, heading: str) -> str:
                 *_checksum_cost(run),
                 "Goals for impl:",
                 "",
-                *_goals(run),
+                *goals(run),
                 "",
                 _FOOTNOTE,
             ]

@@ -161,13 +161,11 @@ def _prepare(writer: str, dest: str, state_dict, path: str):
         return lambda: dcp.save(state_dict, storage_writer=storage_writer), lambda: None
     if writer == "torch:save":
         return lambda: _torch_save(state_dict, path, fsync=dest == "durable"), lambda: None
-    (save_fn, preload_fn, save_args), finalize = plan_write(
-        writer.split(":")[1], state_dict, path, **({"use_msc": True} if msc else {})
-    )
-    save_args = list(save_args)
-    if preload_fn is not None:
-        save_args[1] = preload_fn()
-    return lambda: save_fn(*save_args), finalize
+    planned = plan_write(writer.split(":")[1], state_dict, path, **({"use_msc": True} if msc else {}))
+    save_args = list(planned.save_args)
+    if planned.preload_fn is not None:
+        save_args[1] = planned.preload_fn()
+    return lambda: planned.save_fn(*save_args), planned.finalize_fn
 
 
 def _torch_save(state_dict, path: str, fsync: bool) -> None:

@@ -3,9 +3,9 @@
 - `CoreSave` (every target): each rank's async_fn writes its shard `shard<rank>.pt` (temporary file,
   fsync, rename); a finalize function, which runs only once every rank's call is done, has rank 0
   write the commit marker `COMMIT`. It exercises the async core alone (Megatron-Core has no more).
-- `DcpSave` (targets with `storage_writer`): the recipe of the NVRx guide (000) with
-  FileSystemWriterAsync, save_state_dict_async_plan, get_save_function_and_args and
-  save_state_dict_async_finalize; the commit marker is DCP's `.metadata`, written by the coordinator.
+- `DcpSave` (targets with `storage_writer`): the recipe of the NVRx guide (000), as spec_tests.harness.recipe
+  writes it, with each phase's part wrapped in its hook; the commit marker is DCP's `.metadata`, written by the
+  coordinator.
 
 Each rank saves its own keys (`expected(rank, version)`), so a checkpoint is complete only with every
 rank's data. `committed(path)` says whether the commit marker exists; `assert_loads` reads the
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 
 from fault_injection.faults import Hooks, in_phase
 from spec_tests.harness import assert_state_dict_equal
+from spec_tests.harness.recipe import plan_async_save, recipe_modules
 
 __all__ = ["CoreSave", "DcpSave", "expected", "for_target"]
 
@@ -121,31 +123,26 @@ class DcpSave(_Save):
 
     def __init__(self, target, use_msc: bool = False):
         super().__init__(target)
-        self.writers = target.module("async_ckpt.filesystem_async")
-        self.saver = target.module("async_ckpt.state_dict_saver")
+        self.modules = recipe_modules(target)
         self.use_msc = use_msc
 
     def _plan(self, path, state):
-        from torch.distributed.checkpoint import DefaultSavePlanner
-
-        extra = {"use_msc": True} if self.use_msc else {}
-        writer = self.writers.FileSystemWriterAsync(path, thread_count=1, **extra)
-        return writer, self.saver.save_state_dict_async_plan(state, writer, None, 0, planner=DefaultSavePlanner())
+        extra: dict[str, Any] = {"use_msc": True} if self.use_msc else {}
+        return plan_async_save(self.modules, state, path, thread_count=1, **extra)
 
     def request(self, path, version, rank, world_size, hooks=NO_HOOKS):
-        writer, planned = hooks.plan.run(self._plan, path, expected(rank, version))
-        save_fn, preload_fn, save_args = writer.get_save_function_and_args()
+        planned = hooks.plan.run(self._plan, path, expected(rank, version))
+        preload_fn = planned.preload_fn
         if preload_fn is None and hooks.staging != NO_HOOKS.staging:
             # A writer that stages nothing (CPU tensors) gets a staging phase that changes nothing.
-            preload_fn = functools.partial(_same, save_args[1])
+            preload_fn = functools.partial(_same, planned.save_args[1])
         if preload_fn is not None:
             preload_fn = functools.partial(in_phase, hooks.staging, preload_fn)
-        return self.core.AsyncRequest(
-            functools.partial(in_phase, hooks.write, save_fn),
-            tuple(save_args),
-            [functools.partial(in_phase, hooks.finalize, self.saver.save_state_dict_async_finalize, *planned)],
+        return planned.but(
+            save_fn=functools.partial(in_phase, hooks.write, planned.save_fn),
             preload_fn=preload_fn,
-        )
+            finalize_fn=functools.partial(in_phase, hooks.finalize, planned.finalize_fn),
+        ).request()
 
     def assert_loads(self, path, version, world_size):
         import torch.distributed.checkpoint as dcp

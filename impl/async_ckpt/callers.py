@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
 import sys
 import time
-import weakref
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from multiprocessing import connection, get_context
-from multiprocessing import util as mp_util
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any
@@ -41,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing  # noqa: F401  (registers torch's tensor reductions with ForkingPickler)
 
 from ..utils import all_reduce, dist_ready
+from .process_reaping import kill_group, track_live, untrack_live
 from .request import AsyncRequest, raise_failure, run_guarded
 from .staging import Slab, SlabPool, map_tensors, stage
 from .worker import STARTED, persistent_worker, temporal_child
@@ -51,65 +48,11 @@ logger = logging.getLogger(__name__)
 
 _POLL_S = 0.1  # blocking waits wake up this often to recheck worker liveness
 _SHUTDOWN_S = 10.0  # an idle worker told to exit has this long (PC-4's bound for a worker to go) before it is killed
-_ABORT_GRACE_S = 5.0  # SIGTERM -> SIGKILL delay when aborting a worker
 # A forked child normally reaches Python within milliseconds. CPython before 3.11.10 (and 3.12) can leave it
 # blocked forever inside fork itself, on an interpreter lock another thread held at that instant (gh-112275):
 # such a child has run nothing, so it is killed and the call forked again, a bounded number of times.
 _START_S = 10.0
 _FORK_TRIES = 3
-
-
-# ---------------------------------------------------------------------------------------------
-# Process helpers
-
-
-def _signal_group(process, sig: int) -> None:
-    """Signal the process group led by ``process``, or the process alone if there is none yet."""
-    try:
-        os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        # No group: the child has not called setpgid yet, or the whole group is gone.
-        # Only signal the pid while it is unreaped, so it cannot belong to someone else.
-        if process.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, sig)
-
-
-def _kill_group(process) -> None:
-    """SIGTERM the process and its group, wait up to the grace period, then SIGKILL. Bounded."""
-    _signal_group(process, signal.SIGTERM)
-    process.join(_ABORT_GRACE_S)
-    _signal_group(process, signal.SIGKILL)
-    process.join()
-
-
-# Callers with a live worker or child, aborted when this process exits. multiprocessing's exit
-# function joins non-daemonic children, which would wait forever on an idle persistent worker.
-# It runs exit finalizers (exitpriority >= 0) before that join, both at interpreter exit and at
-# the end of processes started by multiprocessing (e.g. torch.multiprocessing.spawn ranks),
-# where plain atexit hooks would come too late or never run. Processes started by multiprocessing
-# clear the finalizer registry they inherit, and a forked child must never abort its parent's
-# workers: so the set and its hook belong to one pid and are made afresh in each process.
-_LIVE_CALLERS: weakref.WeakSet[AsyncCaller] = weakref.WeakSet()
-_LIVE_CALLERS_PID: int | None = None
-
-
-def _track_live(caller: AsyncCaller) -> None:
-    global _LIVE_CALLERS, _LIVE_CALLERS_PID
-    if os.getpid() != _LIVE_CALLERS_PID:
-        _LIVE_CALLERS, _LIVE_CALLERS_PID = weakref.WeakSet(), os.getpid()
-        mp_util.Finalize(None, _abort_live_callers, exitpriority=10)
-    _LIVE_CALLERS.add(caller)
-
-
-def _untrack_live(caller: AsyncCaller) -> None:
-    _LIVE_CALLERS.discard(caller)
-
-
-def _abort_live_callers() -> None:
-    if os.getpid() == _LIVE_CALLERS_PID:
-        for caller in list(_LIVE_CALLERS):
-            caller.close(abort=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,7 +172,7 @@ class TemporalAsyncCaller(AsyncCaller):
     def close(self, abort: bool = False) -> None:
         for idx, (process, result_conn, lifeline) in self._children.items():
             if abort:
-                _kill_group(process)
+                kill_group(process)
             else:
                 if idx not in self._reported:  # its write may take long: wait for it as long as it runs
                     connection.wait([result_conn, process.sentinel])
@@ -240,7 +183,7 @@ class TemporalAsyncCaller(AsyncCaller):
         self._reported.clear()
         self._pending.clear()
         self._results.clear()
-        _untrack_live(self)
+        untrack_live(self)
 
     @staticmethod
     def _prepare(async_req: AsyncRequest) -> tuple[list, dict, BaseException | None]:
@@ -271,14 +214,14 @@ class TemporalAsyncCaller(AsyncCaller):
             lifeline_r.close()
             if _started(result_r):
                 self._children[idx] = (process, result_r, lifeline_w)
-                _track_live(self)
+                track_live(self)
                 return
             logger.error(
                 "checkpoint child (pid %d) did not report running within %g s of its fork: killed",
                 process.pid,
                 _START_S,
             )
-            _kill_group(process)
+            kill_group(process)
             result_r.close()
             lifeline_w.close()
         self._results[idx] = RuntimeError(f"no forked child started within {_START_S:g} s, {_FORK_TRIES} tries")
@@ -319,7 +262,7 @@ def _join_reported(process) -> None:
         logger.error(
             "checkpoint child (pid %d) did not exit within %g s of its report: killed", process.pid, _SHUTDOWN_S
         )
-        _kill_group(process)
+        kill_group(process)
 
 
 def _gpu_to_host(t: torch.Tensor) -> torch.Tensor:
@@ -371,7 +314,7 @@ class PersistentAsyncCaller(AsyncCaller):
     def close(self, abort: bool = False) -> None:
         if self._process is not None:
             if abort:
-                _kill_group(self._process)
+                kill_group(self._process)
             else:
                 self._shutdown_worker()
             self._release_worker()
@@ -381,7 +324,7 @@ class PersistentAsyncCaller(AsyncCaller):
         self._pool.clear()
         self._pending.clear()
         self._results.clear()
-        _untrack_live(self)
+        untrack_live(self)
 
     def _ensure_worker(self) -> None:
         if self._process is not None and self._process.is_alive():
@@ -405,7 +348,7 @@ class PersistentAsyncCaller(AsyncCaller):
         worker_conn.close()
         lifeline_r.close()
         self._process, self._conn, self._lifeline = process, conn, lifeline_w
-        _track_live(self)
+        track_live(self)
         logger.info("Started persistent checkpoint worker (pid %d)", self._process.pid)
 
     def _release_worker(self) -> None:
@@ -426,7 +369,7 @@ class PersistentAsyncCaller(AsyncCaller):
             logger.error(
                 "checkpoint worker (pid %d) did not exit within %g s of close(): killed", self._process.pid, _SHUTDOWN_S
             )
-            _kill_group(self._process)
+            kill_group(self._process)
         self._process.join()
 
     def _send(self, message) -> None:

@@ -1,8 +1,8 @@
 """How the storage tests save and load: the documented async recipe, stock DCP loading, and checkpoint inspection.
 
 Every helper reaches the target only through its documented module paths (`async_ckpt.core`,
-`async_ckpt.filesystem_async`, `async_ckpt.state_dict_saver`); loading and inspection use stock
-`torch.distributed.checkpoint`, never the target.
+`async_ckpt.filesystem_async`, `async_ckpt.state_dict_saver`), and saves through the one recipe of
+spec_tests.harness.recipe; loading and inspection use stock `torch.distributed.checkpoint`, never the target.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from spec_tests.harness import workloads
 from spec_tests.harness.asserts import assert_state_dict_equal, bounded
 from spec_tests.harness.ranks import rank_state
+from spec_tests.harness.recipe import plan_async_save, planned_save, recipe_modules
 from spec_tests.harness.targets import current_target
 
 __all__ = [
@@ -81,11 +82,10 @@ def request(writer, plan_ret, gate: str | None = None):
 
     With `gate`, the save function waits for the gate file before writing.
     """
-    save_fn, preload_fn, save_args = writer.get_save_function_and_args()
-    if gate is not None and save_fn is not None:
-        save_fn = functools.partial(workloads.call_when_open, gate, save_fn)
-    finalize_fn = functools.partial(module("state_dict_saver").save_state_dict_async_finalize, *plan_ret)
-    return module("core").AsyncRequest(save_fn, save_args, [finalize_fn], preload_fn=preload_fn)
+    planned = planned_save(recipe_modules(), writer, plan_ret)
+    if gate is not None and planned.save_fn is not None:
+        planned = planned.but(save_fn=functools.partial(workloads.call_when_open, gate, planned.save_fn))
+    return planned.request()
 
 
 def finalize(q, bound: float = FINALIZE_BOUND):
@@ -123,7 +123,7 @@ def save_with(
     plan_kwargs: dict | None = None,
 ):
     """async_save with a writer the caller made."""
-    req = request(writer, plan(state_dict, writer, **(plan_kwargs or {})))
+    req = plan_async_save(recipe_modules(), state_dict, writer=writer, planner=None, plan_kwargs=plan_kwargs).request()
     if persistent is None:
         bounded(bound, "AsyncRequest.execute_sync()", req.execute_sync)
     else:

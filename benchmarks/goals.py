@@ -1,0 +1,115 @@
+"""The performance goals of impl, each checked against one benchmark run's figures (a Markdown checklist)."""
+
+from __future__ import annotations
+
+from benchmarks.figures import (
+    MiB,
+    Run,
+    floor_of,
+    fmt_bytes,
+    fmt_ratio,
+    fmt_time,
+    quotient,
+    seconds_of,
+    snapshot_verdict,
+)
+
+__all__ = ["goals"]
+
+
+def _goal(text: str, value: float | None, limit: float, measured: str) -> str:
+    if value is None:
+        return f"- [ ] {text}: not measured in this run"
+    mark = "x" if value <= limit else " "
+    return f"- [{mark}] {text}: {measured}"
+
+
+def goals(run: Run) -> list[str]:
+    """The performance goals of impl, checked against this run's figures."""
+    lines = []
+    gpu = bool(run.info.get("gpu"))
+    for family in ("dcp", "torch"):
+        impl = run.one("stall", f"{family}:impl")
+        nvrx = run.one("stall", f"{family}:nvrx")
+        if impl is None:
+            lines.append(f"- [ ] `{family}:impl`: not measured in this run")
+            continue
+        floor_name, floor = floor_of(run, impl["bytes"], impl.get("device", "cpu"))
+        limit = 1.2 if gpu else 1.5
+        ratio = impl["seconds"] / floor if floor else None
+        correct = impl.get("snapshot") == "correct"
+        lines.append(
+            _goal(
+                f"`{family}:impl` stall <= {limit}x the {floor_name} floor, snapshot correct",
+                ratio if correct else float("inf"),
+                limit,
+                f"{fmt_ratio(impl['seconds'], floor)}, {snapshot_verdict(impl)}",
+            )
+        )
+        if nvrx is not None:
+            lines.append(
+                _goal(
+                    f"`{family}:impl` stall no worse than `{family}:nvrx`",
+                    impl["seconds"] / nvrx["seconds"],
+                    1.0,
+                    f"{fmt_time(impl['seconds'])} vs {fmt_time(nvrx['seconds'])} (nvrx: {snapshot_verdict(nvrx)})",
+                )
+            )
+    impl, sync = run.one("durable", "dcp:impl"), run.one("durable", "dcp:save")
+    lines.append(
+        _goal(
+            "`dcp:impl` time to durable <= 1.1x synchronous `dcp.save`",
+            quotient(impl, sync),
+            1.1,
+            fmt_ratio(seconds_of(impl), seconds_of(sync)),
+        )
+    )
+    for executor in ("thread", "process"):
+        peer = f"dcp:async_save-{executor}"
+        for figure in ("stall", "durable"):
+            mine, theirs = run.one(figure, "dcp:impl"), run.one(figure, peer)
+            lines.append(
+                _goal(
+                    f"`dcp:impl` ahead of `{peer}` on {figure}",
+                    quotient(mine, theirs),
+                    1.0,
+                    f"{fmt_time(seconds_of(mine))} vs {fmt_time(seconds_of(theirs))}",
+                )
+            )
+    memory = run.one("memory", "dcp:impl")
+    if memory is None:
+        lines.append("- [ ] `dcp:impl` memory: not measured in this run")
+    else:
+        m = memory["memory"]
+        lines.append(
+            _goal(
+                "`dcp:impl` peak extra host memory <= 1.1x staged bytes",
+                m["peak_extra_bytes"] / m["staged_bytes"],
+                1.1,
+                fmt_ratio(m["peak_extra_bytes"], m["staged_bytes"]),
+            )
+        )
+        allowance = 16 * MiB + m["staged_bytes"] // 100
+        lines.append(
+            _goal(
+                f"`dcp:impl` no growth over {m['saves']} saves (within 16 MiB + 1% of staged)",
+                m["growth_bytes"] / allowance,
+                1.0,
+                fmt_bytes(m["growth_bytes"]),
+            )
+        )
+    if gpu:
+        for peer in ("preload:impl", "stage:impl"):
+            rows = run.get("d2h", peer)
+            if rows:
+                largest = max(rows, key=lambda r: r["bytes"])
+                ceiling = run.ceiling_seconds("d2h-pinned", largest["bytes"])
+                lines.append(
+                    _goal(
+                        f"`{peer}` D2H >= 80% of the pinned copy ({fmt_bytes(largest['bytes'])})",
+                        largest["seconds"] / ceiling * 0.8 if ceiling else None,
+                        1.0,
+                        fmt_ratio(ceiling, largest["seconds"]),
+                    )
+                )
+    return lines
