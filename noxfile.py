@@ -29,6 +29,7 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).resolve().parent
+RUN_OPTIONS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
 TORCH = "torch==2.13.0"  # the README's pin: pip must never resolve a newer, CUDA-sized torch
 nox.options.sessions = ["tests", "lint"]
 
@@ -148,11 +149,7 @@ def spec(session: nox.Session, target: str, release: str) -> None:
         "-m",
         "pytest",
         suite,
-        "-n",
-        "auto",
-        "-q",
-        "-p",
-        "no:randomly",
+        *RUN_OPTIONS,
         "--impl",
         target,
         *record,

@@ -12,7 +12,6 @@ plan (fault_injection.faultfs) for the rest of the phase. `Hooks` holds one Step
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import signal
 import tempfile
@@ -23,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from fault_injection import faultfs
-from spec_tests.harness import alive, attempt, run_on_ranks, workloads
+from spec_tests.harness import alive, run_on_ranks, workloads
+from spec_tests.harness.processes import collect_garbage
 
 __all__ = [
     "BOUND",
@@ -110,16 +110,8 @@ def _in_test_env(tmpdir, fn, *args):
     try:
         return fn(*args)
     finally:
-        _collect_garbage()
-
-
-def _collect_garbage() -> None:
-    """Let objects the body dropped release what they hold (weakref finalizers of writers, queues).
-
-    The runner stops a rank right after its reply, before interpreter exit would do this. A finalizer
-    that blocks (a queue whose __del__ waits for a dead worker) is left behind in its thread.
-    """
-    attempt(gc.collect, bound=EXIT_BOUND, what="gc.collect()")
+        # The runner stops a rank right after its reply, before interpreter exit would collect what the body dropped.
+        collect_garbage(EXIT_BOUND)
 
 
 # -------------------------------------------------------------------------------------- phases

@@ -4,11 +4,13 @@ Modules (one concept each):
     targets     Target, adapters, capabilities; how every process resolves the same target
     clauses     the clause registry (spec_tests/clauses/*.toml)
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
+    profiles    the hypothesis profiles (ci, dev, nightly) and which one a run loads
     rank_runs   the vocabulary of a rank run (outcomes, the RankFailures report, per-rank state, the Runner seam)
     ranks       the multi-rank runner (run a body on N forked ranks, with a bound and a report of every rank)
     launched    under torchrun: rank 0 drives the session and the bodies run on the launched ranks
     launched_rank  what a launched rank does with one body (process group, pool state, stop requests)
     loopback    several torchrun "nodes" on this machine; comparing the verdicts of two runs
+    recipe      the documented async save recipe (plan_async_save), written once for every caller
     processes   the async core and its callers; observing processes and files from outside; cleaning up
     asserts     bounded calls and their outcomes; the assertion family (one message shape)
     runs        recorded runs (conformance JSON) read back, and the command that makes one

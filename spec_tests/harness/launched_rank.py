@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from spec_tests.harness.processes import collect_garbage
 from spec_tests.harness.rank_runs import rank_state
 
 __all__ = ["Close", "End", "RankSide", "Run", "Stopped", "World", "connect"]
@@ -378,7 +379,7 @@ class RankSide:
             self._current = None
         if self._group_owner == key:
             self._leave()
-        _collect_garbage()
+        collect_garbage(GC_BOUND, unfreeze=True)
 
     def _end_spawned(self, key: str) -> None:
         import psutil
@@ -389,11 +390,3 @@ class RankSide:
             with contextlib.suppress(psutil.Error):
                 p.kill()  # psutil refuses a pid that now names another process
         psutil.wait_procs(procs, timeout=5)
-
-
-def _collect_garbage() -> None:
-    """Collect, in this rank, what the runs so far left (unfrozen first); a finalizer that blocks is left behind."""
-    gc.unfreeze()
-    collector = threading.Thread(target=gc.collect, name="ckptspec-gc", daemon=True)
-    collector.start()
-    collector.join(GC_BOUND)

@@ -32,37 +32,17 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from _pytest.reports import CollectReport
-from hypothesis import HealthCheck, settings
-from hypothesis.errors import InvalidArgument
+from hypothesis import settings
 
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import devices, expectations, launched, reaper
+from spec_tests.harness.profiles import in_ci, load_profile
 from spec_tests.harness.ranks import RankPool, use_runner
 from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, TargetError, TargetUnavailable, load_target
-
-_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    database=None,
-    max_examples=10,
-    stateful_step_count=10,
-    deadline=timedelta(seconds=60),
-    suppress_health_check=_SUPPRESS,
-    print_blob=True,
-)
-settings.register_profile(
-    "dev", max_examples=25, stateful_step_count=15, deadline=timedelta(seconds=60), suppress_health_check=_SUPPRESS
-)
-settings.register_profile(
-    "nightly", max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=_SUPPRESS
-)
-PROFILES = ("ci", "dev", "nightly")
 
 _CITING_DIRS = ("spec_tests", "fault_injection")
 _EXEMPT_DIRS = ("spec_tests/harness",)
@@ -85,11 +65,6 @@ def pytest_addoption(parser):
     devices.add_option(group)
 
 
-def in_ci() -> bool:
-    """Whether $CI asks for CI behaviour (the `ci` profile, errors for stale expectations)."""
-    return bool(os.environ.get("CI"))
-
-
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's own pytest plugin loads --hypothesis-profile
 def pytest_configure(config):
     for line in MARKERS:
@@ -100,7 +75,7 @@ def pytest_configure(config):
         name = config.getoption("--impl") or os.environ.get(ENV_VAR) or "impl"
         os.environ[ENV_VAR] = name
         config.ckptspec_target = load_target(name)
-        config.ckptspec_profile = _load_profile(config)
+        config.ckptspec_profile = load_profile(config)
         config.ckptspec_tensor_device = devices.configure(config.getoption("--tensor-device"))
         clause_registry.load()
         expectations.load(config.ckptspec_target.expectations_path)
@@ -116,22 +91,6 @@ def pytest_configure(config):
 
 def _worker_mark(workerinput: dict) -> str:
     return f"{workerinput['testrunuid']}/{workerinput['workerid']}"
-
-
-def _load_profile(config) -> str:
-    profile = (
-        config.getoption("hypothesis_profile", None)
-        or os.environ.get("HYPOTHESIS_PROFILE")
-        or ("ci" if in_ci() else "dev")
-    )
-    try:
-        settings.load_profile(profile)
-    except InvalidArgument:
-        raise pytest.UsageError(
-            f"hypothesis profile {profile!r} (from --hypothesis-profile or $HYPOTHESIS_PROFILE) "
-            f"is not one of this suite's profiles: {', '.join(PROFILES)}"
-        ) from None
-    return profile
 
 
 def _check_writable(path: str | None) -> None:

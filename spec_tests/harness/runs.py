@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+RUN_OPTIONS: list[str] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
+"""The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same)."""
 # Recorded outcomes, best to worst as a test's phases combine (the worst phase is the test's outcome).
 OUTCOMES = ("skipped", "passed", "xpass", "xfail", "failed", "error")
 # `nvrx-0.7.0`: a release of a target, run in its nox session (noxfile.py) instead of in this environment.
@@ -171,10 +174,7 @@ def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> l
         return [sys.executable, "-m", "nox", "-r", "-s", f"spec({target})", "--", suite, "--conformance-json"] + [
             str(json_path)
         ]
-    return [sys.executable, "-m", "pytest", suite, "-n", "auto", "-q", "-p", "no:randomly", "--impl", target] + [
-        "--conformance-json",
-        str(json_path),
-    ]
+    return [sys.executable, "-m", "pytest", suite, *RUN_OPTIONS, "--impl", target, "--conformance-json", str(json_path)]
 
 
 def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float:

@@ -1,0 +1,58 @@
+"""The hypothesis profiles of the suite, and which one a run loads.
+
+`ci`: derandomized, 10 examples (what CI runs); `dev`: randomized, 25 examples (a run on a workstation);
+`nightly`: 300 examples, no deadline. Chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` when $CI
+is set, else `dev`.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
+
+__all__ = ["PROFILES", "in_ci", "load_profile"]
+
+_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=10,
+    stateful_step_count=10,
+    deadline=timedelta(seconds=60),
+    suppress_health_check=_SUPPRESS,
+    print_blob=True,
+)
+settings.register_profile(
+    "dev", max_examples=25, stateful_step_count=15, deadline=timedelta(seconds=60), suppress_health_check=_SUPPRESS
+)
+settings.register_profile(
+    "nightly", max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=_SUPPRESS
+)
+PROFILES = ("ci", "dev", "nightly")
+
+
+def in_ci() -> bool:
+    """Whether $CI asks for CI behaviour (the `ci` profile, errors for stale expectations)."""
+    return bool(os.environ.get("CI"))
+
+
+def load_profile(config) -> str:
+    """Load the profile --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`."""
+    profile = (
+        config.getoption("hypothesis_profile", None)
+        or os.environ.get("HYPOTHESIS_PROFILE")
+        or ("ci" if in_ci() else "dev")
+    )
+    try:
+        settings.load_profile(profile)
+    except InvalidArgument:
+        raise pytest.UsageError(
+            f"hypothesis profile {profile!r} (from --hypothesis-profile or $HYPOTHESIS_PROFILE) "
+            f"is not one of this suite's profiles: {', '.join(PROFILES)}"
+        ) from None
+    return profile
