@@ -33,7 +33,8 @@ class Form:
         cwd = elsewhere if self.cwd == "<elsewhere>" else REPO_ROOT / self.cwd
         args = list(self.args) if self.workers else [*self.args, "--collect-only", "-q"]
         env = clean_env(PYTEST_XDIST_AUTO_NUM_WORKERS=str(self.workers or 1))
-        return run_pytest(args, cwd, script=self.script, probe=True, env=env)
+        # A form is how the interpreter starts: a new one each time, never a fork of a warm one.
+        return run_pytest(args, cwd, script=self.script, fresh=not self.script, probe=True, env=env)
 
 
 _ROOT = str(REPO_ROOT)
