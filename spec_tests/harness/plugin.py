@@ -20,6 +20,10 @@ loads it too, for a run with another ini file).
 - Hypothesis profiles `ci` (derandomized), `dev`, `nightly`, chosen by --hypothesis-profile, else
   $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`.
 - Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.launched).
+- Every process of a run computes with one torch thread ($OMP_NUM_THREADS=1, inherited by workers, ranks and the
+  targets' own processes), unless $OMP_NUM_THREADS is set or benchmarks are timed (--benchmark-enable): the tests'
+  tensors are small, and on a loaded machine OpenMP's waiting threads made each operation far slower (a training
+  step of the goodput smoke test: 0.6 s with 2 threads, 0.01 s with one, on 2 cores at a load of 8).
 
 Bad input is one line, never a traceback: a bad option value or environment variable, a malformed clause or
 expectations file, or a target whose package is missing is a usage error at start (exit status 4); a wrong
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -67,6 +72,7 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's own pytest plugin loads --hypothesis-profile
 def pytest_configure(config):
+    _one_torch_thread(config)
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     if hasattr(config, "workerinput"):
@@ -87,6 +93,15 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     if not hasattr(config, "workerinput") and launched.reports():
         config.pluginmanager.register(_Recorder(config), "ckptspec-recorder")
+
+
+def _one_torch_thread(config) -> None:
+    """One torch thread in this process and every process it starts (see the module docstring)."""
+    if os.environ.get("OMP_NUM_THREADS") or config.getoption("benchmark_enable", default=False):
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def _worker_mark(workerinput: dict) -> str:
