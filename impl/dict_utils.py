@@ -80,20 +80,20 @@ def diff(x1: Any, x2: Any, prefix: tuple = ()) -> tuple[list, list, list]:
     if _is_numpy_array(x1) and _is_numpy_array(x2):
         return diff(x1.tolist(), x2.tolist(), prefix)
     if isinstance(x1, dict) and isinstance(x2, dict):
-        only_left = [prefix + (k,) for k in x1 if k not in x2]
-        only_right = [prefix + (k,) for k in x2 if k not in x1]
+        only_left = [(*prefix, k) for k in x1 if k not in x2]
+        only_right = [(*prefix, k) for k in x2 if k not in x1]
         pairs = [(k, x1[k], x2[k]) for k in x1 if k in x2]
     elif isinstance(x1, (list, tuple)) and type(x1) is type(x2):
-        only_left = [prefix + (i,) for i in range(len(x2), len(x1))]
-        only_right = [prefix + (i,) for i in range(len(x1), len(x2))]
+        only_left = [(*prefix, i) for i in range(len(x2), len(x1))]
+        only_right = [(*prefix, i) for i in range(len(x1), len(x2))]
         pairs = list(zip(range(len(x1)), x1, x2, strict=False))
     elif hasattr(x1, "replica_id") and hasattr(x2, "replica_id") and type(x1) is type(x2):
-        return diff(x1.data, x2.data, prefix + (type(x1),))
+        return diff(x1.data, x2.data, (*prefix, type(x1)))
     else:
         return [], [], [(prefix, type(x1), type(x2))] if _differ(x1, x2) else []
     mismatch: list = []
     for key, left, right in pairs:
-        sub_left, sub_right, sub_mismatch = diff(left, right, prefix + (key,))
+        sub_left, sub_right, sub_mismatch = diff(left, right, (*prefix, key))
         only_left += sub_left
         only_right += sub_right
         mismatch += sub_mismatch

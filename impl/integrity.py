@@ -21,9 +21,9 @@ import zlib
 from typing import IO, Any
 
 __all__ = [
+    "TRAILER_SIZE",
     "ChecksumStream",
     "IntegrityError",
-    "TRAILER_SIZE",
     "crc32",
     "make_dirs",
     "open_new",

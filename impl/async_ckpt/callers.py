@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing  # noqa: F401  (registers torch's tensor reductions with ForkingPickler)
+import torch.multiprocessing  # registers torch's tensor reductions with ForkingPickler
 
 from ..utils import all_reduce, dist_ready
 from .request import AsyncRequest, raise_failure, run_guarded

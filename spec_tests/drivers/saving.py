@@ -22,8 +22,8 @@ from spec_tests.harness.ranks import rank_state
 from spec_tests.harness.targets import current_target
 
 __all__ = [
-    "DecentralizedPlanner",
     "FINALIZE_BOUND",
+    "DecentralizedPlanner",
     "async_save",
     "data_files",
     "finalize",

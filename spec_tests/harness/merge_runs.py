@@ -19,7 +19,7 @@ from pathlib import Path
 
 from spec_tests.harness.runs import ReportError, load_run, read_json
 
-__all__ = ["merge", "main"]
+__all__ = ["main", "merge"]
 
 
 def merge(paths: Sequence[Path | str]) -> dict:

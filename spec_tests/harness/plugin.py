@@ -229,7 +229,7 @@ def pytest_collection_modifyitems(session, config, items):
         for e in expectations.unmatched(entries, items, rootdir, _narrowed_files(config))
     ]
     if stale and in_ci():
-        problems[path].extend(stale + ["(remove or fix these entries; outside CI this is a warning)"])
+        problems[path].extend([*stale, "(remove or fix these entries; outside CI this is a warning)"])
     elif stale:
         config.ckptspec_stale = stale
         if hasattr(config, "workeroutput"):

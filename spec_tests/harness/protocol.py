@@ -32,7 +32,7 @@ class SaveHandle(abc.ABC):
 
     def staged(self) -> None:
         """Return once the state dict handed to start() may be changed; default: at once (copied in start)."""
-        return None
+        return
 
     @abc.abstractmethod
     def wait(self) -> Any:

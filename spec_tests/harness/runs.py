@@ -31,9 +31,9 @@ __all__ = [
     "OUTCOMES",
     "RELEASE_LABEL",
     "REPO_ROOT",
+    "Record",
     "ReportError",
     "Run",
-    "Record",
     "cli",
     "load_run",
     "page_name",
@@ -168,10 +168,30 @@ def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> l
     """
     if RELEASE_LABEL.match(target):
         # -r: reuse the session's venv (its install steps still run, and the version check refuses a wrong release).
-        return [sys.executable, "-m", "nox", "-r", "-s", f"spec({target})", "--", suite, "--conformance-json"] + [
-            str(json_path)
+        return [
+            sys.executable,
+            "-m",
+            "nox",
+            "-r",
+            "-s",
+            f"spec({target})",
+            "--",
+            suite,
+            "--conformance-json",
+            str(json_path),
         ]
-    return [sys.executable, "-m", "pytest", suite, "-n", "auto", "-q", "-p", "no:randomly", "--impl", target] + [
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        suite,
+        "-n",
+        "auto",
+        "-q",
+        "-p",
+        "no:randomly",
+        "--impl",
+        target,
         "--conformance-json",
         str(json_path),
     ]

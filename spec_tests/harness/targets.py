@@ -39,8 +39,8 @@ from types import ModuleType
 __all__ = [
     "CAPABILITY_DOCS",
     "ENV_VAR",
-    "MissingCapability",
     "SPEC_MODULES",
+    "MissingCapability",
     "Target",
     "TargetError",
     "TargetUnavailable",

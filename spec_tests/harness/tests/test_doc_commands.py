@@ -19,6 +19,7 @@ block of the README is also run verbatim by CI (.ci/run).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import re
@@ -93,12 +94,13 @@ def _help(argv: list[str], module: str | None = None, path: str | None = None) -
     out = io.StringIO()
     saved = sys.argv
     sys.argv = [module or path or "", *argv, "--help"]
+    if module is not None:
+        run = functools.partial(runpy.run_module, module, run_name="__main__", alter_sys=True)
+    else:
+        run = functools.partial(runpy.run_path, str(REPO_ROOT / str(path)), run_name="__main__")
     try:
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-            if module is not None:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(str(REPO_ROOT / str(path)), run_name="__main__")
+            run()
     finally:
         sys.argv = saved
     return out.getvalue()

@@ -12,7 +12,8 @@ from spec_tests.harness import clauses, expectations
 def test_weak_levels_of_the_registry_name_strict_clauses():
     registry = clauses.load()
     levels = clauses.weak_levels(registry)
-    assert levels["AQ-7"] == "AQ-7w" and levels["AQ-8"] == "AQ-8w"
+    assert levels["AQ-7"] == "AQ-7w"
+    assert levels["AQ-8"] == "AQ-8w"
     assert all(strict in registry and "weakens" not in registry[strict] for strict in levels)
 
 
@@ -49,7 +50,8 @@ def test_a_strict_level_entry_needs_an_unlisted_weak_test(clause, weak_listed, p
     if problem is None:
         assert problems == []
     else:
-        assert len(problems) == 1 and problem in problems[0]
+        assert len(problems) == 1
+        assert problem in problems[0]
 
 
 def test_a_run_narrowed_to_node_ids_does_not_judge_a_weak_level(tmp_path):

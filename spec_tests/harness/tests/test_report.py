@@ -117,7 +117,8 @@ def test_statements_are_shortened_and_escaped(tmp_path):
     body = render([run], REGISTRY).splitlines()
     assert "second \\| clause with a pipe" in body[3]
     long_statement = _rows(render([run], REGISTRY))[4][1]
-    assert long_statement.endswith("…") and len(long_statement) <= 70
+    assert long_statement.endswith("…")
+    assert len(long_statement) <= 70
 
 
 def test_legend_and_summary_lines(tmp_path):
@@ -192,7 +193,9 @@ def test_update_without_a_single_marked_block_fails_clearly(tmp_path, capsys, te
     readme.write_text(text)
     assert main([str(_write(tmp_path, "a.json", [])), "--update", str(readme)]) == 1
     err = capsys.readouterr().err
-    assert str(readme) in err and START_MARKER in err and END_MARKER in err
+    assert str(readme) in err
+    assert START_MARKER in err
+    assert END_MARKER in err
     assert readme.read_text() == text
 
 
@@ -206,7 +209,7 @@ def test_stdout_without_update(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "content, problem",
+    ("content", "problem"),
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
@@ -239,7 +242,8 @@ def test_bad_json_is_an_error_naming_the_file(tmp_path, capsys, content, problem
     assert problem in str(info.value)
     assert main([str(path)]) == 1
     err = capsys.readouterr().err
-    assert str(path) in err and problem in err
+    assert str(path) in err
+    assert problem in err
 
 
 def test_missing_file_is_an_error_naming_it(tmp_path, capsys):
@@ -332,7 +336,8 @@ def test_run_with_an_unexpected_exit_code_names_the_target(tmp_path, fake_pytest
     out.mkdir()
     assert main(["--run", "mcore", "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "'mcore'" in err and "code 4" in err
+    assert "'mcore'" in err
+    assert "code 4" in err
 
 
 def test_areas_not_asked_for_get_no_rows(tmp_path):
@@ -342,7 +347,8 @@ def test_areas_not_asked_for_get_no_rows(tmp_path):
     run = load_run(_write(tmp_path, "a.json", [_test("t::a", "passed", fault_id)], clauses=everything))
     body = _rows(render([run], chosen))[2:]
     assert [r[0] for r in body] == list(chosen)
-    assert fault_id not in chosen and fault_id not in {r[0] for r in body}
+    assert fault_id not in chosen
+    assert fault_id not in {r[0] for r in body}
 
 
 def test_an_unknown_area_is_refused():
