@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -27,7 +29,7 @@ CALLER_CLASSES = [
 """Parameters `caller_name` of a test run once per caller class, by its public name."""
 
 
-def async_core():
+def async_core() -> ModuleType:
     """The target's async_ckpt.core module, in whatever process asks (a rank body): the `core` fixture's twin."""
     return current_target().module("async_ckpt.core")
 
@@ -65,7 +67,7 @@ def remove(*paths: str) -> None:
             os.remove(path)
 
 
-def close_quietly(queue, *, abort: bool = False, bound: float = 30) -> None:
+def close_quietly(queue: Any, *, abort: bool = False, bound: float = 30) -> None:
     """Close a queue after a provoked fault, within `bound` seconds; how that ends is not the test's subject.
 
     A queue whose close does not return (or a target without close(abort=True)) is left to the runner, which

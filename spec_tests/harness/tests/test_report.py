@@ -1,5 +1,6 @@
 """The conformance report: Markdown table, --update, input validation, --run (the words: test_verdicts.py)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -286,14 +287,14 @@ def fake_pytest(monkeypatch):
             )
         return subprocess.CompletedProcess(command, codes.get(target, 0))
 
-    monkeypatch.setattr(runs.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)  # the module runs.py calls
     return calls, codes
 
 
 def test_run_runs_each_target_then_reports(tmp_path, fake_pytest, capsys, monkeypatch):
     calls, codes = fake_pytest
     codes["nvrx"] = 1  # a failing suite is data, not an error
-    monkeypatch.setattr(report.clause_registry, "load", lambda areas=None: REGISTRY)
+    monkeypatch.setattr(clause_registry, "load", lambda areas=None: REGISTRY)  # the module report.py reads
     out = tmp_path / "conf"
     out.mkdir()
     assert main(["--run", "impl", "nvrx", "--out", str(out)]) == 0
@@ -365,8 +366,8 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
             json.dump({"target": "nvrx", "version": "0.7.0", "capabilities": [], "clauses": {}, "tests": []}, f)
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(runs.subprocess, "run", fake_run)
-    monkeypatch.setattr(runs.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(subprocess, "run", fake_run)  # the module runs.py calls
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     json_path = tmp_path / "nvrx-0.7.0.json"
     runs.run_target("nvrx-0.7.0", json_path, suite="fault_injection")
     assert calls == [
@@ -388,6 +389,6 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
 
 
 def test_a_release_label_without_nox_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ReportError, match="nox is not installed"):
         runs.run_target("mcore-0.19.2", tmp_path / "x.json")
