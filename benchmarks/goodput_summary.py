@@ -322,7 +322,7 @@ def render(run: Run, heading: str = "###") -> list[str]:
     lines = [f"{heading}# Goodput: training while saving every N steps", "", *_notes(run, found), ""]
     for interval in _intervals(found):
         lines += [f"Every {interval} steps:", "", *_interval_table(found, interval), ""]
-    return lines + ["Goals for impl:", "", *goals(run), ""]
+    return [*lines, "Goals for impl:", "", *goals(run), ""]
 
 
 def render_compact(run: Run) -> list[str]:

@@ -257,7 +257,7 @@ def _compact_saves(run: Run, heading: str) -> str:
                 fmt_time(seconds_of(first)),
                 fmt_time(seconds_of(durable)),
                 fmt_ratio(seconds_of(durable), seconds_of(sync)),
-                memory and fmt_ratio(memory["memory"]["peak_extra_bytes"], memory["memory"]["staged_bytes"]) or "-",
+                (memory and fmt_ratio(memory["memory"]["peak_extra_bytes"], memory["memory"]["staged_bytes"])) or "-",
                 fmt_time(seconds_of(load)),
             ]
         )
@@ -325,7 +325,7 @@ def noise(runs: list[dict], margin: float = 1.5) -> tuple[str, int]:
     threshold = 50 * -(-round((worst * margin - 1) * 100) // 50)
     table = md_table(["benchmark", "fastest round per run", "max / min"], rows)
     return "\n".join(
-        table + ["", f"Worst spread {worst:.2f}x; suggested threshold: {1 + threshold / 100:g} (--threshold)"]
+        [*table, "", f"Worst spread {worst:.2f}x; suggested threshold: {1 + threshold / 100:g} (--threshold)"]
     ) + "\n", threshold
 
 

@@ -35,8 +35,10 @@ def test_each_figure_is_divided_by_its_reference_of_the_same_run():
 def test_baseline_keeps_each_figures_best_and_its_source():
     made = best_of([make_run(test_stall_dcp_impl_=0.012), make_run(test_stall_dcp_impl_=0.009)], Settings(rounds=3))
     stall = made.data["figures"]["test_stall[dcp:impl]"]
-    assert stall["seconds"] == 0.009 and stall["per_run"] == [0.012, 0.009]
-    assert made.data["runs"] == 2 and made.settings.rounds == 3
+    assert stall["seconds"] == 0.009
+    assert stall["per_run"] == [0.012, 0.009]
+    assert made.data["runs"] == 2
+    assert made.settings.rounds == 3
     source = made.data["source"]
     assert (source["python"], source["torch"], source["commit"]) == ("CPython 3.12.1", "2.13.0", "c0ffee")
     assert "Test CPU" in source["machine"]
@@ -45,7 +47,8 @@ def test_baseline_keeps_each_figures_best_and_its_source():
 def test_same_figures_pass_and_a_slower_stall_fails():
     base = best_of([make_run()], Settings())
     rows = {r.name: r for r in compare(base, figures_of(make_run()), 3.0)}
-    assert all(r.status == "ok" for r in rows.values() if r.gated) and len(rows) == len(TIMES)
+    assert all(r.status == "ok" for r in rows.values() if r.gated)
+    assert len(rows) == len(TIMES)
     rows = {r.name: r for r in compare(base, figures_of(make_run(test_stall_dcp_impl_=0.032)), 3.0)}
     assert rows["test_stall[dcp:impl]"].status == "REGRESSED"
     assert rows["test_stall[dcp:impl]"].ratio == pytest.approx(4.0)
@@ -57,7 +60,8 @@ def test_a_uniformly_slower_runner_does_not_fail_and_ceilings_are_never_gated():
     rows = compare(base, figures_of(make_run(factor=10.0)), 3.0)
     assert not any(r.failed for r in rows)
     ceilings = [r for r in rows if not r.gated]
-    assert len(ceilings) == 3 and all(r.ratio == pytest.approx(10.0) and r.status == "reference" for r in ceilings)
+    assert len(ceilings) == 3
+    assert all(r.ratio == pytest.approx(10.0) and r.status == "reference" for r in ceilings)
 
 
 def test_a_figure_missing_from_the_run_fails_and_a_missing_reference_compares_absolute_times():
@@ -65,10 +69,12 @@ def test_a_figure_missing_from_the_run_fails_and_a_missing_reference_compares_ab
     run = make_run(test_memcpy=0.002)
     run["benchmarks"] = [b for b in run["benchmarks"] if b["name"] not in ("test_load[dcp:impl]", "test_memcpy")]
     rows = {r.name: r for r in compare(base, figures_of(run), 3.0)}
-    assert rows["test_load[dcp:impl]"].status == "MISSING" and rows["test_load[dcp:impl]"].failed
+    assert rows["test_load[dcp:impl]"].status == "MISSING"
+    assert rows["test_load[dcp:impl]"].failed
     stall = rows["test_stall[dcp:impl]"]
     assert (stall.unit, stall.ratio, stall.failed) == ("s", pytest.approx(1.0), False)
-    assert rows["test_memcpy"].status == "reference" and not rows["test_memcpy"].failed
+    assert rows["test_memcpy"].status == "reference"
+    assert not rows["test_memcpy"].failed
 
 
 def test_threshold_comes_from_the_option_then_the_environment(monkeypatch):
@@ -91,7 +97,8 @@ def test_an_unusable_baseline_is_one_line_and_exit_status_2(tmp_path, capsys, co
     with pytest.raises(BaselineError, match=reason):
         load(path)
     err = unusable(capsys, ["compare", str(path), "--run", str(path)])
-    assert reason in err and "record" in err
+    assert reason in err
+    assert "record" in err
 
 
 def test_a_bad_threshold_is_one_line_and_exit_status_2(tmp_path, capsys):
@@ -110,7 +117,8 @@ def test_compare_against_a_ten_times_faster_baseline_fails_with_one_line_per_fig
     assert cli.main(["compare", str(fast), "--run", str(run)]) == 1
     out = capsys.readouterr().out.splitlines()
     regressed = [line for line in out if line.startswith("REGRESSED ")]
-    assert len(regressed) == GATED and all("10.00x > 3x" in line for line in regressed)
+    assert len(regressed) == GATED
+    assert all("10.00x > 3x" in line for line in regressed)
     assert out[-1].startswith(f"{cli.PROG}: FAIL: {GATED} of {GATED} gated figures beyond 3x")
 
 
@@ -145,7 +153,8 @@ def test_stored_baseline_runs_ci_settings_and_gates_the_whole_regression_set():
     assert {n: f.reference for n, f in stored.figures.items()} == {
         n: f.reference for n, f in figures_of(make_run()).items()
     }
-    assert stored.data["runs"] >= 3 and stored.data["source"]["commit"]
+    assert stored.data["runs"] >= 3
+    assert stored.data["source"]["commit"]
 
 
 def _fake_runs(monkeypatch, runs: Sequence[dict | None]) -> list:
@@ -169,16 +178,19 @@ def test_record_keeps_the_best_of_n_runs_and_compare_reruns_with_its_settings(tm
     out = tmp_path / "base" / "b.json"
     assert cli.main(["record", "--runs", "3", "--rounds", "4", "--out", str(out), "--", "-k", "impl"]) == 0
     text = capsys.readouterr().out
-    assert "test_stall[dcp:impl]: 1.33x (x memcpy)" in text and f"baseline written to {out}" in text
+    assert "test_stall[dcp:impl]: 1.33x (x memcpy)" in text
+    assert f"baseline written to {out}" in text
     assert load(out).figures["test_stall[dcp:impl]"].seconds == 0.009
     assert cli.main(["compare", str(out)]) == 0
-    assert given[-1] == Settings(rounds=4, pytest_args=["-k", "impl"]) and len(given) == 4
+    assert given[-1] == Settings(rounds=4, pytest_args=["-k", "impl"])
+    assert len(given) == 4
 
 
 def test_a_failing_regression_set_fails_record_and_compare(tmp_path, capsys, monkeypatch):
     _fake_runs(monkeypatch, [make_run(), None, None])
     out = tmp_path / "b.json"
     assert cli.main(["record", "--runs", "2", "--out", str(out)]) == 1
-    assert "run 2 of the regression set failed" in capsys.readouterr().err and not out.exists()
+    assert "run 2 of the regression set failed" in capsys.readouterr().err
+    assert not out.exists()
     assert cli.main(["compare", str(write_baseline(out))]) == 1
     assert "the regression set itself failed" in capsys.readouterr().err

@@ -33,7 +33,8 @@ def test_each_compare_appends_one_line_with_its_figures_and_verdict(tmp_path, ca
     assert [e["passed"] for e in entries] == [True, True, False]
     stall = [e["figures"]["test_stall[dcp:impl]"] for e in entries]
     assert [s["ratio"] for s in stall] == pytest.approx([1.0, 2.0, 4.0])
-    assert stall[0]["unit"] == "x memcpy" and stall[2]["status"] == "REGRESSED"
+    assert stall[0]["unit"] == "x memcpy"
+    assert stall[2]["status"] == "REGRESSED"
     assert all(set(e["figures"]) == set(TIMES) and e["threshold"] == 3.0 for e in entries)
 
 
@@ -50,7 +51,8 @@ def test_trend_draws_every_figure_of_three_runs(tmp_path, capsys):
     history, _ = _three_runs(tmp_path, capsys)
     out = tmp_path / "pictures" / "trend.png"
     assert cli.main(["trend", str(history), "--out", str(out)]) == 0
-    assert out.read_bytes().startswith(PNG_SIGNATURE) and out.stat().st_size > 10_000
+    assert out.read_bytes().startswith(PNG_SIGNATURE)
+    assert out.stat().st_size > 10_000
     assert capsys.readouterr().out.strip().endswith(f"trend of {len(TIMES)} figures over 3 runs written to {out}")
 
 

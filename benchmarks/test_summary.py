@@ -69,7 +69,9 @@ def test_update_replaces_only_the_marked_block(tmp_path):
     readme.write_text(f"before\n{summary.START}\nold\n{summary.END}\nafter\n")
     summary.update(readme, summary.render_compact(RUN))
     text = readme.read_text()
-    assert text.startswith("before\n") and text.endswith(f"{summary.END}\nafter\n") and "old" not in text
+    assert text.startswith("before\n")
+    assert text.endswith(f"{summary.END}\nafter\n")
+    assert "old" not in text
     assert "#### CPU, 2 cores, state dict 8 MiB, 1 trainer thread(s) (2026-01-02, torch 2.13.0)" in text
 
 

@@ -35,7 +35,7 @@ import psutil
 
 from spec_tests.harness.reaper import harness_pids
 
-__all__ = ["Audit", "GRACE"]
+__all__ = ["GRACE", "Audit"]
 
 GRACE = 10.0  # the bound PC-4 gives a worker to exit after its trainer is gone
 _PR_SET_CHILD_SUBREAPER = 36

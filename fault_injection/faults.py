@@ -53,15 +53,15 @@ SAVE_PHASES = PHASES[:4]
 
 ERRNOS = ("ENOSPC", "EACCES", "EIO")
 STORAGE_FAULTS: dict[tuple[str, str], tuple[int | str, dict[str, Any]]] = {
-    ("plan", "ENOSPC"): ("all", dict(op="mkdir")),
-    ("plan", "EACCES"): ("all", dict(op="mkdir")),
-    ("plan", "EIO"): ("all", dict(op="mkdir")),
-    ("write", "ENOSPC"): (1, dict(limit=64, name="*.distcp")),
-    ("write", "EACCES"): (1, dict(op="open", name="*.distcp")),
-    ("write", "EIO"): (1, dict(op="write", nth=2, name="*.distcp")),
-    ("finalize", "ENOSPC"): (0, dict(limit=16, name=".metadata*")),
-    ("finalize", "EACCES"): (0, dict(op="open", name=".metadata*")),
-    ("finalize", "EIO"): (0, dict(op="write", name=".metadata*")),
+    ("plan", "ENOSPC"): ("all", {"op": "mkdir"}),
+    ("plan", "EACCES"): ("all", {"op": "mkdir"}),
+    ("plan", "EIO"): ("all", {"op": "mkdir"}),
+    ("write", "ENOSPC"): (1, {"limit": 64, "name": "*.distcp"}),
+    ("write", "EACCES"): (1, {"op": "open", "name": "*.distcp"}),
+    ("write", "EIO"): (1, {"op": "write", "nth": 2, "name": "*.distcp"}),
+    ("finalize", "ENOSPC"): (0, {"limit": 16, "name": ".metadata*"}),
+    ("finalize", "EACCES"): (0, {"op": "open", "name": ".metadata*"}),
+    ("finalize", "EIO"): (0, {"op": "write", "name": ".metadata*"}),
 }
 """(phase, errno) -> (the ranks it hits, the faultfs.Fault fields that place it in that phase of a DCP save): the
 checkpoint directory's mkdir on every rank, rank 1's data files, or the coordinator's metadata."""

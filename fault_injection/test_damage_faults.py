@@ -49,7 +49,7 @@ def _summary(found) -> tuple:
 
 
 def _local(base, layout, damage, from_rank, every_file):
-    damaged, found = load_damaged_local(base, layout, damage, 0, from_rank, every_file)
+    _damaged, found = load_damaged_local(base, layout, damage, 0, from_rank, every_file)
     return _summary(found)
 
 

@@ -165,9 +165,9 @@ def test_rank_killed_in_the_replica_exchange(tmp_path, phase):
 
 FAILING_RANK = 1
 STORAGE_POINTS = {  # where rank 1's storage fails (EIO), as faultfs places it below rank 1's root
-    "write-open": dict(op="open"),
-    "write-write": dict(op="write"),
-    "finalize-rename": dict(op="rename"),
+    "write-open": {"op": "open"},
+    "write-write": {"op": "write"},
+    "finalize-rename": {"op": "rename"},
 }
 
 

@@ -118,8 +118,8 @@ def test_storage_error_fails_the_save_on_every_rank(tmp_path, phase):
 # ------------------------------------------------------------------------------------------ killed rank
 
 KILLS: dict[str, tuple[int, dict[str, Any]]] = {
-    "write": (1, dict(op="open", name="*.distcp")),
-    "finalize": (0, dict(op="open", name=".metadata*")),
+    "write": (1, {"op": "open", "name": "*.distcp"}),
+    "finalize": (0, {"op": "open", "name": ".metadata*"}),
 }
 """phase -> (the rank that dies, the file operation it dies at): a data file of a non-coordinator, the metadata
 of the coordinator."""
@@ -297,7 +297,12 @@ def _damage_cases(clause_of):
 @pytest.mark.parametrize(("kind", "where"), _damage_cases(lambda kind: (DAMAGE_CLAUSES[kind], "IN-2")))
 def test_damage_after_commit_is_refused_at_load(tmp_path, kind, where):
     name, outcome = _load_damaged(str(tmp_path), kind, where)
-    assert not outcome.returned and outcome.text != "AssertionError", (
+    assert not outcome.returned, (
+        f"{kind} of {name} in a committed checkpoint: stock dcp.load returned "
+        f"{'damaged data' if outcome.text == 'AssertionError' else 'the saved data'} without an error, but the "
+        "damage should be refused naming the file"
+    )
+    assert outcome.text != "AssertionError", (
         f"{kind} of {name} in a committed checkpoint: stock dcp.load returned "
         f"{'damaged data' if outcome.text == 'AssertionError' else 'the saved data'} without an error, but the "
         "damage should be refused naming the file"

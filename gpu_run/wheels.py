@@ -27,7 +27,8 @@ from urllib.request import url2pathname
 
 from gpu_run import plan
 
-PLATFORMS = tuple(f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)) + (
+PLATFORMS = (
+    *(f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)),
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
     "linux_x86_64",

@@ -51,7 +51,7 @@ def dict_list_map_inplace(f: Callable[[Any], Any], x: Any) -> Any:
     return f(x)
 
 
-def nested_values(x: dict | list) -> Iterator[Any]:
+def nested_values(x: dict[Any, Any] | list[Any]) -> Iterator[Any]:
     """Every value under ``x`` that is no dict or list, depth first."""
     for value in x.values() if isinstance(x, dict) else x:
         if isinstance(value, (dict, list)):
@@ -75,25 +75,25 @@ def _is_numpy_array(x: Any) -> bool:
     return type(x).__module__ == "numpy" and type(x).__name__ == "ndarray"
 
 
-def diff(x1: Any, x2: Any, prefix: tuple = ()) -> tuple[list, list, list]:
+def diff(x1: Any, x2: Any, prefix: tuple[Any, ...] = ()) -> tuple[list[Any], list[Any], list[Any]]:
     """(paths only in ``x1``, paths only in ``x2``, (path, type, type) of values that differ); see the module."""
     if _is_numpy_array(x1) and _is_numpy_array(x2):
         return diff(x1.tolist(), x2.tolist(), prefix)
     if isinstance(x1, dict) and isinstance(x2, dict):
-        only_left = [prefix + (k,) for k in x1 if k not in x2]
-        only_right = [prefix + (k,) for k in x2 if k not in x1]
+        only_left = [(*prefix, k) for k in x1 if k not in x2]
+        only_right = [(*prefix, k) for k in x2 if k not in x1]
         pairs = [(k, x1[k], x2[k]) for k in x1 if k in x2]
     elif isinstance(x1, (list, tuple)) and type(x1) is type(x2):
-        only_left = [prefix + (i,) for i in range(len(x2), len(x1))]
-        only_right = [prefix + (i,) for i in range(len(x1), len(x2))]
+        only_left = [(*prefix, i) for i in range(len(x2), len(x1))]
+        only_right = [(*prefix, i) for i in range(len(x1), len(x2))]
         pairs = list(zip(range(len(x1)), x1, x2, strict=False))
     elif hasattr(x1, "replica_id") and hasattr(x2, "replica_id") and type(x1) is type(x2):
-        return diff(x1.data, x2.data, prefix + (type(x1),))
+        return diff(x1.data, x2.data, (*prefix, type(x1)))
     else:
         return [], [], [(prefix, type(x1), type(x2))] if _differ(x1, x2) else []
-    mismatch: list = []
+    mismatch: list[Any] = []
     for key, left, right in pairs:
-        sub_left, sub_right, sub_mismatch = diff(left, right, prefix + (key,))
+        sub_left, sub_right, sub_mismatch = diff(left, right, (*prefix, key))
         only_left += sub_left
         only_right += sub_right
         mismatch += sub_mismatch

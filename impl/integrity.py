@@ -21,9 +21,9 @@ import zlib
 from typing import IO, Any
 
 __all__ = [
+    "TRAILER_SIZE",
     "ChecksumStream",
     "IntegrityError",
-    "TRAILER_SIZE",
     "crc32",
     "make_dirs",
     "open_new",
@@ -99,7 +99,7 @@ def unseal(data: bytes | memoryview, label: bytes, what: str) -> memoryview:
     return body
 
 
-def open_new(path: str | os.PathLike) -> IO[bytes]:
+def open_new(path: str | os.PathLike[str]) -> IO[bytes]:
     """Open ``path`` for writing (created or truncated), mode 0o644 less the umask.
 
     Through ``open`` (with an opener that sets the mode), not ``os.fdopen``: tools that trace or inject faults at
@@ -115,7 +115,7 @@ def _open_with_file_mode(path: str, flags: int) -> int:
     return _os_open(path, flags | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
 
 
-def make_dirs(path: str | os.PathLike) -> None:
+def make_dirs(path: str | os.PathLike[str]) -> None:
     """``os.makedirs(path, exist_ok=True)``, but every directory it creates gets mode 0o755 less the umask.
 
     (``os.makedirs`` gives intermediate directories 0o777 less the umask.)

@@ -58,12 +58,12 @@ U = TypeVar("U")
 V = TypeVar("V")
 
 
-def wrap_for_async(fn: Callable) -> Callable:
+def wrap_for_async(fn: Callable[..., object]) -> Callable[..., None]:
     """``fn`` run with the garbage collector disabled (if it was enabled, it is enabled again after); the wrapper
     takes ``fn``'s arguments and returns None."""
 
     @functools.wraps(fn)
-    def wrapped(*args, **kwargs) -> None:
+    def wrapped(*args: Any, **kwargs: Any) -> None:
         enabled = gc.isenabled()
         gc.disable()
         try:

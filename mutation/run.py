@@ -58,17 +58,27 @@ ASYNC = "impl/async_ckpt/"
 GROUPS = (
     Group(
         "async_core",
-        tuple(f"{ASYNC}{m}.py" for m in ("request", "callers", "calls_queue", "worker", "core", "torch_ckpt"))
-        + ("impl/utils.py",),
+        (
+            *(f"{ASYNC}{m}.py" for m in ("request", "callers", "calls_queue", "worker", "core", "torch_ckpt")),
+            "impl/utils.py",
+        ),
         ("spec_tests/test_api_surface.py", "spec_tests/async_ckpt"),
     ),
     Group(
         "storage",
-        tuple(
-            f"{ASYNC}{m}.py"
-            for m in ("filesystem_async", "state_dict_saver", "storage", "staging", "cached_metadata_filesystem_reader")
-        )
-        + ("impl/integrity.py",),
+        (
+            *(
+                f"{ASYNC}{m}.py"
+                for m in (
+                    "filesystem_async",
+                    "state_dict_saver",
+                    "storage",
+                    "staging",
+                    "cached_metadata_filesystem_reader",
+                )
+            ),
+            "impl/integrity.py",
+        ),
         ("spec_tests/test_api_surface.py", "spec_tests/storage", "spec_tests/integrity"),
     ),
     Group(

@@ -82,9 +82,11 @@ def _init_attributes(cls: ast.ClassDef) -> list[str]:
                 if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
                     targets = [node.target]
                 for target in targets:
-                    for elt in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
-                        if isinstance(elt, ast.Attribute) and isinstance(elt.value, ast.Name) and elt.value.id == me:
-                            names.append(elt.attr)
+                    names.extend(
+                        elt.attr
+                        for elt in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])
+                        if isinstance(elt, ast.Attribute) and isinstance(elt.value, ast.Name) and elt.value.id == me
+                    )
     return names
 
 

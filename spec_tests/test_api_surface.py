@@ -60,7 +60,7 @@ CASES = [
 
 
 @pytest.mark.spec("API-1")
-@pytest.mark.parametrize("module, cls, method, params", CASES)
+@pytest.mark.parametrize(("module", "cls", "method", "params"), CASES)
 def test_documented_method_exists_with_its_parameters(target, module, cls, method, params):
     try:
         mod = target.module(module)
@@ -121,7 +121,7 @@ def _names(modules: dict[str, list[str]]) -> list[str]:
 
 @pytest.mark.spec("API-2")
 @pytest.mark.parametrize(
-    "release, module", [pytest.param(r, m, id=f"{r}:{m or '.'}") for r, mods in NVRX_NAMES.items() for m in mods]
+    ("release", "module"), [pytest.param(r, m, id=f"{r}:{m or '.'}") for r, mods in NVRX_NAMES.items() for m in mods]
 )
 def test_every_public_name_of_nvrx_is_there_or_left_out(target, release, module):
     package, left_out = _mirror(target)

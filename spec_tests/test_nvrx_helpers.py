@@ -48,13 +48,16 @@ def test_preload_tensors_and_wrap_for_async(mirror):
     utils = mirror("utils")
     state: dict = {"t": torch.arange(3), "n": [torch.zeros(1), "s"]}
     loaded = utils.preload_tensors(state, non_blocking=False)
-    assert loaded is not state and loaded["n"] is not state["n"]
-    assert torch.equal(loaded["t"], state["t"]) and loaded["n"][1] == "s"
+    assert loaded is not state
+    assert loaded["n"] is not state["n"]
+    assert torch.equal(loaded["t"], state["t"])
+    assert loaded["n"][1] == "s"
     seen = []
     wrapped = utils.wrap_for_async(lambda *a, **k: seen.append((gc.isenabled(), a, k)))
     enabled = gc.isenabled()
     assert wrapped(1, key=2) is None
-    assert seen == [(False, (1,), {"key": 2})] and gc.isenabled() == enabled
+    assert seen == [(False, (1,), {"key": 2})]
+    assert gc.isenabled() == enabled
 
 
 def test_debug_time_logs_under_the_stacked_names(mirror, caplog):
@@ -64,7 +67,8 @@ def test_debug_time_logs_under_the_stacked_names(mirror, caplog):
         utils.debug_msg("hello")
     messages = [r.getMessage() for r in caplog.records if r.name == log.name]
     assert messages[0] == "outer.inner hello"
-    assert messages[1].startswith("outer.inner took ") and messages[2].startswith("outer took ")
+    assert messages[1].startswith("outer.inner took ")
+    assert messages[2].startswith("outer took ")
 
 
 def test_torch_async_checkpoint_save_is_torch_save(mirror):

@@ -126,7 +126,7 @@ def render(rows: list[Row], threshold: float) -> str:
         for r in rows
         if r.failed
     ]
-    return "\n".join(table + [""] + lines) + "\n"
+    return "\n".join([*table, "", *lines]) + "\n"
 
 
 def verdict_line(rows: list[Row], threshold: float, baseline_path: str) -> str:

@@ -31,7 +31,7 @@ _METADATA_LABEL = b"metadata"
 class CachedMetadataFileSystemReader(FileSystemReader):
     """``FileSystemReader`` whose ``read_metadata`` reads ``.metadata`` on the first call only."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path=path)
         self._cached_metadata: Metadata | None = None
         self._item_crcs: dict[tuple[str, int], int | None] = {}
@@ -50,7 +50,7 @@ class CachedMetadataFileSystemReader(FileSystemReader):
         return self._cached_metadata
 
     @classmethod
-    def clear_metadata_cache(cls, path: str | os.PathLike | None = None) -> None:
+    def clear_metadata_cache(cls, path: str | os.PathLike[str] | None = None) -> None:
         """NVRx 0.7.0 keeps one metadata cache per path, shared by its readers, and this empties it (for ``path``, or
         all). Here a reader's cache is its own, so a new reader always reads the metadata afresh: nothing to do."""
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing  # noqa: F401  (registers torch's tensor reductions with ForkingPickler)
+import torch.multiprocessing  # registers torch's tensor reductions with ForkingPickler
 
 from ..utils import all_reduce, dist_ready
 from .process_reaping import kill_group, track_live, untrack_live
@@ -66,7 +66,7 @@ class AsyncCaller(ABC):
     fill ``_results`` (index -> error or None) from ``_poll`` as requests finish locally.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._pending: deque[int] = deque()
         self._results: dict[int, BaseException | None] = {}
 
@@ -101,7 +101,7 @@ class AsyncCaller(ABC):
     def close(self, abort: bool = False) -> None:
         """Stop the background process(es): wait for them, or kill them if ``abort``."""
 
-    def __del__(self, _finalizing=sys.is_finalizing):
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # Never a collective here: a caller collected while still running is simply aborted. Once the interpreter
         # is finalizing, module globals may already be None, so nothing is done: the exit hook has aborted every
         # caller with a process by then, and a process it missed dies with its lifeline when this process ends.
@@ -148,7 +148,7 @@ class TemporalAsyncCaller(AsyncCaller):
     the child cannot use CUDA. The child reports its error over a pipe and exits non-zero.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         # index -> (child process, result pipe read end, lifeline write end)
         self._children: dict[int, tuple[Any, connection.Connection, connection.Connection]] = {}
@@ -186,7 +186,7 @@ class TemporalAsyncCaller(AsyncCaller):
         untrack_live(self)
 
     @staticmethod
-    def _prepare(async_req: AsyncRequest) -> tuple[list, dict, BaseException | None]:
+    def _prepare(async_req: AsyncRequest) -> tuple[list[Any], dict[str, Any], BaseException | None]:
         """Run preload_fn here and copy GPU tensors to host; return (args, kwargs, error)."""
         args = list(async_req.async_fn_args)
         if async_req.preload_fn is not None:
@@ -197,7 +197,7 @@ class TemporalAsyncCaller(AsyncCaller):
         args, kwargs = map_tensors(_gpu_to_host, (args, kwargs))
         return args, kwargs, None
 
-    def _fork(self, idx: int, async_fn: Callable, args: list, kwargs: dict) -> None:
+    def _fork(self, idx: int, async_fn: Callable[..., object], args: list[Any], kwargs: dict[str, Any]) -> None:
         """Fork the child of call ``idx`` and wait until it has started (TC-3); record a failure if none did."""
         ctx = get_context("fork")
         for _ in range(_FORK_TRIES):
@@ -249,12 +249,12 @@ def _started(result_conn: connection.Connection) -> bool:
     if not connection.wait([result_conn], _START_S):
         return False  # stuck in the fork, or dead before it ran anything
     try:
-        return result_conn.recv() == STARTED
+        return bool(result_conn.recv() == STARTED)
     except EOFError:
         return False
 
 
-def _join_reported(process) -> None:
+def _join_reported(process: BaseProcess) -> None:
     """Give a child that has reported (or died) _SHUTDOWN_S to exit; one that lingers (a non-daemonic thread its
     call left running, a lock inherited mid-use) is killed, logged: the call itself is done (TC-2)."""
     process.join(_SHUTDOWN_S)
@@ -277,7 +277,7 @@ class PersistentAsyncCaller(AsyncCaller):
     preload_fn, scheduling waits for the worker's "preloaded" acknowledgement (or its death).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         # The worker: process, its pipe and the lifeline's write end are all set, or all None.
         self._process: BaseProcess | None = None
@@ -353,7 +353,8 @@ class PersistentAsyncCaller(AsyncCaller):
 
     def _release_worker(self) -> None:
         """Close our ends of the pipes once the worker has exited (or been killed)."""
-        assert self._conn is not None and self._lifeline is not None  # only called with a worker
+        assert self._conn is not None  # only called with a worker
+        assert self._lifeline is not None
         self._conn.close()
         self._lifeline.close()
         self._process = self._conn = self._lifeline = None
@@ -372,7 +373,7 @@ class PersistentAsyncCaller(AsyncCaller):
             kill_group(self._process)
         self._process.join()
 
-    def _send(self, message) -> None:
+    def _send(self, message: tuple[int, bool, bytes] | None) -> None:
         assert self._conn is not None  # only called with a worker (_ensure_worker ran)
         with contextlib.suppress(OSError):  # the worker is dead; _poll reports its in-flight requests as failed
             self._conn.send(message)

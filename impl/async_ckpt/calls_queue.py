@@ -22,6 +22,7 @@ import sys
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -193,7 +194,7 @@ class AsyncCallsQueue:
         if first_failure is not None:
             raise first_failure
 
-    def __del__(self, _finalizing=sys.is_finalizing):
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         # Once the interpreter is finalizing, module globals may already be None: the exit hooks have finalized or
         # aborted every open queue by then (_close_open_queues, the callers' abort), so there is nothing left to do.
         if _finalizing() or getattr(self, "_closed", True):

@@ -21,11 +21,11 @@ from .calls_queue import AsyncCallsQueue, abort_nvrx_checkpoint
 from .request import AsyncRequest
 
 __all__ = [
-    "AsyncRequest",
     "AsyncCaller",
-    "TemporalAsyncCaller",
-    "PersistentAsyncCaller",
     "AsyncCallsQueue",
+    "AsyncRequest",
+    "PersistentAsyncCaller",
+    "TemporalAsyncCaller",
     "abort_nvrx_checkpoint",
 ]
 

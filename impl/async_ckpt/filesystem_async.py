@@ -68,7 +68,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from math import prod
-from typing import IO, Any, NamedTuple, cast
+from typing import IO, Any, NamedTuple, NoReturn, cast
 
 import torch
 from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION, _StorageInfo, _StoragePrefix
@@ -116,7 +116,7 @@ class FileSystemWriterAsync(StorageWriter):
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike[str],
         *,
         thread_count: int = 1,
         separation_hint: str | None = None,
@@ -135,12 +135,12 @@ class FileSystemWriterAsync(StorageWriter):
         self.save_id = str(uuid.uuid4())
         self.write_buckets: list[WriteBucket] | None = None
         self._results_path: str | None = None
-        self._cleanup: weakref.finalize | None = None
+        self._cleanup: weakref.finalize[[str], FileSystemWriterAsync] | None = None
         self._prepare_error: Exception | None = None
 
     # ---------------------------------------------------------------------- StorageWriter protocol
 
-    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
             self.checkpoint_dir = self._storage.init_path(os.fspath(checkpoint_id))
         self.save_id = str(uuid.uuid4())
@@ -168,7 +168,7 @@ class FileSystemWriterAsync(StorageWriter):
         """Same prefix as ``prepare_global_plan`` would give, from this rank's own rank."""
         return _with_prefix(local_plan, dist_rank())
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner):
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> NoReturn:
         raise NotImplementedError(
             "FileSystemWriterAsync writes through save_state_dict_async_plan, get_save_function_and_args "
             "and save_state_dict_async_finalize, not through torch.distributed.checkpoint.save"
@@ -196,7 +196,7 @@ class FileSystemWriterAsync(StorageWriter):
         return self.checkpoint_dir
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     # ---------------------------------------------------------------------------- async protocol
@@ -218,7 +218,7 @@ class FileSystemWriterAsync(StorageWriter):
             self._results_path = self._storage.results_path(self.checkpoint_dir, dist_rank(), self.save_id)
             self._cleanup = weakref.finalize(self, _remove_quietly, self._results_path)
 
-    def get_save_function_and_args(self) -> tuple[Callable | None, Callable | None, Any]:
+    def get_save_function_and_args(self) -> tuple[Callable[..., None] | None, Callable[[], Any] | None, Any]:
         """``(save_fn, preload_fn, save_args)``, or ``(None, None, ())`` when this rank writes nothing.
 
         ``save_args`` is ``[rank, write_buckets, results_path]``; ``preload_fn()``, when not None, returns the
@@ -272,7 +272,7 @@ class FileSystemWriterAsync(StorageWriter):
             )
         if isinstance(outcome, BaseException):
             raise outcome
-        return outcome
+        return cast(list[WriteResult], outcome)
 
     # ----------------------------------------------------------------------------------- helpers
 
@@ -370,7 +370,7 @@ def _write_item(
     return ChecksummedWriteResult(index=item.index, size_in_bytes=length, storage_data=info, crc32=stream.take())
 
 
-def _checksums(results: list[WriteResult]) -> dict:
+def _checksums(results: list[WriteResult]) -> dict[str, Any]:
     """What ``.metadata`` records to check every data byte at load (IN-1): plain types only, so stock readers
     unpickle it. ``items`` maps (file, offset) to the item's CRC32; ``files`` gives each file's size."""
     items: dict[tuple[str, int], int | None] = {}

@@ -12,6 +12,7 @@ import os
 import signal
 import weakref
 from multiprocessing import util as mp_util
+from multiprocessing.process import BaseProcess
 from typing import Protocol
 
 __all__ = ["abort_live_callers", "kill_group", "signal_group", "track_live", "untrack_live"]
@@ -23,8 +24,9 @@ class Closable(Protocol):
     def close(self, abort: bool = False) -> None: ...
 
 
-def signal_group(process, sig: int) -> None:
+def signal_group(process: BaseProcess, sig: int) -> None:
     """Signal the process group led by ``process``, or the process alone if there is none yet."""
+    assert process.pid is not None  # only called with a started process
     try:
         os.killpg(process.pid, sig)
     except ProcessLookupError:
@@ -35,7 +37,7 @@ def signal_group(process, sig: int) -> None:
                 os.kill(process.pid, sig)
 
 
-def kill_group(process) -> None:
+def kill_group(process: BaseProcess) -> None:
     """SIGTERM the process and its group, wait up to the grace period, then SIGKILL. Bounded."""
     signal_group(process, signal.SIGTERM)
     process.join(_ABORT_GRACE_S)

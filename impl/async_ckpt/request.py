@@ -28,15 +28,15 @@ __all__ = ["AsyncRequest", "CheckpointFailure", "raise_failure", "run_guarded"]
 class AsyncRequest(NamedTuple):
     """One background call plus the functions that finalize it on every rank."""
 
-    async_fn: Callable | None
-    async_fn_args: tuple
-    finalize_fns: list[Callable]
-    async_fn_kwargs: dict | None = None
-    preload_fn: Callable | None = None
+    async_fn: Callable[..., object] | None
+    async_fn_args: tuple[Any, ...]
+    finalize_fns: list[Callable[[], object]]
+    async_fn_kwargs: dict[str, Any] | None = None
+    preload_fn: Callable[[], Any] | None = None
     is_frozen: bool = False
     call_idx: int = 0
 
-    def add_finalize_fn(self, fn: Callable) -> None:
+    def add_finalize_fn(self, fn: Callable[[], object]) -> None:
         """Append ``fn`` to the finalize functions (not allowed once frozen)."""
         if self.is_frozen:
             raise RuntimeError("cannot add a finalize function to a frozen AsyncRequest")
@@ -76,14 +76,14 @@ class AsyncRequest(NamedTuple):
         return self.call_idx
 
 
-def run_guarded(fn: Callable, *args, **kwargs) -> tuple[Any, BaseException | None]:
+def run_guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
     """Call ``fn``; return ``(result, None)`` or ``(None, picklable error)``."""
     try:
         return fn(*args, **kwargs), None
     except Exception as exc:
         err = picklable_error(exc)
         if err is exc:
-            assert exc.__traceback__ is not None  # it was raised
+            assert exc.__traceback__ is not None  # noqa: PT017 - it was raised; narrows the type (library code, no test)
             tb_text = "".join(traceback.format_tb(exc.__traceback__.tb_next))
             exc.add_note(f"Traceback in process {os.getpid()}:\n{tb_text}")
         # Drop the frames (and the tensors they reference) now; tracebacks do not pickle anyway.

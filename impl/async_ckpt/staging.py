@@ -30,7 +30,7 @@ __all__ = ["Slab", "SlabPool", "Staged", "map_slab", "map_tensors", "stage", "un
 _ALIGN = 64  # byte alignment of each staged tensor inside a slab
 
 
-def _tensor_key(t: torch.Tensor) -> tuple:
+def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
     """Identity of a tensor view: equal keys mean the same bytes seen the same way."""
     if t.layout != torch.strided:
         return ("object", id(t))
@@ -40,7 +40,7 @@ def _tensor_key(t: torch.Tensor) -> tuple:
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
     """``tree_map`` over tensors, calling ``fn`` once per distinct view (tied tensors stay tied)."""
-    memo: dict[tuple, Any] = {}
+    memo: dict[tuple[Any, ...], Any] = {}
 
     def visit(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
@@ -98,7 +98,7 @@ class Slab:
 class SlabPool:
     """Slabs keyed by byte size; a slab returns here when its request completes."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._free: dict[int, list[Slab]] = defaultdict(list)
 
     def take(self, nbytes: int) -> Slab:

@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import logging
 import pickle
+from collections.abc import Callable
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import STATE_DICT_TYPE, Metadata
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.checkpoint.utils import _DistWrapper
 
 from ..utils import all_reduce, dist_ready
@@ -65,7 +67,7 @@ class CheckpointMetadataCache:
     recorded in a previous checkpoint's metadata (``init_checkpoint_metadata_cache``).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.cached_central_plan: SavePlan | None = None
         self.cached_local_plan: SavePlan | None = None
         self.cached_global_metadata: Metadata | None = None
@@ -136,7 +138,7 @@ def get_metadata_caching_status() -> tuple[bool, bool] | None:
 
 
 def save_state_dict_async_plan(
-    state_dict: STATE_DICT_TYPE,
+    state_dict: dict[str, Any],
     storage_writer: FileSystemWriterAsync,
     process_group: dist.ProcessGroup | None = None,
     coordinator_rank: int = 0,
@@ -165,7 +167,7 @@ def save_state_dict_async_plan(
     return ret
 
 
-def _check_saveable(value, key: str = "state_dict") -> None:
+def _check_saveable(value: object, key: str = "state_dict") -> None:
     """Refuse, before anything is written, a value that the writer could not serialize (it pickles non-tensors)."""
     if isinstance(value, dict):
         for k, v in value.items():
@@ -180,7 +182,9 @@ def _check_saveable(value, key: str = "state_dict") -> None:
             raise ValueError(f"{key} cannot be saved: {type(value).__name__} is not picklable ({exc})") from exc
 
 
-def _local_step(planner, writer, state_dict, is_coordinator) -> tuple[SavePlan | None, BaseException | None]:
+def _local_step(
+    planner: SavePlanner, writer: FileSystemWriterAsync, state_dict: dict[str, Any], is_coordinator: bool
+) -> tuple[SavePlan | None, BaseException | None]:
     try:
         _check_saveable(state_dict)
         planner.set_up_planner(state_dict, is_coordinator=is_coordinator)
@@ -191,7 +195,12 @@ def _local_step(planner, writer, state_dict, is_coordinator) -> tuple[SavePlan |
 
 
 def _global_step(
-    planner, writer, local_plan, local_error, cache, dist_wrapper
+    planner: SavePlanner,
+    writer: FileSystemWriterAsync,
+    local_plan: SavePlan | None,
+    local_error: BaseException | None,
+    cache: CheckpointMetadataCache | None,
+    dist_wrapper: _DistWrapper,
 ) -> tuple[SavePlan, Metadata | None, bool]:
     """(this rank's global plan, the metadata on the coordinator or None, whether loaded metadata is reused)."""
     if cache is not None and cache.cached_central_plan is not None:
@@ -203,6 +212,7 @@ def _global_step(
     def own_plan() -> SavePlan:
         if local_error is not None:
             raise local_error
+        assert local_plan is not None  # _local_step returns a plan or an error
         return local_plan
 
     if getattr(planner, "can_run_decentralized_global_plan", False) and getattr(
@@ -211,7 +221,9 @@ def _global_step(
         loaded = cache.loaded_all_plans if cache is not None else None
         md_reused = verify_global_md_reuse(loaded, local_plan, dist_wrapper.get_rank(), dist_wrapper)
         metadata = None if md_reused else _gather_metadata(planner, own_plan, dist_wrapper)
-        global_plan = writer.prepare_decentralized_global_plan(planner.create_decentralized_global_plan(local_plan))
+        # A Megatron-Core planner's method (its can_run_decentralized_global_plan says so), not SavePlanner's.
+        decentralized = planner.create_decentralized_global_plan(local_plan)  # type: ignore[attr-defined]
+        global_plan = writer.prepare_decentralized_global_plan(decentralized)
         return global_plan, metadata, md_reused
 
     built = {}
@@ -224,13 +236,15 @@ def _global_step(
     return central_plan, built.get("metadata"), False
 
 
-def _gather_metadata(planner, own_plan, dist_wrapper: _DistWrapper) -> Metadata | None:
+def _gather_metadata(
+    planner: SavePlanner, own_plan: Callable[[], SavePlan], dist_wrapper: _DistWrapper
+) -> Metadata | None:
     """Gather the local plans; the coordinator builds the metadata, recording the plans in it."""
     built = {}
 
     def build(all_plans: list[SavePlan]) -> None:
         _, metadata = planner.create_global_plan(all_plans)
-        metadata.all_local_plans = all_plans
+        metadata.all_local_plans = all_plans  # type: ignore[attr-defined]  # Megatron-Core's extra field
         built["metadata"] = metadata
 
     dist_wrapper.all_reduce("plan", own_plan, build)
@@ -238,7 +252,7 @@ def _gather_metadata(planner, own_plan, dist_wrapper: _DistWrapper) -> Metadata 
 
 
 def verify_global_md_reuse(
-    loaded_all_plans: list[SavePlan] | None, local_plan: SavePlan, rank: int, dist_wrapper: _DistWrapper
+    loaded_all_plans: list[SavePlan] | None, local_plan: SavePlan | None, rank: int, dist_wrapper: _DistWrapper
 ) -> bool:
     """True on every rank iff every rank's local plan equals its loaded plan in all fields but storage_data.
 
@@ -269,7 +283,7 @@ def save_state_dict_async_finalize(
     no metadata is written then.
     """
 
-    def commit(all_results) -> None:
+    def commit(all_results: list[list[WriteResult]]) -> None:
         if global_metadata is None:
             raise RuntimeError("the coordinator has no metadata to commit (pass the plan step's return value)")
         storage_writer.finish(global_metadata, all_results)

@@ -15,6 +15,7 @@ Decisions: ``async_fn`` is ``torch.save`` and is set per instance (instances nev
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ class TorchAsyncCheckpoint:
         self.async_fn = torch.save
         self._async_calls_queue = AsyncCallsQueue(persistent=persistent_queue)
 
-    def async_save(self, state_dict, *args, **kwargs) -> int:
+    def async_save(self, state_dict: object, *args: Any, **kwargs: Any) -> int:
         """Schedule ``torch.save(state_dict, *args, **kwargs)``; return its queue index."""
         request = AsyncRequest(self.async_fn, (state_dict, *args), [], kwargs)
         return self._async_calls_queue.schedule_async_request(request)

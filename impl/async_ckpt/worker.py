@@ -23,11 +23,13 @@ import queue
 import signal
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from multiprocessing import connection
+from typing import Any
 
 import torch.multiprocessing  # noqa: F401  (torch's tensor reductions, for what the worker sends back)
 
-from .request import run_guarded
+from .request import AsyncRequest, run_guarded
 from .staging import unstage
 
 __all__ = ["STARTED", "persistent_worker", "temporal_child"]
@@ -36,6 +38,9 @@ STARTED = "started"
 """A temporal child's first message: it is past the fork and runs (the trainer waits for it, bounded)."""
 
 logger = logging.getLogger(__name__)
+
+_Request = tuple[int, bool, AsyncRequest | None, BaseException | None]
+"""A decoded request: (index, whether the trainer waits for the preload's ack, the request, its decoding error)."""
 
 
 def _start_lifeline_watchdog(lifeline: connection.Connection) -> None:
@@ -49,7 +54,14 @@ def _start_lifeline_watchdog(lifeline: connection.Connection) -> None:
     threading.Thread(target=watch, name="ckpt-lifeline", daemon=True).start()
 
 
-def temporal_child(async_fn, args, kwargs, result_conn, lifeline, lifeline_w) -> None:
+def temporal_child(
+    async_fn: Callable[..., object],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    result_conn: connection.Connection,
+    lifeline: connection.Connection,
+    lifeline_w: connection.Connection,
+) -> None:
     """Body of a forked child: say it started, run the call, report the error (or None), exit 1 on failure."""
     result_conn.send(STARTED)
     lifeline_w.close()  # inherited by fork; only the trainer may hold it, or EOF never comes
@@ -61,12 +73,12 @@ def temporal_child(async_fn, args, kwargs, result_conn, lifeline, lifeline_w) ->
         sys.exit(1)
 
 
-def persistent_worker(conn, lifeline, log_level: int) -> None:
+def persistent_worker(conn: connection.Connection, lifeline: connection.Connection, log_level: int) -> None:
     """Worker main loop: serve requests in order until told to stop (``None``) or orphaned."""
     os.setpgid(0, 0)
     _start_lifeline_watchdog(lifeline)
     logger.setLevel(log_level)
-    inbox: queue.Queue = queue.Queue()
+    inbox: queue.Queue[_Request | None] = queue.Queue()
     threading.Thread(target=_receive_requests, args=(conn, inbox), daemon=True).start()
     while True:
         item = inbox.get()
@@ -77,7 +89,7 @@ def persistent_worker(conn, lifeline, log_level: int) -> None:
     logger.debug("Persistent checkpoint worker %d exiting", os.getpid())
 
 
-def _receive_requests(conn, inbox: queue.Queue) -> None:
+def _receive_requests(conn: connection.Connection, inbox: queue.Queue[_Request | None]) -> None:
     """Read and unpickle requests as they arrive, so the trainer never waits on a busy worker.
 
     Holds no request between iterations: tensors freed by this daemon thread while the
@@ -88,25 +100,28 @@ def _receive_requests(conn, inbox: queue.Queue) -> None:
     inbox.put(None)
 
 
-def _recv_or_none(conn):
+def _recv_or_none(conn: connection.Connection) -> Any:
     try:
         return conn.recv()
     except (EOFError, OSError):  # the trainer is gone
         return None
 
 
-def _decode_request(idx: int, wants_ack: bool, body: bytes) -> tuple:
+def _decode_request(idx: int, wants_ack: bool, body: bytes) -> _Request:
     request, err = run_guarded(lambda: unstage(*pickle.loads(body)))
     return idx, wants_ack, request, err
 
 
-def _serve_request(conn, idx: int, wants_ack: bool, request, err) -> None:
-    args = list(request.async_fn_args) if err is None else []
-    if err is None and request.preload_fn is not None:
+def _serve_request(
+    conn: connection.Connection, idx: int, wants_ack: bool, request: AsyncRequest | None, err: BaseException | None
+) -> None:
+    args = list(request.async_fn_args) if request is not None else []  # None: not decoded (err says why)
+    if request is not None and request.preload_fn is not None:
         args[1], err = run_guarded(request.preload_fn)
     if wants_ack:
         conn.send(("preloaded", idx, err))
-    if err is None:
+    if request is not None and err is None:
+        assert request.async_fn is not None  # the caller sends only requests with a call
         _, err = run_guarded(request.async_fn, *args, **(request.async_fn_kwargs or {}))
     conn.send(("done", idx, err))
     logger.debug("Checkpoint call %d finished (error: %r)", idx, err)

@@ -12,7 +12,7 @@ CUDA device, since a part may be loaded by another process than the one that sav
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -61,7 +61,7 @@ class TensorPlaceholder:
 class BasicTensorAwareStateDict(TensorAwareStateDict):
     """Wraps ``state_dict`` (a dict or list) whose tensors are CUDA tensors nested in dicts and lists."""
 
-    def __init__(self, state_dict):
+    def __init__(self, state_dict: dict[Any, Any] | list[Any]) -> None:
         if not isinstance(state_dict, (dict, list)):
             raise TypeError(f"state_dict must be a dict or a list, got {type(state_dict).__name__}")
         for path, value in _walk(state_dict):
@@ -97,7 +97,7 @@ class BasicTensorAwareStateDict(TensorAwareStateDict):
     def _placeholders(self) -> list[TensorPlaceholder]:
         return [v for _, v in _walk(self.state_dict) if isinstance(v, TensorPlaceholder)]
 
-    def insert_tensors(self, tensor_data) -> None:
+    def insert_tensors(self, tensor_data: Iterable[torch.Tensor]) -> None:
         self._require(True, "insert_tensors")
         data = list(tensor_data)
         if len(data) != len(self._placeholders()):

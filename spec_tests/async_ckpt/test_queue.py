@@ -103,7 +103,7 @@ RANK1_LATE = 1.0  # seconds
 
 
 def _finalize_after_every_rank(tmp, persistent):
-    rank, size = world()
+    rank, _size = world()
     gate, marker = os.path.join(tmp, f"gate{rank}"), os.path.join(tmp, f"done{rank}")
     seen = []
 

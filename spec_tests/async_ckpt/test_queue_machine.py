@@ -176,9 +176,8 @@ class QueueMachine(RuleBasedStateMachine):
         )
         assert n <= len(ok), f"finalized calls {done.finalize_fns_run}, but only {[c.k for c in ok]} could be [AQ-4]"
         if done.outcome == "CheckpointException":
-            assert n < len(finishable) and finishable[n].fails, (
-                f"raised, but the call after {done.finalize_fns_run} did not fail [AQ-7]"
-            )
+            assert n < len(finishable), f"raised, but the call after {done.finalize_fns_run} did not fail [AQ-7]"
+            assert finishable[n].fails, f"raised, but the call after {done.finalize_fns_run} did not fail [AQ-7]"
             del model.pending[: n + 1]
         else:
             want = [c.index for c in model.pending[:n]]

@@ -116,7 +116,8 @@ def _writer_processes(tmp, persistent):
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_persistent_queue_chooses_the_caller(rank_pool, tmp_path, persistent):
     first, second = rank_pool(1).run(_writer_processes, str(tmp_path), persistent)[0]
-    assert len(first) == 1 and len(second) == 1, f"each save serialized in one background process: {first}, {second}"
+    assert len(first) == 1, f"each save serialized in one background process: {first}, {second}"
+    assert len(second) == 1, f"each save serialized in one background process: {first}, {second}"
     assert_equal(
         f"TorchAsyncCheckpoint(persistent_queue={persistent}): both saves serialized in the same process",
         first == second,

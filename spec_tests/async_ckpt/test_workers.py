@@ -61,7 +61,8 @@ def test_temporal_calls_run_in_their_own_children(tmp_path):
         queue.schedule_async_request(core.AsyncRequest(workloads.write_pid, (f,), []))
     bounded(60, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
     pids = [int(wait_for_file(f)) for f in files]
-    assert len(set(pids)) == 2 and os.getpid() not in pids, f"calls ran in {pids}, trainer is {os.getpid()}"
+    assert len(set(pids)) == 2, f"calls ran in {pids}, trainer is {os.getpid()}"
+    assert os.getpid() not in pids, f"calls ran in {pids}, trainer is {os.getpid()}"
     assert not any(map(alive, pids)), f"children {pids} still running after finalize"
     queue.close()
 

@@ -22,14 +22,14 @@ __all__ = [
     "WARM_BOUND",
     "committed",
     "data_file",
-    "release",
-    "save_outcome",
-    "warm_saver",
     "expected",
     "rank_state",
+    "release",
     "save",
+    "save_outcome",
     "start",
     "wait",
+    "warm_saver",
 ]
 
 BOUND = 30.0

@@ -23,8 +23,8 @@ from spec_tests.harness.recipe import plan_async_save, planned_save, recipe_modu
 from spec_tests.harness.targets import current_target
 
 __all__ = [
-    "DecentralizedPlanner",
     "FINALIZE_BOUND",
+    "DecentralizedPlanner",
     "async_save",
     "data_files",
     "finalize",

@@ -9,7 +9,8 @@ import dataclasses
 import sys
 import threading
 import traceback
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import psutil
 import torch
@@ -27,6 +28,8 @@ __all__ = [
     "outcome_of",
 ]
 
+T = TypeVar("T")
+
 HUNG = "hung"
 """Outcome.text of a call still running at its bound."""
 
@@ -35,28 +38,29 @@ class BoundExceeded(AssertionError):
     """A call did not return within the spec's bound (an AssertionError: the test fails where it is not caught)."""
 
 
-def bounded(seconds: float, what: str, fn, *args, **kwargs):
+def bounded(seconds: float, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run fn in a helper thread; raise BoundExceeded if it has not returned within `seconds` (the spec's bound).
 
     On timeout the thread is left behind, so the calling rank must be discarded (the runner does).
     """
     __tracebackhide__ = True
-    box: dict = {}
+    value: list[T] = []  # what fn returned, once it has
+    error: list[BaseException] = []
 
-    def run():
+    def run() -> None:
         try:
-            box["value"] = fn(*args, **kwargs)
+            value.append(fn(*args, **kwargs))
         except BaseException as exc:  # CheckpointException is a BaseException
-            box["error"] = exc
+            error.append(exc)
 
     thread = threading.Thread(target=run, name=f"bounded:{what}", daemon=True)
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
         raise BoundExceeded(f"{what} did not return within {seconds:g}s, but the spec bounds it\n{_where(thread)}")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    if error:
+        raise error[0]
+    return value[0]
 
 
 def _where(thread: threading.Thread) -> str:
@@ -95,18 +99,18 @@ class Outcome:
     def __str__(self) -> str:
         return f"{self.text}: {self.message}" if self.message else self.text
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Outcome], tuple[str, Any, str]]:
         return Outcome, (self.text, self.value, self.message)
 
 
 def attempt(
-    fn,
-    *args,
+    fn: Callable[..., object],
+    *args: Any,
     bound: float | None = None,
     what: str = "",
-    named=(CheckpointException,),
+    named: tuple[type[BaseException], ...] = (CheckpointException,),
     hung_fails: bool = False,
-    **kwargs,
+    **kwargs: Any,
 ) -> Outcome:
     """Call fn(*args, **kwargs), within `bound` seconds if given, and say what it did (never raises, but see below).
 
@@ -132,7 +136,7 @@ def attempt(
     return Outcome("returned", value)
 
 
-def outcome_of(fn, *args, **kwargs) -> str:
+def outcome_of(fn: Callable[..., object], *args: Any, **kwargs: Any) -> str:
     """attempt(fn, *args, **kwargs).text: "returned", the class name of what the call raised, or HUNG."""
     return attempt(fn, *args, **kwargs).text
 
@@ -140,7 +144,7 @@ def outcome_of(fn, *args, **kwargs) -> str:
 # ---------------------------------------------------------------------------------- assertions
 
 
-def _fields(value) -> dict | None:
+def _fields(value: object) -> dict[str, Any] | None:
     """The named fields of a dataclass instance or a NamedTuple, else None."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if f.compare}
@@ -149,7 +153,7 @@ def _fields(value) -> dict | None:
     return None
 
 
-def _differences(name: str, actual, expected) -> list[tuple[str, object, object]]:
+def _differences(name: str, actual: Any, expected: object) -> list[tuple[str, object, object]]:
     """(name, actual, expected) for every field or item that differs: named results (and lists of them) field by
     field, dicts with the same keys key by key, anything else by ==."""
     fields = _fields(expected)
@@ -168,12 +172,12 @@ def _differences(name: str, actual, expected) -> list[tuple[str, object, object]
     return [] if actual == expected else [(name, actual, expected)]
 
 
-def _message(wrong, call: str) -> str:
+def _message(wrong: list[tuple[str, object, object]], call: str) -> str:
     where = f" [{call}]" if call else ""
     return "\n".join(f"{name}={actual!r}, but should be {expected!r}{where}" for name, actual, expected in wrong)
 
 
-def assert_equal(name: str, actual, expected, *, call: str = "") -> None:
+def assert_equal(name: str, actual: object, expected: object, *, call: str = "") -> None:
     """actual == expected, else one line per differing field: `name.field=..., but should be ... [call]`.
 
     Named results (dataclasses, NamedTuples, and lists of them) are compared field by field and dicts key by key,
@@ -184,7 +188,9 @@ def assert_equal(name: str, actual, expected, *, call: str = "") -> None:
     assert not wrong, _message(wrong, call)
 
 
-def assert_each_rank(name: str, results: list, expected, *, per_rank: bool = False, call: str = "") -> None:
+def assert_each_rank(
+    name: str, results: Sequence[object], expected: Any, *, per_rank: bool = False, call: str = ""
+) -> None:
     """assert_equal for every rank's result (named `rank {r}: {name}`): all equal to `expected`, or with
     `per_rank=True` each to its own item of the list `expected`."""
     __tracebackhide__ = True
@@ -198,7 +204,7 @@ def assert_each_rank(name: str, results: list, expected, *, per_rank: bool = Fal
     assert not wrong, _message(wrong, call)
 
 
-def assert_state_dict_equal(actual, expected, *, call: str = "", path: str = "state_dict") -> None:
+def assert_state_dict_equal(actual: Any, expected: Any, *, call: str = "", path: str = "state_dict") -> None:
     """Equal structure, types, and tensors equal in dtype, shape and every element."""
     __tracebackhide__ = True
     where = f" [{call}]" if call else ""

@@ -34,6 +34,7 @@ import functools
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "AREAS",
@@ -60,7 +61,7 @@ class ClauseError(ValueError):
     """A clause file or the area index is malformed; the message names the file."""
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:

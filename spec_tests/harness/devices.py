@@ -26,7 +26,7 @@ MARKER = "tensor_device: the trainer's state lives on --tensor-device (cpu or cu
 NO_GPU = "CUDA tensors requested (--tensor-device cuda) but no GPU"
 
 
-def add_option(group) -> None:
+def add_option(group: pytest.OptionGroup) -> None:
     """`--tensor-device` in the plugin's option group."""
     group.addoption(
         "--tensor-device",
@@ -51,7 +51,7 @@ def current() -> str:
     return os.environ.get(ENV_VAR) or "cpu"
 
 
-def skip_reason(item) -> str | None:
+def skip_reason(item: pytest.Item) -> str | None:
     """Why a marked test cannot run here (CUDA asked, none present), else None."""
     if current() != "cuda" or item.get_closest_marker("tensor_device") is None:
         return None

@@ -59,7 +59,7 @@ import functools
 import inspect
 import re
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,7 +152,7 @@ def load(path: str | None) -> tuple[Entry, ...]:
     return tuple(_entry(path, index, entry) for index, entry in enumerate(data.get("xfail", [])))
 
 
-def _entry(path: str, index: int, entry) -> Entry:
+def _entry(path: str, index: int, entry: object) -> Entry:
     """One [[xfail]] table, checked; ExpectationsError names the file, the entry and what is wrong."""
     where = f"expectations file {path}: xfail entry {index + 1}"
     if not isinstance(entry, dict) or not _REQUIRED <= set(entry) <= _REQUIRED | _OPTIONAL:
@@ -252,7 +252,7 @@ def apply(
     path: str,
     entries: Iterable[Entry],
     items: Sequence[pytest.Item],
-    cited,
+    cited: Callable[[pytest.Item], list[str]],
     randomized_profile: str | None,
     narrowed: Iterable[Path] = (),
 ) -> list[str]:
@@ -282,7 +282,9 @@ def apply(
     return problems + _level_problems(path, list(entries), whole, cited)
 
 
-def _level_problems(path: str, entries: list[Entry], items: Sequence[pytest.Item], cited) -> list[str]:
+def _level_problems(
+    path: str, entries: list[Entry], items: Sequence[pytest.Item], cited: Callable[[pytest.Item], list[str]]
+) -> list[str]:
     """Entries naming level "strict" whose clause has no weak level, or whose weak tests are all listed too.
 
     The weak tests that run unlisted must pass, so the run itself checks the level an entry claims. A run that

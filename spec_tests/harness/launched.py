@@ -28,11 +28,13 @@ import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
-from spec_tests.harness.launched_rank import Close, End, RankSide, Run, World, connect, post, take
+from spec_tests.harness.launched_rank import Close, End, RankSide, Run, Store, World, connect, post, take
 from spec_tests.harness.rank_runs import DUMP_WAIT, GRACE_AFTER_FAILURE, Outcome, RankFailures, finish, job_of
 
 __all__ = ["ENV", "Driver", "active", "configure", "current"]
@@ -44,6 +46,7 @@ ANSWER_WAIT = DUMP_WAIT + 8.0  # after a stop request: for each rank to dump its
 POLL = 0.01
 GONE_AFTER = 60.0  # seconds without a heartbeat after which a rank is lost
 BEAT_CHECK = 1.0
+Beat = tuple[int, float, float]  # a rank's heartbeat as a collector saw it: (count, when it changed, when read)
 GONE = "(lost: no heartbeat for {:g}s; its process is gone, see its node's launcher for the exit status)"
 NO_ANSWER = "(no answer to the stop request: the rank is stuck outside Python, e.g. in a collective, or is gone)"
 
@@ -61,11 +64,11 @@ def active() -> bool:
     return _side is not None
 
 
-def launched_by_torchrun(environ=os.environ) -> bool:
+def launched_by_torchrun(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(ENV, "auto") != "off" and "TORCHELASTIC_RUN_ID" in environ and "MASTER_ADDR" in environ
 
 
-def configure(config) -> None:
+def configure(config: pytest.Config) -> None:
     """From the spec plugin's pytest_configure: join the launched world if a launcher started this process."""
     global _driver, _side
     if not launched_by_torchrun() or hasattr(config, "workerinput"):
@@ -112,7 +115,7 @@ class _Collector(threading.Thread):
     it): it is reported hung, with that reason, and listed in `gone`.
     """
 
-    def __init__(self, store, k: int, n: int, timeout: float, beats: dict):
+    def __init__(self, store: Store, k: int, n: int, timeout: float, beats: dict[int, Beat]):
         super().__init__(name="ckptspec-collector", daemon=True)
         self.store, self.k, self.timeout = store, k, timeout
         self.outcomes = [Outcome() for _ in range(n)]
@@ -127,7 +130,7 @@ class _Collector(threading.Thread):
         if latest != count:
             changed = now
         self.beats[rank] = (latest, changed, now)
-        return now - changed > GONE_AFTER
+        return bool(now - changed > GONE_AFTER)
 
     def run(self) -> None:
         deadline, failed_at, stopped_at = time.monotonic() + self.timeout, None, None
@@ -157,7 +160,7 @@ class _Collector(threading.Thread):
 class Driver:
     """(rank 0) Sends runs to the launched ranks and gathers their replies; one per session."""
 
-    def __init__(self, world: World, store, side: RankSide):
+    def __init__(self, world: World, store: Store, side: RankSide):
         self.world, self.store, self.side = world, store, side
         self._sent = [0] * world.size  # messages sent to each rank
         self._runs = self._groups = 0
@@ -165,9 +168,9 @@ class Driver:
         self._plans: dict[int, _Plan] = {}  # id(RankPool) -> plan
         self.forked: list[str] = []  # tests whose ranks were forked (expect_exit)
         self.gone: dict[int, str] = {}  # lost ranks -> the test that noticed
-        self._beats: dict[int, tuple] = {}  # the collectors' view of every rank's heartbeat
+        self._beats: dict[int, Beat] = {}  # the collectors' view of every rank's heartbeat
 
-    def send(self, rank: int, msg) -> None:
+    def send(self, rank: int, msg: Run | Close | End) -> None:
         post(self.store, f"msg/{rank}/{self._sent[rank]}", msg)
         self._sent[rank] += 1
 
@@ -184,7 +187,18 @@ class Driver:
             )
         return backend
 
-    def run(self, fn, world_size, args=(), kwargs=None, *, backend="auto", timeout, unwrap=False, pool=None) -> list:
+    def run(
+        self,
+        fn: Any,
+        world_size: int,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        backend: str = "auto",
+        timeout: float,
+        unwrap: bool = False,
+        pool: Any = None,
+    ) -> list[Any]:
         """Run fn(*args, **kwargs) on launched ranks 0..world_size-1; each rank's result, or RankFailures."""
         __tracebackhide__ = True
         job = job_of(fn, unwrap, args, kwargs or {})
@@ -222,7 +236,7 @@ class Driver:
                 self._holds[r] = None
         return finish(collector.outcomes, timeout, {})
 
-    def close_pool(self, pool) -> None:
+    def close_pool(self, pool: Any) -> None:
         plan = self._plans.pop(id(pool), None)
         if plan is None:
             return
@@ -255,7 +269,7 @@ def _current_test() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
 
 
-def _digest(items) -> tuple[str, list[str]]:
+def _digest(items: Iterable[pytest.Item]) -> tuple[str, list[str]]:
     ids = sorted(item.nodeid for item in items)
     return hashlib.sha256("\n".join(ids).encode()).hexdigest(), ids
 
@@ -263,18 +277,18 @@ def _digest(items) -> tuple[str, list[str]]:
 class _Session:
     """The pytest hooks of launched mode, on every rank."""
 
-    def __init__(self, world: World, store):
+    def __init__(self, world: World, store: Store) -> None:
         self.world, self.store = world, store
         self.missing: list[int] = []
         self.status: int | None = None  # (ranks other than 0) rank 0's exit status
 
-    def pytest_report_header(self, config):
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return [
             f"ckptspec launch: {self.world.size} launched ranks on {self.world.nodes} node(s) "
             f"({self.world.local_size} per node); multi-rank bodies run on them, rank 0 reports"
         ]
 
-    def pytest_collection_finish(self, session):
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
         digest, ids = _digest(session.items)
         post(self.store, f"collected/{self.world.rank}", (digest, ids))
         if self.world.rank != 0:
@@ -300,7 +314,7 @@ class _Session:
             )
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_runtestloop(self, session):
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
         if self.world.rank == 0:
             return None
         try:
@@ -312,7 +326,7 @@ class _Session:
         return True
 
     @pytest.hookimpl(trylast=True)
-    def pytest_unconfigure(self, config):
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
         """Rank 0 is done: the other ranks may exit now (with a failing status, the first to exit makes torchrun stop
         its node's other ranks: rank 0 must not be stopped before its report is written)."""
         try:
@@ -325,7 +339,7 @@ class _Session:
         except Exception:  # the store is gone with rank 0's node: nothing to wait for
             pass
 
-    def pytest_sessionfinish(self, session, exitstatus):
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
         if _driver is not None:
             self.missing = _driver.end(exitstatus)
         elif self.status is not None:
@@ -333,7 +347,7 @@ class _Session:
             # barrier (5 minutes) for the failed node, which never comes.
             session.exitstatus = self.status
 
-    def pytest_terminal_summary(self, terminalreporter):
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if _driver is None:
             return
         if _driver.forked:

@@ -31,12 +31,24 @@ import threading
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from spec_tests.harness.processes import collect_garbage
-from spec_tests.harness.rank_runs import rank_state
+from spec_tests.harness.rank_runs import Job, rank_state
+
+if TYPE_CHECKING:
+    import psutil
+
+Store = Any
+"""A torch.distributed Store (the launcher's, prefixed): typed loosely, since torch's stubs say its values are str
+(it takes bytes) and lack clone()."""
+
+Group = tuple[int, int, str, float]
+"""A run's default process group: (process group id, number of ranks, backend, timeout in seconds)."""
 
 __all__ = ["Close", "End", "RankSide", "Run", "Stopped", "World", "connect"]
 
@@ -79,9 +91,9 @@ class World:
 @dataclass(frozen=True)
 class Run:
     k: int  # the run's number, the same on every rank
-    job: tuple  # rank_runs.job_of: (module, qualname, unwrap, args, kwargs)
-    group: tuple  # (process group id, n, backend, timeout s): the body's default group
-    state: tuple  # (key, epoch): whose rank_state the body sees; a new epoch starts it empty
+    job: Job  # rank_runs.job_of: (module, qualname, unwrap, args, kwargs)
+    group: Group  # (process group id, n, backend, timeout s): the body's default group
+    state: tuple[str, int]  # (key, epoch): whose rank_state the body sees; a new epoch starts it empty
     one_shot: bool  # @ranks: group, state and leftover processes are dropped after the run
 
 
@@ -95,7 +107,7 @@ class End:
     status: int  # rank 0's exit status, which every rank exits with (torchrun then reports the job on each node)
 
 
-def connect(timeout: float = 600.0) -> tuple[World, Any]:
+def connect(timeout: float = 600.0) -> tuple[World, Store]:
     """This process's place in the launched world and the launcher's store (a client; prefixed for this run)."""
     import torch.distributed as dist
 
@@ -116,11 +128,11 @@ def connect(timeout: float = 600.0) -> tuple[World, Any]:
     return world, dist.PrefixStore(f"ckptspec/{world.run_id}/{attempt}", store)
 
 
-def post(store, key: str, value) -> None:
+def post(store: Store, key: str, value: object) -> None:
     store.set(key, pickle.dumps(value))
 
 
-def take(store, key: str):
+def take(store: Store, key: str) -> Any:
     """The value at key, removed from the store."""
     value = pickle.loads(store.get(key))
     store.delete_key(key)
@@ -134,7 +146,7 @@ def _stack() -> str:
         return f.read() or "(no stack was dumped)"
 
 
-def _call(job) -> Any:
+def _call(job: Job) -> Any:
     module, qualname, unwrap, args, kwargs = job
     fn: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -142,7 +154,7 @@ def _call(job) -> Any:
     return (fn.__wrapped__ if unwrap else fn)(*args, **kwargs)
 
 
-def _children() -> dict:
+def _children() -> dict[int, psutil.Process]:
     import psutil
 
     return {p.pid: p for p in psutil.Process().children(recursive=True)}
@@ -200,14 +212,14 @@ class _Watchdog(threading.Thread):
 class RankSide:
     """The launched rank's state between messages: its process group, the pools' rank_state, what bodies left running."""
 
-    def __init__(self, world: World, store):
+    def __init__(self, world: World, store: Store) -> None:
         self.world, self.store = world, store
         self._group: int | None = None
         self._group_owner: str | None = None
         self._current: str | None = None  # whose state rank_state holds
-        self._saved: dict[str, dict] = {}
+        self._saved: dict[str, dict[Hashable, Any]] = {}
         self._epochs: dict[str, int] = {}
-        self._spawned: dict[str, dict] = defaultdict(dict)
+        self._spawned: dict[str, dict[int, psutil.Process]] = defaultdict(dict)
         self._lock = threading.Lock()
         self._body: int | None = None  # the run whose body the main thread is in
         self._answered: set[int] = set()
@@ -247,7 +259,7 @@ class RankSide:
         self._watchdog.arm(None)
         self._watchdog.join(timeout=5)
 
-    def execute(self, msg) -> None:
+    def execute(self, msg: Run | Close) -> None:
         if isinstance(msg, Close):
             self._drop(msg.key)
             return
@@ -284,7 +296,7 @@ class RankSide:
             self._body = msg.k
         self._watchdog.arm(msg.k)
         try:
-            reply: tuple = ("ok", _call(msg.job))
+            reply: tuple[str, Any] = ("ok", _call(msg.job))
         except Stopped:
             reply = ("error", "stopped")  # never posted: the watchdog has answered
         except BaseException as exc:  # CheckpointException is a BaseException
@@ -313,7 +325,7 @@ class RankSide:
                 ("error", f"result could not be sent back:\n{traceback.format_exc()}"),
             )
 
-    def stop(self, k: int, store) -> None:
+    def stop(self, k: int, store: Store) -> None:
         """(watchdog thread) Answer run k for the body, with this rank's stack; the watchdog then interrupts it."""
         with self._lock:
             if self._body != k or k in self._answered:
@@ -324,13 +336,13 @@ class RankSide:
     def stopping(self, k: int) -> bool:
         return self._body == k and k in self._answered
 
-    def _interrupt(self, signum, frame) -> None:
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
         if self._body is not None and self._body in self._answered:
             raise Stopped(f"rank {self.world.rank}: stopped by rank 0")
 
     # ---------------------------------------------------------------- process group and state
 
-    def _join(self, group: tuple, owner: str) -> None:
+    def _join(self, group: Group, owner: str) -> None:
         import torch
         import torch.distributed as dist
 

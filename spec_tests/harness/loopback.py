@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.runs import load_run
+from spec_tests.harness.runs import Run, load_run
 from spec_tests.harness.verdicts import judge
 
 __all__ = [
@@ -49,7 +49,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def torchrun_command(
@@ -89,7 +90,7 @@ def torchrun_command(
 class Node:
     """One torchrun launch: its process (a session leader, so its whole group can be killed) and its log."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     log: Path
 
     @property
@@ -119,7 +120,7 @@ class Node:
 
 
 def start(
-    args: list[str], *, nodes: int = 2, nproc_per_node: int = 1, log_dir: Path, env: dict | None = None
+    args: list[str], *, nodes: int = 2, nproc_per_node: int = 1, log_dir: Path, env: dict[str, str] | None = None
 ) -> list[Node]:
     """Start `nodes` launches of `python -m pytest ARGS` on loopback, one rendezvous for all of them."""
     port = free_port()
@@ -127,7 +128,7 @@ def start(
     return start_commands([command] * nodes, log_dir=log_dir, env=env)
 
 
-def start_commands(commands: list[list[str]], *, log_dir: Path, env: dict | None = None) -> list[Node]:
+def start_commands(commands: list[list[str]], *, log_dir: Path, env: dict[str, str] | None = None) -> list[Node]:
     """Start each command (one "node") in a session of its own, its output to log_dir/node<i>.log."""
     env = dict(os.environ if env is None else env)
     env.setdefault("TMPDIR", str(log_dir))  # torchrun's own files (torchelastic_*) go there too
@@ -168,7 +169,7 @@ def compare(forked: Path | str, launched: Path | str) -> list[str]:
     return _differences(a, b, set(_mode_skips(a, b)))
 
 
-def _mode_skips(a, b) -> list[str]:
+def _mode_skips(a: Run, b: Run) -> list[str]:
     return sorted(
         nodeid
         for nodeid, (outcome, cited, *_) in b.tests.items()
@@ -176,7 +177,7 @@ def _mode_skips(a, b) -> list[str]:
     )
 
 
-def _differences(a, b, mode_skips: set[str]) -> list[str]:
+def _differences(a: Run, b: Run, mode_skips: set[str]) -> list[str]:
     problems = [
         f"{nodeid}: forked {a.tests.get(nodeid, ('absent',))[0]}, launched {b.tests.get(nodeid, ('absent',))[0]}"
         for nodeid in sorted(set(a.tests) | set(b.tests))

@@ -9,18 +9,22 @@ Rules say what they did with hypothesis's `note(...)`, so that a failing run pri
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
+import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 __all__ = ["agreed", "run_machine"]
 
+T = TypeVar("T")
+
 EXAMPLE_SHARE = 3
 """A machine's examples are long (each starts queues or ranks): it runs 1/EXAMPLE_SHARE of the profile's examples."""
 
 
-def run_machine(request, build: Callable[[], RuleBasedStateMachine]) -> None:
+def run_machine(request: pytest.FixtureRequest, build: Callable[[], RuleBasedStateMachine]) -> None:
     """Run the machine that build() makes, with the profile's settings but fewer, longer examples.
 
     A test expected to fail (an xfail from the target's expectations) is not shrunk: a known divergence is not
@@ -35,7 +39,7 @@ def run_machine(request, build: Callable[[], RuleBasedStateMachine]) -> None:
     run_state_machine_as_test(build, settings=budget)  # type: ignore[arg-type]
 
 
-def agreed(what: str, results: list):
+def agreed(what: str, results: Sequence[T]) -> T:
     """The one result every rank gave for `what`; fails naming each rank's result when they differ."""
     __tracebackhide__ = True
     assert all(r == results[0] for r in results), (

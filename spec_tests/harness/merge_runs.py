@@ -16,17 +16,18 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from spec_tests.harness.runs import ReportError, load_run, read_json
 
-__all__ = ["merge", "main"]
+__all__ = ["main", "merge"]
 
 
-def merge(paths: Sequence[Path | str]) -> dict:
+def merge(paths: Sequence[Path | str]) -> dict[str, Any]:
     """The merged run of `paths`, oldest first (each validated as runs.load_run does)."""
     if not paths:
         raise ReportError("nothing to merge: give at least one JSON file")
-    merged: dict | None = None
+    merged: dict[str, Any] | None = None
     for path in paths:
         label = load_run(path).label  # validates the shape
         data = read_json(Path(path))

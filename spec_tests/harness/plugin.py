@@ -37,7 +37,10 @@ import json
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 from _pytest.reports import CollectReport
@@ -47,7 +50,14 @@ from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import devices, expectations, launched, reaper
 from spec_tests.harness.profiles import in_ci, load_profile
 from spec_tests.harness.ranks import RankPool, use_runner
-from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, TargetError, TargetUnavailable, load_target
+from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, Target, TargetError, TargetUnavailable, load_target
+
+# What the plugin keeps on the run's pytest.Config.
+_TARGET = pytest.StashKey[Target]()
+_PROFILE = pytest.StashKey[str]()
+_TENSOR_DEVICE = pytest.StashKey[str]()
+_STALE = pytest.StashKey[list[str]]()  # expectations entries that matched no collected test
+_REAPED = pytest.StashKey[list[str]]()  # processes left running by tests, killed
 
 _CITING_DIRS = ("spec_tests", "fault_injection")
 _EXEMPT_DIRS = ("spec_tests/harness",)
@@ -61,7 +71,7 @@ MARKERS = (
 _NOT_FAILURES = (pytest.skip.Exception, pytest.xfail.Exception, pytest.exit.Exception, KeyboardInterrupt)
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ckptspec")
     group.addoption("--impl", default=None, help=f"target implementation (default: ${ENV_VAR} or 'impl')")
     group.addoption(
@@ -71,7 +81,7 @@ def pytest_addoption(parser):
 
 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's own pytest plugin loads --hypothesis-profile
-def pytest_configure(config):
+def pytest_configure(config: pytest.Config) -> None:
     _one_torch_thread(config)
     for line in MARKERS:
         config.addinivalue_line("markers", line)
@@ -80,11 +90,11 @@ def pytest_configure(config):
     try:
         name = config.getoption("--impl") or os.environ.get(ENV_VAR) or "impl"
         os.environ[ENV_VAR] = name
-        config.ckptspec_target = load_target(name)
-        config.ckptspec_profile = load_profile(config)
-        config.ckptspec_tensor_device = devices.configure(config.getoption("--tensor-device"))
+        config.stash[_TARGET] = load_target(name)
+        config.stash[_PROFILE] = load_profile(config)
+        config.stash[_TENSOR_DEVICE] = devices.configure(config.getoption("--tensor-device"))
         clause_registry.load()
-        expectations.load(config.ckptspec_target.expectations_path)
+        expectations.load(config.stash[_TARGET].expectations_path)
         launched.configure(config)
         use_runner(launched.current())  # None without a launcher: forked ranks
         if not hasattr(config, "workerinput") and launched.reports():
@@ -95,7 +105,7 @@ def pytest_configure(config):
         config.pluginmanager.register(_Recorder(config), "ckptspec-recorder")
 
 
-def _one_torch_thread(config) -> None:
+def _one_torch_thread(config: pytest.Config) -> None:
     """One torch thread in this process and every process it starts (see the module docstring)."""
     if os.environ.get("OMP_NUM_THREADS") or config.getoption("benchmark_enable", default=False):
         return
@@ -104,7 +114,7 @@ def _one_torch_thread(config) -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
-def _worker_mark(workerinput: dict) -> str:
+def _worker_mark(workerinput: dict[str, Any]) -> str:
     return f"{workerinput['testrunuid']}/{workerinput['workerid']}"
 
 
@@ -130,13 +140,13 @@ def _check_writable(path: str | None) -> None:
         raise pytest.UsageError(f"--conformance-json {path} {problem}")
 
 
-def pytest_report_header(config):
-    target = config.ckptspec_target
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    target = config.stash[_TARGET]
     env = {k: v for k, v in os.environ.items() if k.startswith(("CKPTSPEC", "HYPOTHESIS"))}
     return [
         f"ckptspec target: {target.name} {target.version} "
         f"capabilities: {', '.join(sorted(target.capabilities)) or '-'}",
-        f"hypothesis profile: {config.ckptspec_profile}; tensor device: {config.ckptspec_tensor_device}; "
+        f"hypothesis profile: {config.stash[_PROFILE]}; tensor device: {config.stash[_TENSOR_DEVICE]}; "
         f"environment: {env}",
     ]
 
@@ -144,11 +154,11 @@ def pytest_report_header(config):
 # ---------------------------------------------------------------------------------- collection
 
 
-def _cited(item) -> list[str]:
+def _cited(item: pytest.Item) -> list[str]:
     return [cid for mark in item.iter_markers("spec") for cid in mark.args]
 
 
-def _must_cite(item, rootdir: Path) -> bool:
+def _must_cite(item: pytest.Item, rootdir: Path) -> bool:
     path = Path(str(item.path)).resolve()
     if rootdir not in path.parents:
         return False
@@ -156,7 +166,7 @@ def _must_cite(item, rootdir: Path) -> bool:
     return rel.startswith(_CITING_DIRS) and not rel.startswith(_EXEMPT_DIRS)
 
 
-def _item_problems(item, known, rootdir: Path) -> list[str]:
+def _item_problems(item: pytest.Item, known: Mapping[str, object], rootdir: Path) -> list[str]:
     cited = _cited(item)
     problems = []
     unknown = [str(c) for c in cited if c not in known]
@@ -174,23 +184,27 @@ def _item_problems(item, known, rootdir: Path) -> list[str]:
     return problems
 
 
-def _narrowed_files(config) -> list[Path]:
+def _narrowed_files(config: pytest.Config) -> list[Path]:
     """The files the command line asked for by node id (path::name): only some of their tests were collected."""
     invocation = config.invocation_params.dir
     return [invocation / arg.split("::", 1)[0] for arg in config.args if "::" in arg]
 
 
-def pytest_collection_modifyitems(session, config, items):
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     known, rootdir = clause_registry.load(), Path(str(config.rootpath)).resolve()
     problems: dict[str, list[str]] = defaultdict(list)
     for item in items:
         for problem in _item_problems(item, known, rootdir):
             problems[item.nodeid.split("::", 1)[0]].append(problem)
         item.user_properties.append(("spec_clauses", _cited(item)))
-        item.user_properties.append(("impl", config.ckptspec_target.name))
-    path = config.ckptspec_target.expectations_path
-    entries = expectations.for_version(expectations.load(path), config.ckptspec_target.version, devices.current())
-    randomized = None if settings.get_profile(config.ckptspec_profile).derandomize else config.ckptspec_profile
+        item.user_properties.append(("impl", config.stash[_TARGET].name))
+    expectations_path = config.stash[_TARGET].expectations_path
+    entries = expectations.for_version(
+        expectations.load(expectations_path), config.stash[_TARGET].version, devices.current()
+    )
+    path = expectations_path or "(no expectations file)"  # no entries then: it names no problem
+    profile = config.stash[_PROFILE]
+    randomized = None if settings.get_profile(profile).derandomize else profile
     for problem in expectations.apply(path, entries, items, _cited, randomized, _narrowed_files(config)):
         problems[path].append(problem)
     for item in items:
@@ -203,16 +217,16 @@ def pytest_collection_modifyitems(session, config, items):
         for e in expectations.unmatched(entries, items, rootdir, _narrowed_files(config))
     ]
     if stale and in_ci():
-        problems[path].extend(stale + ["(remove or fix these entries; outside CI this is a warning)"])
+        problems[path].extend([*stale, "(remove or fix these entries; outside CI this is a warning)"])
     elif stale:
-        config.ckptspec_stale = stale
+        config.stash[_STALE] = stale
         if hasattr(config, "workeroutput"):
             config.workeroutput["ckptspec_stale"] = stale
     if problems:
         _fail_collection(config, items, problems)
 
 
-def _fail_collection(config, items, problems: dict[str, list[str]]) -> None:
+def _fail_collection(config: pytest.Config, items: list[pytest.Item], problems: dict[str, list[str]]) -> None:
     """Report each file's problems as a collection error of that file and run nothing.
 
     A collection report (rather than raising) is what an xdist worker can pass on to the controller.
@@ -223,8 +237,8 @@ def _fail_collection(config, items, problems: dict[str, list[str]]) -> None:
     items[:] = []
 
 
-def pytest_runtest_setup(item):
-    target = item.config.ckptspec_target
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    target = item.config.stash[_TARGET]
     for mark in item.iter_markers("needs"):
         missing = [c for c in mark.args if not target.has(c)]
         if missing:
@@ -240,7 +254,9 @@ def pytest_runtest_setup(item):
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: sees the report after the xfail marks were applied
-def pytest_runtest_makereport(item, call):
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A failing test's exception gets a note per cited clause, `[AQ-3] <statement>`, before it is reported; the
     failure's type and text are recorded; an expected failure that fails otherwise than its entry says is reported
     failed (a stale entry, see expectations.failure_problem)."""
@@ -275,19 +291,19 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="session")
-def target(request):
+def target(request: pytest.FixtureRequest) -> Target:
     """The Target under test (picklable: ranks receive its name)."""
-    return request.config.ckptspec_target
+    return request.config.stash[_TARGET]
 
 
 @pytest.fixture
-def core(target):
+def core(target: Target) -> ModuleType:
     """The target's async_ckpt.core module."""
     return target.module("async_ckpt.core")
 
 
 @pytest.fixture(autouse=True)
-def _end_leaked_processes(request):
+def _end_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     """End the processes a test started in this process and left running, after its teardown; listed in the summary.
 
     Reported, not failed: the clauses on a worker's lifetime (PC-4, P-EXIT-*, FI-ORPHAN-1) have tests of their own;
@@ -303,15 +319,13 @@ def _end_leaked_processes(request):
     leaked = reaper.kill_new_children(before)
     if leaked:
         config = request.config
-        config.ckptspec_reaped = getattr(config, "ckptspec_reaped", []) + [
-            f"{request.node.nodeid}: {x}" for x in leaked
-        ]
+        config.stash[_REAPED] = config.stash.get(_REAPED, []) + [f"{request.node.nodeid}: {x}" for x in leaked]
 
 
 @pytest.fixture(scope="module")
-def rank_pool():
+def rank_pool() -> Iterator[Callable[..., RankPool]]:
     """rank_pool(world_size) -> a RankPool kept warm for the module, closed at its end."""
-    pools: dict[tuple, RankPool] = {}
+    pools: dict[tuple[int, str], RankPool] = {}
 
     def get(world_size: int, backend: str = "auto") -> RankPool:
         key = (world_size, backend)
@@ -335,7 +349,7 @@ def rank_pool():
 # ---------------------------------------------------------------------------------- reporting
 
 
-def _outcome(report) -> str | None:
+def _outcome(report: pytest.TestReport) -> str | None:
     if hasattr(report, "wasxfail"):
         return "xfail" if report.skipped else "xpass"
     if report.when == "call":
@@ -350,10 +364,11 @@ def _outcome(report) -> str | None:
 class _Recorder:
     """Collects outcomes on the controller (xdist workers send their reports there)."""
 
-    def __init__(self, config):
-        self.config, self.records = config, []
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: list[dict[str, Any]] = []
 
-    def pytest_runtest_logreport(self, report):
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         outcome = _outcome(report)
         if outcome is None or (report.when == "teardown" and outcome != "error"):
             return
@@ -375,16 +390,16 @@ class _Recorder:
             record["failure"] = properties["spec_failure"]
         self.records.append(record)
 
-    def pytest_sessionfinish(self, session):
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = self.config.getoption("--conformance-json")
         if not path:
             return
-        target = self.config.ckptspec_target
+        target = self.config.stash[_TARGET]
         payload = {
             "target": target.name,
             "version": target.version,
             "capabilities": sorted(target.capabilities),
-            "tensor_device": self.config.ckptspec_tensor_device,
+            "tensor_device": self.config.stash[_TENSOR_DEVICE],
             "clauses": clause_registry.load(),
             "tests": self.records,
         }
@@ -392,23 +407,23 @@ class _Recorder:
         Path(path).write_text(json.dumps(payload, indent=1, sort_keys=True))
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node, error):
+    def pytest_testnodedown(self, node: Any, error: object) -> None:  # node: xdist's WorkerController
         """An xdist worker's stale expectation entries and reaped processes (the controller collects nothing);
         for a worker that crashed, what it started and left running, found by its mark."""
         output = getattr(node, "workeroutput", {})
         if output.get("ckptspec_stale"):
-            self.config.ckptspec_stale = output["ckptspec_stale"]
+            self.config.stash[_STALE] = output["ckptspec_stale"]
         reaped = output.get("ckptspec_reaped", [])
         if error is not None:
             name = node.workerinput["workerid"]
             orphans = reaper.kill_marked(_worker_mark(node.workerinput), reaper.WORKER_MARK)
             reaped = reaped + [f"after xdist worker {name} crashed: {line}" for line in orphans]
-        self.config.ckptspec_reaped = getattr(self.config, "ckptspec_reaped", []) + reaped
+        self.config.stash[_REAPED] = self.config.stash.get(_REAPED, []) + reaped
 
-    def pytest_terminal_summary(self, terminalreporter):
-        for line in getattr(self.config, "ckptspec_stale", []):
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for line in self.config.stash.get(_STALE, []):
             terminalreporter.write_line(f"ckptspec: warning: expectations entry {line}", yellow=True)
-        for line in getattr(self.config, "ckptspec_reaped", []):
+        for line in self.config.stash.get(_REAPED, []):
             terminalreporter.write_line(f"ckptspec: warning: left running, killed: {line}", yellow=True)
         cited = {c for r in self.records for c in r["clauses"]}
         uncovered = [c for c in clause_registry.load() if c not in cited]
@@ -417,7 +432,7 @@ class _Recorder:
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist sends the worker's output to the controller
-def pytest_sessionfinish(session):
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """End what still runs below this process once its tests are done (every background process is reaped).
 
     Not on an xdist controller, whose children are the workers (each reaps its own).
@@ -426,6 +441,6 @@ def pytest_sessionfinish(session):
     if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
         return
     reaped = [f"at the end of the session: {line}" for line in reaper.kill_descendants(keep=reaper.harness_pids())]
-    config.ckptspec_reaped = getattr(config, "ckptspec_reaped", []) + reaped
+    config.stash[_REAPED] = config.stash.get(_REAPED, []) + reaped
     if hasattr(config, "workeroutput"):
-        config.workeroutput["ckptspec_reaped"] = config.ckptspec_reaped
+        config.workeroutput["ckptspec_reaped"] = config.stash[_REAPED]

@@ -8,6 +8,8 @@ import os
 import shutil
 import threading
 import time
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -17,10 +19,10 @@ from spec_tests.harness.targets import current_target
 __all__ = [
     "CALLERS",
     "CALLER_CLASSES",
-    "collect_garbage",
     "alive",
     "async_core",
     "close_quietly",
+    "collect_garbage",
     "exists",
     "remove",
     "wait_for_file",
@@ -39,7 +41,7 @@ CALLER_CLASSES = [
 """Parameters `caller_name` of a test run once per caller class, by its public name."""
 
 
-def async_core():
+def async_core() -> ModuleType:
     """The target's async_ckpt.core module, in whatever process asks (a rank body): the `core` fixture's twin."""
     return current_target().module("async_ckpt.core")
 
@@ -77,7 +79,7 @@ def remove(*paths: str) -> None:
             os.remove(path)
 
 
-def close_quietly(queue, *, abort: bool = False, bound: float = 30) -> None:
+def close_quietly(queue: Any, *, abort: bool = False, bound: float = 30) -> None:
     """Close a queue after a provoked fault, within `bound` seconds; how that ends is not the test's subject.
 
     A queue whose close does not return (or a target without close(abort=True)) is left to the runner, which

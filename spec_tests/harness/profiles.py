@@ -41,7 +41,7 @@ def in_ci() -> bool:
     return bool(os.environ.get("CI"))
 
 
-def load_profile(config) -> str:
+def load_profile(config: pytest.Config) -> str:
     """Load the profile --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`."""
     profile = (
         config.getoption("hypothesis_profile", None)

@@ -32,7 +32,7 @@ class SaveHandle(abc.ABC):
 
     def staged(self) -> None:
         """Return once the state dict handed to start() may be changed; default: at once (copied in start)."""
-        return None
+        return
 
     @abc.abstractmethod
     def wait(self) -> Any:
@@ -47,7 +47,7 @@ class Saver(abc.ABC):
     """What a trainer keeps between saves: queues, workers, stagers (see the module docstring)."""
 
     @abc.abstractmethod
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         """Start saving state_dict to the directory `path`; collective over the default process group."""
 
     @abc.abstractmethod
@@ -55,10 +55,11 @@ class Saver(abc.ABC):
         """Wait for saves in flight, then end every thread and process this saver started."""
 
 
-def protocol_saver(target: Target | None = None, **options) -> Saver:
+def protocol_saver(target: Target | None = None, **options: Any) -> Saver:
     """A new Saver of `target` (the current one by default); MissingCapability if its adapter has none."""
     target = target or current_target()
     make = getattr(target.adapter, "protocol_saver", None)
     if make is None or not target.has("protocol"):
         raise MissingCapability(f"target {target.name!r} has no protocol adapter")
-    return make(**options)
+    saver: Saver = make(**options)
+    return saver

@@ -8,6 +8,7 @@ launched ranks. Both build their answer from the names here, so a failure reads 
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -15,6 +16,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "DUMP_WAIT",
     "GRACE_AFTER_FAILURE",
+    "Job",
     "Outcome",
     "RankFailures",
     "Runner",
@@ -28,8 +30,11 @@ DEFAULT_TIMEOUT = 120.0
 GRACE_AFTER_FAILURE = 3.0
 DUMP_WAIT = 2.0
 
-rank_state: dict = {}
+rank_state: dict[Hashable, Any] = {}
 """Per-rank state kept between runs of one RankPool (empty in a fresh rank)."""
+
+Job = tuple[str, str, bool, tuple[Any, ...], dict[str, Any]]
+"""What a rank needs to run a function (`job_of`): (module, qualname, unwrap, args, kwargs)."""
 
 
 class RankFailures(AssertionError):
@@ -53,14 +58,14 @@ class Runner(Protocol):
         self,
         fn: Any,
         world_size: int,
-        args: tuple = (),
-        kwargs: dict | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
         *,
         backend: str = "auto",
         timeout: float,
         unwrap: bool = False,
         pool: Any = None,
-    ) -> list:
+    ) -> list[Any]:
         """Run fn(*args, **kwargs) on ranks 0..world_size-1; each rank's result, or RankFailures.
 
         `pool` is the RankPool the run belongs to (its ranks and rank_state kept between runs), None for one run.
@@ -110,11 +115,11 @@ def _describe(outcomes: list[Outcome], timeout: float, expect_exit: dict[int, in
     return f"{bad} of {len(outcomes)} ranks failed:\n\n" + "\n\n".join(lines)
 
 
-def _indent(text) -> str:
+def _indent(text: object) -> str:
     return "\n".join("    " + line for line in str(text).rstrip().splitlines())
 
 
-def finish(outcomes: list[Outcome], timeout: float, expect_exit: dict[int, int]) -> list:
+def finish(outcomes: list[Outcome], timeout: float, expect_exit: dict[int, int]) -> list[Any]:
     """Each rank's result; RankFailures if any rank failed, hung or exited unexpectedly; a skip if a rank skipped."""
     import pytest
 
@@ -128,7 +133,7 @@ def finish(outcomes: list[Outcome], timeout: float, expect_exit: dict[int, int])
     return [o.detail if o.kind == "ok" else None for o in outcomes]
 
 
-def job_of(fn: Any, unwrap: bool, args: tuple, kwargs: dict) -> tuple:
+def job_of(fn: Any, unwrap: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Job:
     """What a rank needs to run fn: (module, qualname, unwrap, args, kwargs); fn must be module-level."""
     if "<locals>" in fn.__qualname__:
         raise TypeError(f"{fn.__qualname__} must be a module-level function to run on ranks")

@@ -35,15 +35,19 @@ import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from multiprocessing.connection import wait
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import ForkServerContext
+from multiprocessing.process import BaseProcess
+from typing import IO, Any
 
 from spec_tests.harness.rank_runs import (
     DEFAULT_TIMEOUT,
     DUMP_WAIT,
     GRACE_AFTER_FAILURE,
+    Job,
     Outcome,
     RankFailures,
     Runner,
@@ -94,10 +98,10 @@ class _WorldSpec:
     dump_dir: str
     target_name: str
     pg_timeout: float
-    devices: tuple = ()  # NCCL: the GPU of each rank, leased by _GpuLease
+    devices: tuple[int, ...] = ()  # NCCL: the GPU of each rank, leased by _GpuLease
 
 
-def _rank_main(rank: int, spec: _WorldSpec, conn, job) -> None:
+def _rank_main(rank: int, spec: _WorldSpec, conn: Connection, job: Job | None) -> None:
     try:
         _join_world(rank, spec)
     except BaseException:
@@ -141,10 +145,11 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
     dist.barrier()
 
 
-def _serve(conn, job) -> None:
+def _serve(conn: Connection, job: Job) -> None:
     import pytest
 
     module, qualname, unwrap, args, kwargs = job
+    reply: tuple[str, Any]
     try:
         fn: Any = importlib.import_module(module)
         for part in qualname.split("."):
@@ -161,7 +166,7 @@ def _serve(conn, job) -> None:
         conn.send(("error", f"result could not be sent back:\n{traceback.format_exc()}"))
 
 
-def _context():
+def _context() -> ForkServerContext:
     import torch
 
     ctx = mp.get_context("forkserver")
@@ -201,7 +206,7 @@ class _GpuLease:
         import torch
 
         os.makedirs(self.LOCK_DIR, exist_ok=True)
-        self._files: list = []
+        self._files: list[tuple[int, IO[str]]] = []
         timeout = float(os.environ.get(self.WAIT_ENV) or timeout)
         deadline = time.monotonic() + timeout
         while True:
@@ -225,7 +230,7 @@ class _GpuLease:
             time.sleep(0.2)
 
     @property
-    def devices(self) -> tuple:
+    def devices(self) -> tuple[int, ...]:
         return tuple(device for device, _ in self._files)
 
     def release(self) -> None:
@@ -239,14 +244,14 @@ class _Ranks:
     """N started rank processes and the pipes to them."""
 
     spec: _WorldSpec
-    procs: list
-    conns: list
+    procs: list[BaseProcess]
+    conns: list[Connection]
     workdir: str
-    outcomes: list = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
     lease: _GpuLease | None = None
 
     @classmethod
-    def start(cls, world_size, backend, timeout, jobs):
+    def start(cls, world_size: int, backend: str, timeout: float, jobs: list[Job]) -> _Ranks:
         from spec_tests.harness.targets import current_target
 
         lease = _GpuLease(world_size, timeout) if backend == "nccl" else None
@@ -260,7 +265,9 @@ class _Ranks:
             pg_timeout=max(timeout, 30.0) + 30.0,
             devices=lease.devices if lease else (),
         )
-        ctx, procs, conns = _context(), [], []
+        ctx = _context()
+        procs: list[BaseProcess] = []
+        conns: list[Connection] = []
         for rank in range(world_size):
             parent_end, child_end = ctx.Pipe()
             proc = ctx.Process(target=_rank_main, args=(rank, spec, child_end, jobs[rank]), name=f"ckptspec-rank{rank}")
@@ -308,8 +315,10 @@ class _Ranks:
 
     def _dump_stack(self, rank: int) -> str:
         path = os.path.join(self.workdir, f"rank{rank}.stack")
+        pid = self.procs[rank].pid
+        assert pid is not None  # started by start()
         try:
-            os.kill(self.procs[rank].pid, signal.SIGUSR1)
+            os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
             return "(process already gone)"
         deadline = time.monotonic() + DUMP_WAIT
@@ -339,8 +348,16 @@ class _Ranks:
 
 
 def run_on_ranks(
-    fn, world_size, args=(), kwargs=None, *, backend="auto", timeout=DEFAULT_TIMEOUT, expect_exit=None, unwrap=False
-) -> list:
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    backend: str = "auto",
+    timeout: float = DEFAULT_TIMEOUT,
+    expect_exit: dict[int, int] | None = None,
+    unwrap: bool = False,
+) -> list[Any]:
     """Run fn(*args, **kwargs) once on fresh ranks; return each rank's result."""
     __tracebackhide__ = True
     if _runner is not None and not expect_exit:
@@ -365,12 +382,12 @@ def ranks(
     backend: str = "auto",
     timeout: float = DEFAULT_TIMEOUT,
     expect_exit: dict[int, int] | None = None,
-):
+) -> Callable[[Callable[..., object]], Callable[..., None]]:
     """Decorator: run a module-level test body on `world_size` fresh ranks."""
 
-    def decorate(fn):
+    def decorate(fn: Callable[..., object]) -> Callable[..., None]:
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> None:
             __tracebackhide__ = True
             run_on_ranks(
                 fn, world_size, args, kwargs, backend=backend, timeout=timeout, expect_exit=expect_exit, unwrap=True
@@ -389,7 +406,7 @@ class RankPool:
         self.backend = resolve_backend(backend, world_size)
         self._ranks: _Ranks | None = None
 
-    def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
         """Run fn(*args, **kwargs) on every rank; return the per-rank results."""
         __tracebackhide__ = True
         timeout = self.timeout if timeout is None else timeout

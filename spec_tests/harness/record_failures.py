@@ -21,6 +21,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from spec_tests.harness import expectations
 
@@ -54,7 +55,7 @@ def _stable_words(message: str) -> str:
     return best if len(best) >= 12 else ""
 
 
-def _proposal(failure: dict) -> dict[str, str]:
+def _proposal(failure: dict[str, Any]) -> dict[str, str]:
     found = _exceptions(failure.get("text", ""))
     target = [(name, msg) for name, msg in found if name not in _HARNESS]
     ours = [(name, msg) for name, msg in found if name != "RankFailures"]
@@ -66,9 +67,11 @@ def _proposal(failure: dict) -> dict[str, str]:
     return proposal
 
 
-def propose(run: dict, entries: Sequence[expectations.Entry]) -> tuple[dict[expectations.Entry, dict], list[str]]:
+def propose(
+    run: dict[str, Any], entries: Sequence[expectations.Entry]
+) -> tuple[dict[expectations.Entry, dict[str, str]], list[str]]:
     """{entry: {"raises", "match"}} for the unchecked entries whose failures the run recorded; and the problems."""
-    failures: dict[expectations.Entry, list[dict]] = {}
+    failures: dict[expectations.Entry, list[dict[str, Any]]] = {}
     for record in run["tests"]:
         if record.get("outcome") != "xfail" or "failure" not in record:
             continue
@@ -95,7 +98,7 @@ def _toml(value: str) -> str:
     return json.dumps(value)  # a JSON string is a TOML basic string
 
 
-def write(path: Path, proposals: dict[expectations.Entry, dict]) -> int:
+def write(path: Path, proposals: dict[expectations.Entry, dict[str, str]]) -> int:
     """Add each proposal after its entry's reason line; the number of entries changed."""
     blocks = path.read_text().split("[[xfail]]")
     changed = 0

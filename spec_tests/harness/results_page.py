@@ -57,9 +57,11 @@ def _cell(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verdi
 
 def _statement(clause: Mapping[str, Any]) -> str:
     parts = [f"<p>{html.escape(str(clause.get('statement', '')))}</p>"]
-    for field in ("source", "decision"):
-        if clause.get(field):
-            parts.append(f"<p><b>{field.capitalize()}:</b> {html.escape(str(clause[field]))}</p>")
+    parts.extend(
+        f"<p><b>{field.capitalize()}:</b> {html.escape(str(clause[field]))}</p>"
+        for field in ("source", "decision")
+        if clause.get(field)
+    )
     short = html.escape(" ".join(str(clause.get("statement", "")).split()[:9]) + " …")
     return f"<details><summary>{short}</summary>{''.join(parts)}</details>"
 

@@ -32,9 +32,9 @@ __all__ = [
     "OUTCOMES",
     "RELEASE_LABEL",
     "REPO_ROOT",
+    "Record",
     "ReportError",
     "Run",
-    "Record",
     "cli",
     "load_run",
     "page_name",
@@ -171,8 +171,17 @@ def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> l
     """
     if RELEASE_LABEL.match(target):
         # -r: reuse the session's venv (its install steps still run, and the version check refuses a wrong release).
-        return [sys.executable, "-m", "nox", "-r", "-s", f"spec({target})", "--", suite, "--conformance-json"] + [
-            str(json_path)
+        return [
+            sys.executable,
+            "-m",
+            "nox",
+            "-r",
+            "-s",
+            f"spec({target})",
+            "--",
+            suite,
+            "--conformance-json",
+            str(json_path),
         ]
     return [sys.executable, "-m", "pytest", suite, *RUN_OPTIONS, "--impl", target, "--conformance-json", str(json_path)]
 

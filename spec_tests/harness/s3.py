@@ -15,6 +15,7 @@ import http.server
 import logging
 import socket
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ class FaultProxy:
         with self._lock:
             self._fail, self._puts_left, self._dead = None, None, False
 
-    def _decide(self, method: str, path: str):
+    def _decide(self, method: str, path: str) -> str | int:
         """'forward', 'die', or the HTTP status to answer with."""
         with self._lock:
             if self._dead:
@@ -85,13 +86,13 @@ class FaultProxy:
                 self._puts_left -= 1
             return "forward"
 
-    def _handler_class(self):
+    def _handler_class(self) -> type[http.server.BaseHTTPRequestHandler]:
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args):
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def _body(self) -> bytes:
@@ -105,7 +106,7 @@ class FaultProxy:
                     return b"".join(chunks)
                 return self.rfile.read(int(self.headers.get("Content-Length", 0)))
 
-            def _handle(self):
+            def _handle(self) -> None:
                 body = self._body()
                 decision = proxy._decide(self.command, self.path)
                 if decision == "die":
@@ -115,12 +116,12 @@ class FaultProxy:
                     self._forward(body)
                 else:
                     self._answer(
-                        decision,
+                        int(decision),  # an HTTP status
                         b"<?xml version='1.0'?><Error><Code>ServiceUnavailable</Code>"
                         b"<Message>injected by the test's fault proxy</Message></Error>",
                     )
 
-            def _forward(self, body: bytes):
+            def _forward(self, body: bytes) -> None:
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 if body or self.command in ("PUT", "POST"):
@@ -139,7 +140,7 @@ class FaultProxy:
                     self.wfile.write(payload)
                 upstream.close()
 
-            def _answer(self, status: int, payload: bytes):
+            def _answer(self, status: int, payload: bytes) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(payload)))
@@ -189,7 +190,7 @@ def _profile(endpoint_url: str, bucket: str, *, timeout: float) -> str:
 """
 
 
-def start_endpoint(config_path: str):
+def start_endpoint(config_path: str) -> tuple[S3Endpoint, Callable[[], None]]:
     """Start moto and the proxy, create the bucket, write the MSC config; returns (S3Endpoint, stop function).
 
     Profiles: `s3` (straight to the server), `s3-faulty` (through the fault proxy) and `s3-missing` (a bucket
@@ -223,7 +224,7 @@ def start_endpoint(config_path: str):
             f"  s3-missing:{_profile(url, MISSING_BUCKET, timeout=5)}"
         )
 
-    def stop():
+    def stop() -> None:
         proxy.stop()
         server.stop()
         werkzeug_logger.setLevel(previous_level)
@@ -232,7 +233,7 @@ def start_endpoint(config_path: str):
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint]:
     """A running S3 endpoint for the module; ranks get its MSC config file (`s3.config_path`) as MSC_CONFIG."""
     endpoint, stop = start_endpoint(str(tmp_path_factory.mktemp("msc") / "msc_config.yaml"))
     yield endpoint

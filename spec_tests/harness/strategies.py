@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from hypothesis import strategies as st
@@ -33,7 +34,7 @@ DTYPES = (
 
 
 @st.composite
-def tensors(draw, *, max_numel: int = 48, device: str = "cpu", views: bool = True):
+def tensors(draw: st.DrawFn, *, max_numel: int = 48, device: str = "cpu", views: bool = True) -> torch.Tensor:
     """Small tensors of every dtype: empty, scalar, contiguous, transposed or strided views."""
     dtype = draw(st.sampled_from(DTYPES), label="dtype")
     shape = draw(st.lists(st.integers(0, 4), max_size=3), label="shape")
@@ -52,7 +53,9 @@ def tensors(draw, *, max_numel: int = 48, device: str = "cpu", views: bool = Tru
     return base
 
 
-def state_dicts(*, max_leaves: int = 6, device: str = "cpu", with_tensors: bool = True, views: bool = True):
+def state_dicts(
+    *, max_leaves: int = 6, device: str = "cpu", with_tensors: bool = True, views: bool = True
+) -> st.SearchStrategy[dict[str, Any]]:
     """Nested dicts and lists of tensors and plain Python values, keyed by short strings."""
     plain = [st.integers(-5, 5), st.text(max_size=4), st.binary(max_size=4)]
     tensor = tensors(device=device, views=views)
@@ -67,7 +70,7 @@ def state_dicts(*, max_leaves: int = 6, device: str = "cpu", with_tensors: bool 
     return st.dictionaries(st.text("abcdefgh", min_size=1, max_size=4), tree, min_size=1, max_size=4)
 
 
-def mutate_in_place(obj) -> None:
+def mutate_in_place(obj: object) -> None:
     """Change every element of every tensor in obj, in place (what a training step does)."""
     if isinstance(obj, torch.Tensor):
         obj.logical_not_() if obj.dtype == torch.bool else obj.add_(1)
@@ -79,7 +82,7 @@ def mutate_in_place(obj) -> None:
             mutate_in_place(value)
 
 
-def private_copy(obj, device: str | None = None):
+def private_copy(obj: Any, device: str | None = None) -> Any:
     """Copy the tensors of a nested state dict into private memory, on `device` if given (else where they are).
 
     What arrives over the rank pool's pipe lives in shared memory, where fork gives no copy-on-write;
@@ -104,14 +107,16 @@ def replication_layouts(world_size: int) -> list[tuple[int, int]]:
     ]
 
 
-def replication_params(world_size: int, *, none: bool = True, min_factor: int = 1):
+def replication_params(
+    world_size: int, *, none: bool = True, min_factor: int = 1
+) -> st.SearchStrategy[tuple[int, int] | None]:
     """(replication_jump, replication_factor) valid for world_size ranks, or None (no replication)."""
     layouts = [p for p in replication_layouts(world_size) if p[1] >= min_factor]
     return st.sampled_from(([None] if none else []) + layouts)
 
 
 @st.composite
-def dcp_state_dicts(draw, *, max_leaves: int = 8):
+def dcp_state_dicts(draw: st.DrawFn, *, max_leaves: int = 8) -> dict[str, Any]:
     """State dicts that torch.distributed.checkpoint round trips, some with tensors sharing one storage.
 
     Dicts nest freely; lists hold tensors and plain values but no containers (stock DCP cannot load a list

@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
@@ -39,8 +40,8 @@ from types import ModuleType
 __all__ = [
     "CAPABILITY_DOCS",
     "ENV_VAR",
-    "MissingCapability",
     "SPEC_MODULES",
+    "MissingCapability",
     "Target",
     "TargetError",
     "TargetUnavailable",
@@ -122,12 +123,12 @@ class Target:
     def has(self, *capabilities: str) -> bool:
         return set(capabilities) <= self.capabilities
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[str], Target], tuple[str]]:
         # Rank processes receive the name and resolve (and install) the adapter themselves.
         return (load_target, (self.name,))
 
 
-def _imported_version(dist: str, modules) -> str:
+def _imported_version(dist: str, modules: Iterable[str]) -> str:
     """The version of the copy of `dist` that provides the top-level packages of `modules` on this sys.path.
 
     With two copies installed (a venv's and one on PYTHONPATH), the one imported wins, not the first metadata found.
@@ -169,7 +170,7 @@ def known_targets() -> dict[str, str]:
     return known
 
 
-def _unknown(name: str, known) -> TargetError:
+def _unknown(name: str, known: Iterable[str]) -> TargetError:
     return TargetError(
         f"unknown target {name!r}; known targets: {', '.join(sorted(known))}, or the dotted path of an adapter module"
     )

@@ -10,7 +10,10 @@ import functools
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
 
 import torch
 
@@ -22,12 +25,14 @@ __all__ = [
     "call_when_open",
     "fail",
     "failing_on_rank1",
-    "leave_thread_running",
     "gated",
+    "leave_thread_running",
     "open_gate",
     "save_when_open",
     "write_pid",
 ]
+
+T = TypeVar("T")
 
 GATE_TIMEOUT = 120.0
 
@@ -56,14 +61,14 @@ def fail(message: str) -> None:
     raise RuntimeError(message)
 
 
-def save_when_open(gate: str | None, obj, path: str) -> None:
+def save_when_open(gate: str | None, obj: object, path: str) -> None:
     """torch.save(obj, path) once the gate is open: the trainer mutates obj meanwhile."""
     if gate is not None:
         _wait_for(gate)
     torch.save(obj, path)
 
 
-def call_when_open(gate: str, fn, *args, **kwargs):
+def call_when_open(gate: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """fn(*args, **kwargs) once the gate is open (e.g. a storage writer's save function held back)."""
     _wait_for(gate)
     return fn(*args, **kwargs)
@@ -74,7 +79,7 @@ def append_line(path: str, text: str) -> None:
         f.write(text + "\n")
 
 
-def failing_on_rank1(core, rank: int, log: str, where: str):
+def failing_on_rank1(core: ModuleType, rank: int, log: str, where: str) -> Any:
     """An AsyncRequest whose async_fn (`where` "async_fn") or finalize function ("finalize_fn") fails on rank 1;
     every finalize function that runs appends "fin" to `log`."""
     message = f"injected failure on rank {rank}" if rank == 1 else None
@@ -98,12 +103,12 @@ def write_pid(path: str, gate: str | None = None) -> None:
         _wait_for(gate)
 
 
-def write_pid_holding(path: str, gate: str, tensor) -> None:
+def write_pid_holding(path: str, gate: str, tensor: torch.Tensor) -> None:
     """write_pid for a request that also carries a tensor (which a persistent caller stages in shared memory)."""
     write_pid(path, gate)
 
 
-def held_call(core, tmp: str, log: str | None = None):
+def held_call(core: ModuleType, tmp: str, log: str | None = None) -> Any:
     """An AsyncRequest whose process writes its pid to tmp/pid, then waits for a gate nobody opens; its one
     finalize function appends "fin" to `log` (none without a log)."""
     finalize = [functools.partial(append_line, log, "fin")] if log else []
@@ -122,14 +127,14 @@ class PickleGate:
     def __init__(self, gate: str, creator: int | None = None, reached: str | None = None):
         self.gate, self.creator, self.reached = gate, os.getpid() if creator is None else creator, reached
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[PickleGate], tuple[str, int, str | None]]:
         if os.getpid() != self.creator:
             if self.reached is not None:
                 Path(self.reached, str(os.getpid())).touch()
             _wait_for(self.gate)
         return (PickleGate, (self.gate, self.creator, self.reached))
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, PickleGate) and other.gate == self.gate
 
 
@@ -143,7 +148,7 @@ class PickleFails:
     def __init__(self, message: str, creator: int | None = None):
         self.message, self.creator = message, os.getpid() if creator is None else creator
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[PickleFails], tuple[str, int]]:
         if os.getpid() != self.creator:
             raise RuntimeError(self.message)
         return (PickleFails, (self.message, self.creator))

@@ -1,5 +1,6 @@
 """CliqueReplicationStrategy: the clique layout, the exchange of parts, and missing replicas (gloo ranks)."""
 
+import itertools
 from typing import NamedTuple
 
 import pytest
@@ -55,8 +56,9 @@ def test_cliques_partition_the_ranks_in_every_valid_layout(rank_pool, world_size
         where = f"world_size={world_size}, replication_jump={jump}, replication_factor={factor}"
         members = [seen[rank][(jump, factor)].ids for rank in range(world_size)]
         for rank, clique in enumerate(members):
-            assert rank in clique and len(clique) == factor, f"rank {rank} got clique {clique} [{where}]"
-            gaps = {b - a for a, b in zip(clique, clique[1:], strict=False)}
+            assert rank in clique, f"rank {rank} got clique {clique} [{where}]"
+            assert len(clique) == factor, f"rank {rank} got clique {clique} [{where}]"
+            gaps = {b - a for a, b in itertools.pairwise(clique)}
             assert gaps <= {jump}, f"rank {rank}'s clique {clique} is not spaced {jump} apart [{where}]"
             assert all(members[m] == clique for m in clique), f"clique {clique} is not agreed by its members [{where}]"
             assert_equal(

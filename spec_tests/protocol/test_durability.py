@@ -23,7 +23,7 @@ from spec_tests.harness.processes import remove
 from spec_tests.harness.protocol import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")
-ALL_POINTS = {phase: 0 for phase in SAVE_PHASES}  # every point counts as the last phase's: the whole save
+ALL_POINTS = dict.fromkeys(SAVE_PHASES, 0)  # every point counts as the last phase's: the whole save
 
 
 def _save(path: str, version: int, log: str | None, fault):

@@ -73,7 +73,7 @@ def test_checkpoint_holds_cuda_tensors_as_they_were_when_start_returned(tmp_path
 
 
 def _every_rank_saves(path):
-    rank, world_size = world()
+    rank, _world_size = world()
     mine = {f"r{rank}": {"w": torch.arange(6.0) + rank, "step": rank, "name": f"rank{rank}"}}
     saver = warm_saver(path)
     try:

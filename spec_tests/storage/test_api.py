@@ -64,7 +64,7 @@ CASES = [
 
 
 @pytest.mark.spec("FS-17")
-@pytest.mark.parametrize("module, name, member, params", CASES)
+@pytest.mark.parametrize(("module", "name", "member", "params"), CASES)
 def test_documented_callable_exists_with_its_parameters(target, module, name, member, params):
     obj = getattr(target.module(module), name, None)
     assert obj is not None, f"{module} has no {name}"

@@ -30,7 +30,10 @@ def test_a_path_that_is_a_file_is_refused_at_planning(rank_pool, tmp_path):
     path.write_bytes(b"not a checkpoint")
     message = rank_pool(1).run(_plan_error, str(path))[0]
     assert str(path) in message, f"the planning error does not name the path {path}: {message}"
-    assert path.read_bytes() == b"not a checkpoint" and os.listdir(tmp_path) == ["ckpt"], (
+    assert path.read_bytes() == b"not a checkpoint", (
+        f"refusing the path changed it or wrote next to it: {sorted(os.listdir(tmp_path))}"
+    )
+    assert os.listdir(tmp_path) == ["ckpt"], (
         f"refusing the path changed it or wrote next to it: {sorted(os.listdir(tmp_path))}"
     )
 

@@ -229,7 +229,8 @@ def test_decentralized_planning_records_every_local_plan(rank_pool, tmp_path):
     path = str(tmp_path / "ckpt")
     states = rank_pool(2).run(_decentralized, path)
     plans = getattr(saving.read_metadata(path), "all_local_plans", None)
-    assert plans is not None and len(plans) == 2, f"the metadata's all_local_plans is {plans}, not one plan per rank"
+    assert plans is not None, f"the metadata's all_local_plans is {plans}, not one plan per rank"
+    assert len(plans) == 2, f"the metadata's all_local_plans is {plans}, not one plan per rank"
     expected = _union(states)
     assert_state_dict_equal(saving.load(expected, path), expected, call="dcp.load of a decentralized save")
 

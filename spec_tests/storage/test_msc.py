@@ -63,7 +63,8 @@ def test_a_posix_profile_checkpoint_loads_through_msc_and_stock_dcp(rank_pool, t
     got = rank_pool(1).run(_posix_round_trip, "msc://__filesystem__" + local, local)[0]
     assert got.msc_mismatch is None, got.msc_mismatch
     assert got.stock_mismatch is None, got.stock_mismatch
-    assert ".metadata" in got.files and all(f == ".metadata" or f.endswith(".distcp") for f in got.files), (
+    assert ".metadata" in got.files, f"the checkpoint directory holds {got.files}"
+    assert all(f == ".metadata" or f.endswith(".distcp") for f in got.files), (
         f"the checkpoint directory holds {got.files}"
     )
 
@@ -84,9 +85,8 @@ def test_an_s3_checkpoint_loads_through_msc(rank_pool, s3):
     problem = rank_pool(1).run(_s3_round_trip, s3.config_path, f"msc://s3/{prefix}")[0]
     assert problem is None, problem
     names = [key[len(prefix) + 1 :] for key in s3.keys(prefix + "/")]
-    assert ".metadata" in names and all(n == ".metadata" or n.endswith(".distcp") for n in names), (
-        f"the bucket holds {names} under {prefix}/"
-    )
+    assert ".metadata" in names, f"the bucket holds {names} under {prefix}/"
+    assert all(n == ".metadata" or n.endswith(".distcp") for n in names), f"the bucket holds {names} under {prefix}/"
 
 
 def _failing_save(config, url):

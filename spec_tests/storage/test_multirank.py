@@ -63,7 +63,8 @@ def test_each_rank_writes_its_items_and_only_the_coordinator_commits(rank_pool, 
     storage = saving.read_metadata(path).storage_data
     for rank in range(world_size):
         files = {info.relative_path for index, info in storage.items() if index.fqn.startswith(f"rank{rank}.")}
-        assert files and all(f.startswith(f"__{rank}_") for f in files), (
+        assert files, f"rank {rank}'s items are recorded in files {sorted(files)}, not in its own __{rank}_* files"
+        assert all(f.startswith(f"__{rank}_") for f in files), (
             f"rank {rank}'s items are recorded in files {sorted(files)}, not in its own __{rank}_* files"
         )
         own = [f for f in saving.data_files(path) if f.startswith(f"__{rank}_")]

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _common  # noqa: E402
+import _common
 
 core = _common.module("async_ckpt.core")
 COLLECTIVES = (

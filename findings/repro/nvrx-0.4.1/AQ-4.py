@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _common  # noqa: E402
+import _common
 
 core = _common.module("async_ckpt.core")
 RANK1_MAX_S = 5.0  # rank 1's call runs until rank 0 has finalized, or this long

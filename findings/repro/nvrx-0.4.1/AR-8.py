@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _common  # noqa: E402
+import _common
 
 # At import: the persistent worker (a spawned process) re-imports this script and needs the CPU stand-in too.
 core = _common.module("async_ckpt.core")
@@ -42,7 +42,7 @@ def _body(rank: int, world: int, tmp: str) -> dict:
     def blocking_finalize() -> None:
         try:
             queue.maybe_finalize_async_calls(blocking=True)
-        except BaseException as exc:  # noqa: BLE001 - reported with the result
+        except BaseException as exc:  # catches all: reported with the result
             raised.append(f"{type(exc).__name__}: {exc}")
 
     finalize = threading.Thread(target=blocking_finalize, daemon=True)

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _common  # noqa: E402
-import torch  # noqa: E402
+import _common
+import torch
 
 
 def _views(rank: int) -> dict:

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _common  # noqa: E402
-from torch.distributed.checkpoint import DefaultSavePlanner  # noqa: E402
+import _common
+from torch.distributed.checkpoint import DefaultSavePlanner
 
 # At import, so that spawned checkpoint workers get the CPU stand-in too.
 core = _common.module("async_ckpt.core")

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _common  # noqa: E402
-from torch.distributed.checkpoint import DefaultSavePlanner  # noqa: E402
+import _common
+from torch.distributed.checkpoint import DefaultSavePlanner
 
 FULL_DISK = "CKPTSPEC_REPRO_FULL_DISK"  # "<file name pattern>|<log>": set by rank 1 for its checkpoint worker
 BOUND_S = 30  # the clause's bound on the blocking finalize (gloo's own timeout is 30 min)

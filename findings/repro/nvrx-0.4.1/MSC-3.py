@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import _common  # noqa: E402
-import torch  # noqa: E402
-from torch.distributed.checkpoint import DefaultSavePlanner  # noqa: E402
+import _common
+import torch
+from torch.distributed.checkpoint import DefaultSavePlanner
 
 BOUND_S = 30
 CASES = {"data": ("/data/__0_0.distcp", 500), "metadata": ("/metadata/.metadata", 503)}

@@ -63,7 +63,7 @@ class CheckpointingException(Exception):
 class SameMachineReplicationException(CheckpointingException):
     """One save would store the same part twice in one rank's storage."""
 
-    def __init__(self, ckpt_id):
+    def __init__(self, ckpt_id: CkptID) -> None:
         super().__init__(f"checkpoint part {ckpt_id} would be stored twice on the same rank")
 
 
@@ -113,7 +113,9 @@ class BaseCheckpointManager(ABC):
         """Read a clean part."""
 
     @abstractmethod
-    def _save_call(self, parts: dict[CkptID, TensorAwareStateDict], tag: Tag) -> tuple[Callable, tuple]:
+    def _save_call(
+        self, parts: dict[CkptID, TensorAwareStateDict], tag: Tag
+    ) -> tuple[Callable[..., None], tuple[Any, ...]]:
         """(fn, args): a picklable call that writes ``parts`` as dirty parts; it may run in another process."""
 
     @abstractmethod
@@ -310,7 +312,7 @@ class BaseCheckpointManager(ABC):
                 "ones, or disable replication to ignore replicas)",
             )
         self._usable, self._tags = [g[0] for g in gathered], tags
-        owners: dict[int, set] = {}
+        owners: dict[int, set[int]] = {}
         for held in self._usable:
             for iteration, owner, _ in held:
                 owners.setdefault(iteration, set()).add(owner)

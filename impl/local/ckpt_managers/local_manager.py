@@ -23,9 +23,9 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 import torch
 
@@ -125,7 +125,9 @@ class LocalCheckpointManager(BaseCheckpointManager):
     def _check_part(self, ckpt_id: CkptID, tag: Tag) -> None:
         self._intact_body(ckpt_id, tag)
 
-    def _save_call(self, parts: dict[CkptID, TensorAwareStateDict], tag: Tag):
+    def _save_call(
+        self, parts: dict[CkptID, TensorAwareStateDict], tag: Tag
+    ) -> tuple[Callable[..., None], tuple[Any, ...]]:
         writes: dict[str, tuple[bytes, TensorAwareStateDict]] = {}
         for ckpt_id, part in parts.items():
             path = str(self._path(ckpt_id, tag, dirty=True))
@@ -147,7 +149,7 @@ class LocalCheckpointManager(BaseCheckpointManager):
     def _cleanup(self, iteration: int) -> None:
         self._remove(lambda i: i != iteration)
 
-    def _remove(self, which) -> None:
+    def _remove(self, which: Callable[[int], bool]) -> None:
         for path, (iteration, _, _), _, _ in self._files():
             if which(iteration):
                 logger.debug("removing %s", path)

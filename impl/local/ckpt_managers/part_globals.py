@@ -28,6 +28,7 @@ import pickle
 import sys
 import tempfile
 from collections.abc import Iterable
+from typing import IO, Any, cast
 
 import torch
 
@@ -39,7 +40,7 @@ __all__ = ["SAFE_GLOBALS", "check_loadable", "load_part"]
 
 logger = logging.getLogger(__name__)
 
-SAFE_GLOBALS: list = [BasicTensorAwareStateDict, TensorPlaceholder, bytes]
+SAFE_GLOBALS: list[type[Any]] = [BasicTensorAwareStateDict, TensorPlaceholder, bytes]
 """Classes a part may hold besides what ``torch.load(weights_only=True)`` allows anyway (``bytes``: pickle
 protocol 2 rebuilds an empty bytes value by calling it)."""
 
@@ -90,7 +91,7 @@ def _why_refused(dotted: str) -> str:
     return dotted
 
 
-def allowed_classes(unsafe: Iterable[str]) -> tuple[list[type], list[str]]:
+def allowed_classes(unsafe: Iterable[str]) -> tuple[list[type[Any]], list[str]]:
     """(the TensorAwareStateDict classes among ``unsafe`` global names, the other names, each with why)."""
     allowed, refused = [], []
     for dotted in sorted(set(unsafe)):
@@ -102,9 +103,9 @@ def allowed_classes(unsafe: Iterable[str]) -> tuple[list[type], list[str]]:
     return allowed, refused
 
 
-def _unsafe_globals(f) -> list[str]:
+def _unsafe_globals(f: IO[bytes]) -> list[str]:
     """The globals of the torch.save file ``f`` that torch, ``SAFE_GLOBALS`` and the user do not allow."""
-    with torch.serialization.safe_globals(SAFE_GLOBALS):
+    with torch.serialization.safe_globals([*SAFE_GLOBALS]):
         return torch.serialization.get_unsafe_globals_in_checkpoint(f)
 
 
@@ -120,8 +121,8 @@ def load_part(body: memoryview | bytes, where: str) -> TensorAwareStateDict:
             f"{where} holds objects that are not allowed to load: {', '.join(refused)}; {_HOW}"
         )
     try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS + allowed):
-            return torch.load(io.BytesIO(body), weights_only=True)
+        with torch.serialization.safe_globals([*SAFE_GLOBALS, *allowed]):
+            return cast(TensorAwareStateDict, torch.load(io.BytesIO(body), weights_only=True))
     except pickle.UnpicklingError as exc:
         raise CheckpointingException(f"{where} holds objects that are not allowed to load: {exc}; {_HOW}") from None
 

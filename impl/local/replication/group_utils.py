@@ -16,7 +16,7 @@ import itertools
 import logging
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -119,7 +119,7 @@ def _pack(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor
     return torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8, device=device)
 
 
-def _unpack(buffer: torch.Tensor, layout: Layout, target_device) -> list[torch.Tensor]:
+def _unpack(buffer: torch.Tensor, layout: Layout, target_device: torch.device | str) -> list[torch.Tensor]:
     out, offset, buffer = [], 0, buffer.to(target_device)
     for shape, dtype in layout:
         size = torch.Size(shape).numel() * dtype.itemsize
@@ -138,14 +138,16 @@ def _header(tasd: TensorAwareStateDict) -> tuple[list[Any], list[torch.Tensor]]:
     return [hollow, [(t.shape, t.dtype) for t in tensors]], tensors
 
 
-def local_copy(tasd: TensorAwareStateDict, target_device) -> TensorAwareStateDict:
+def local_copy(tasd: TensorAwareStateDict, target_device: torch.device | str) -> TensorAwareStateDict:
     """A copy of ``tasd`` whose tensors are copies on ``target_device`` (no communication)."""
     (hollow, _), tensors = _header(tasd)
     hollow.insert_tensors([t.detach().to(target_device, copy=True) for t in tensors])
-    return hollow
+    return cast(TensorAwareStateDict, hollow)
 
 
-def broadcast_state_dict(tasd: TensorAwareStateDict | None, src: int, group, target_device) -> TensorAwareStateDict:
+def broadcast_state_dict(
+    tasd: TensorAwareStateDict | None, src: int, group: dist.ProcessGroup | None, target_device: torch.device | str
+) -> TensorAwareStateDict:
     """Collective over ``group``: global rank ``src`` passes ``tasd`` and gets it back as it was;
     every other member passes None and gets a copy."""
     device = collective_device(group)
@@ -165,10 +167,10 @@ def broadcast_state_dict(tasd: TensorAwareStateDict | None, src: int, group, tar
     if sent is not None:
         return sent
     header[0].insert_tensors(_unpack(buffer, header[1], target_device))
-    return header[0]
+    return cast(TensorAwareStateDict, header[0])
 
 
-def send_state_dict(tasd: TensorAwareStateDict, dst: int, group) -> None:
+def send_state_dict(tasd: TensorAwareStateDict, dst: int, group: dist.ProcessGroup | None) -> None:
     """Point-to-point: send ``tasd`` to global rank ``dst``."""
     header, tensors = _header(tasd)
     dist.send_object_list(header, dst=dst, group=group)
@@ -177,7 +179,9 @@ def send_state_dict(tasd: TensorAwareStateDict, dst: int, group) -> None:
         dist.send(buffer, dst=dst, group=group)
 
 
-def recv_state_dict(src: int, group, target_device) -> TensorAwareStateDict:
+def recv_state_dict(
+    src: int, group: dist.ProcessGroup | None, target_device: torch.device | str
+) -> TensorAwareStateDict:
     """Point-to-point: receive the TASD that global rank ``src`` sends."""
     header: list[Any] = [None, None]
     dist.recv_object_list(header, src=src, group=group)
@@ -185,4 +189,4 @@ def recv_state_dict(src: int, group, target_device) -> TensorAwareStateDict:
     if buffer.numel():
         dist.recv(buffer, src=src, group=group)
     header[0].insert_tensors(_unpack(buffer, header[1], target_device))
-    return header[0]
+    return cast(TensorAwareStateDict, header[0])

@@ -82,7 +82,7 @@ class ReplicationStrategy(ABC):
 class CliqueReplicationStrategy(ReplicationStrategy):
     """Full replication within ``local_group``, the clique this rank belongs to."""
 
-    def __init__(self, local_group, target_device="cpu"):
+    def __init__(self, local_group: dist.ProcessGroup | None, target_device: torch.device | str = "cpu") -> None:
         self.local_group = local_group
         self.target_device = torch.device(target_device)
         self.ranks: list[int] = list(dist.get_process_group_ranks(local_group))
@@ -114,8 +114,8 @@ class CliqueReplicationStrategy(ReplicationStrategy):
     def placement_tag(self) -> str:
         return f"w{dist.get_world_size()}c{'-'.join(map(str, self.ranks))}"
 
-    def replicate(self, local_ckpt, id_):
-        ids = [None] * len(self.ranks)
+    def replicate(self, local_ckpt: TensorAwareStateDict, id_: _Id) -> tuple[list[TensorAwareStateDict], list[_Id]]:
+        ids: list[Any] = [None] * len(self.ranks)  # all_gather_object fills in each member's id
         dist.all_gather_object(ids, id_, group=self.local_group)
         me = dist.get_rank()
         parts = [
@@ -124,7 +124,9 @@ class CliqueReplicationStrategy(ReplicationStrategy):
         ]
         return parts, ids
 
-    def retrieve_plan(self, globally_available_ids, wanted):
+    def retrieve_plan(
+        self, globally_available_ids: Sequence[Sequence[Hashable]], wanted: Sequence[Hashable]
+    ) -> ExchangePlan:
         gathered: list[Any] = [None] * len(self.ranks)  # all_gather_object fills in each member's list of ids
         dist.all_gather_object(gathered, list(wanted), group=self.local_group)
         plan, missing = ExchangePlan(), []
@@ -141,11 +143,14 @@ class CliqueReplicationStrategy(ReplicationStrategy):
             )
         return plan
 
-    def retrieve_execute(self, plan, my_data):
+    def retrieve_execute(  # the plan's ids are Hashable: the caller's _Id, unknown to the plan
+        self, plan: ExchangePlan, my_data: dict[Any, TensorAwareStateDict]
+    ) -> dict[Any, TensorAwareStateDict]:
         absent = plan.required_ids() - set(my_data)
         if absent:
             raise ValueError(f"my_data lacks the parts this rank must send: {sorted(map(repr, absent))}")
-        me, received = dist.get_rank(), {}
+        me = dist.get_rank()
+        received: dict[Any, TensorAwareStateDict] = {}
         for entry in plan.entries:
             if entry.sender == me and entry.receiver == me:
                 received[entry.id_] = my_data[entry.id_]
@@ -164,7 +169,7 @@ class LazyReplicationStrategyBuilder(ReplicationStrategy, ABC, Generic[EagerT]):
     """A strategy built on first use (``_eager_build``), then used for every call: its process groups are created
     when the strategy is first needed, not when it is made."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._replication_strategy: EagerT | None = None
 
     @property
@@ -178,13 +183,17 @@ class LazyReplicationStrategyBuilder(ReplicationStrategy, ABC, Generic[EagerT]):
     def _eager_build(self) -> EagerT:
         """Build the strategy (collective)."""
 
-    def replicate(self, local_ckpt, id_):
+    def replicate(self, local_ckpt: TensorAwareStateDict, id_: _Id) -> tuple[list[TensorAwareStateDict], list[_Id]]:
         return self.replication_strategy.replicate(local_ckpt, id_)
 
-    def retrieve_plan(self, globally_available_ids, wanted):
+    def retrieve_plan(
+        self, globally_available_ids: Sequence[Sequence[Hashable]], wanted: Sequence[Hashable]
+    ) -> ExchangePlan:
         return self.replication_strategy.retrieve_plan(globally_available_ids, wanted)
 
-    def retrieve_execute(self, plan, my_data):
+    def retrieve_execute(
+        self, plan: ExchangePlan, my_data: dict[_Id, TensorAwareStateDict]
+    ) -> dict[_Id, TensorAwareStateDict]:
         return self.replication_strategy.retrieve_execute(plan, my_data)
 
     @property

@@ -53,8 +53,10 @@ class Run:
     def assert_clean_failure(self, *fragments: str) -> None:
         """pytest refused the input with one clear line holding `fragments`: no traceback, no internal error."""
         __tracebackhide__ = True
-        assert self.code not in (0, *BROKEN) and self.code > 0, self.describe()
-        assert "Traceback" not in self.output and "INTERNALERROR" not in self.output, self.describe()
+        assert self.code not in (0, *BROKEN), self.describe()
+        assert self.code > 0, self.describe()
+        assert "Traceback" not in self.output, self.describe()
+        assert "INTERNALERROR" not in self.output, self.describe()
         lines = [line for line in self.output.splitlines() if all(f in line for f in fragments)]
         assert lines, f"no line holds {fragments}\n{self.describe()}"
 

@@ -71,7 +71,8 @@ def test_failures_are_checked_and_charged(tmp_path):
     run = run_pytest(
         [*args, "--impl", "checked_adapter", "--conformance-json", str(out), "test_checked.py"], tmp_path, env=env
     )
-    assert run.code == 1 and "INTERNALERROR" not in run.output, run.describe()
+    assert run.code == 1, run.describe()
+    assert "INTERNALERROR" not in run.output, run.describe()
     tests = {t["nodeid"].split("::")[1]: t for t in json.loads(out.read_text())["tests"]}
     assert {name: t["outcome"] for name, t in tests.items()} == {
         "test_fits_its_entry": "xfail",
@@ -79,8 +80,10 @@ def test_failures_are_checked_and_charged(tmp_path):
         "test_fits_by_message": "xfail",
     }, run.describe()
     fits = tests["test_fits_its_entry"]
-    assert fits["clauses"] == ["AQ-3", "AQ-4"] and fits["entry"]["clauses"] == ["AQ-4"], fits
-    assert fits["failure"]["type"] == "TypeError" and "unexpected keyword" in fits["failure"]["text"], fits
+    assert fits["clauses"] == ["AQ-3", "AQ-4"], fits
+    assert fits["entry"]["clauses"] == ["AQ-4"], fits
+    assert fits["failure"]["type"] == "TypeError", fits
+    assert "unexpected keyword" in fits["failure"]["text"], fits
     assert tests["test_fits_by_message"]["entry"]["verdict"] == "documented-otherwise"
     stale = "stale expectations entry for test_checked.py::test_fails_otherwise [AQ-3]"
     assert stale in tests["test_fails_otherwise"]["message"], tests["test_fails_otherwise"]

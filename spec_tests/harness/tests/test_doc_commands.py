@@ -18,7 +18,9 @@ block of the README is also run verbatim by CI (.ci/run).
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import importlib.util
 import io
 import re
@@ -77,6 +79,18 @@ def _commands(page: str) -> list[str]:
 ALL = [(page, command) for page in PAGES for command in _commands(page)]
 
 
+def _ids(cases: list[tuple[str, str]]) -> list[str]:
+    """`page:command` (its first 60 characters); a command a page shows twice numbered 0, 1, ... as pytest would
+    (its strict mode refuses duplicate ids)."""
+    ids = [f"{p}:{c[:60]}" for p, c in cases]
+    seen: collections.Counter[str] = collections.Counter()
+    numbered = []
+    for i in ids:
+        numbered.append(f"{i}{seen[i]}" if ids.count(i) > 1 else i)
+        seen[i] += 1
+    return numbered
+
+
 def _words(command: str) -> list[str]:
     words = shlex.split(command)
     while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value before the program
@@ -93,12 +107,13 @@ def _help(argv: list[str], module: str | None = None, path: str | None = None) -
     out = io.StringIO()
     saved = sys.argv
     sys.argv = [module or path or "", *argv, "--help"]
+    if module is not None:
+        run = functools.partial(runpy.run_module, module, run_name="__main__", alter_sys=True)
+    else:
+        run = functools.partial(runpy.run_path, str(REPO_ROOT / str(path)), run_name="__main__")
     try:
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-            if module is not None:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(str(REPO_ROOT / str(path)), run_name="__main__")
+            run()
     finally:
         sys.argv = saved
     return out.getvalue()
@@ -172,7 +187,7 @@ def _check_pip(words: list[str]) -> None:
             assert extra in declared, f"pyproject.toml declares no extra {extra!r}"
 
 
-@pytest.mark.parametrize(("page", "command"), ALL, ids=[f"{p}:{c[:60]}" for p, c in ALL])
+@pytest.mark.parametrize(("page", "command"), ALL, ids=_ids(ALL))
 def test_a_shown_command_exists_as_shown(page, command, pytest_help):
     words = _words(command)
     program = words[0] if words else ""

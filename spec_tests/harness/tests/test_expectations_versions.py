@@ -159,5 +159,6 @@ def test_a_failure_is_checked_against_its_entry(fields, fits):
     problem = expectations.failure_problem(entry, ["RankFailures", "AssertionError", "Exception"], _RANK_FAILURE)
     assert (problem is None) == fits
     if not fits:
-        assert problem is not None and problem.startswith("stale expectations entry for spec_tests/a.py::t [AQ-11]")
+        assert problem is not None
+        assert problem.startswith("stale expectations entry for spec_tests/a.py::t [AQ-11]")
         assert "RankFailures: 1 of 2 ranks failed" in problem

@@ -49,11 +49,13 @@ def test_stages_name_known_targets_and_the_releases_of_the_noxfile():
     known = builtin_targets()
     for stage in plan.STAGES:
         assert stage.target in known, stage
-        assert stage.without_gpu in ("run", "collect") and stage.record in ("conformance", "benchmark")
+        assert stage.without_gpu in ("run", "collect")
+        assert stage.record in ("conformance", "benchmark")
         assert all(release in plan.RELEASES for release in stage.releases), stage
     for name, release in plan.RELEASES.items():
         assert name == f"{release.target}-{release.version}"
-        assert f"{name}-gpu" in plan.BY_NAME and f"{name}-full" in plan.BY_NAME
+        assert f"{name}-gpu" in plan.BY_NAME
+        assert f"{name}-full" in plan.BY_NAME
 
 
 def test_every_test_of_the_snapshot_family_follows_the_tensor_device():
@@ -187,5 +189,6 @@ def test_results_name_harness_failures_and_never_charge_them_to_the_target(tmp_p
     assert rows["test_bug"][0].strip().startswith("FAILS (not listed)")
     assert rows["test_listed"][0].strip().startswith("fails as listed")
     assert rows["test_bug"][1].strip() == "not reached"
-    assert "KeyError: <class 'type'>" in text and "charged to P-STAGED-1: AssertionError" in text
+    assert "KeyError: <class 'type'>" in text
+    assert "charged to P-STAGED-1: AssertionError" in text
     assert "GPU X, torch 2.0" in text

@@ -43,14 +43,16 @@ def _imports(path: Path, name: str, is_package: bool) -> list[tuple[int, str, li
 
 
 def _problems(modules: dict[str, Path]) -> list[str]:
-    problems = []
+    problems: list[str] = []
     for name, path in sorted(modules.items()):
         for line, imported, names in _imports(path, name, path.name == "__init__.py"):
             where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{line}"
             targets = [imported] + [f"{imported}.{n}" for n in names if f"{imported}.{n}" in modules]
-            for module in targets:
-                if module in modules and module.rpartition(".")[2].startswith("test_") and module != name:
-                    problems.append(f"{where} imports the test module {module}")
+            problems.extend(
+                f"{where} imports the test module {module}"
+                for module in targets
+                if module in modules and module.rpartition(".")[2].startswith("test_") and module != name
+            )
             if imported not in modules:
                 continue
             package = imported if modules[imported].name == "__init__.py" else imported.rpartition(".")[0]
@@ -79,4 +81,5 @@ def test_the_rules_catch_a_test_module_import_and_a_private_name(tmp_path, sourc
     modules = {k: v for k, v in _modules().items() if k.startswith("spec_tests")}
     modules["fault_injection.offender"] = offender
     problems = [p for p in _problems(modules) if "offender" in p]
-    assert len(problems) == 1 and broken in problems[0], problems
+    assert len(problems) == 1, problems
+    assert broken in problems[0], problems

@@ -64,7 +64,8 @@ def test_two_loopback_nodes_give_the_forked_verdicts(tmp_path, short_dir):
     assert codes == [0, 0], output
     assert launched_json.exists(), output
     assert "needs 3 ranks; the launched world has 2" in output, output
-    assert "forked their ranks on rank 0's node" in output and "test_a_declared_death_is_not_a_failure" in output
+    assert "forked their ranks on rank 0's node" in output
+    assert "test_a_declared_death_is_not_a_failure" in output
     # The harness test needing more ranks than the world is the mode's own skip (it cites no clause): listed apart,
     # and no test's outcome nor any clause's cell may differ.
     assert loopback.launched_only_skips(forked_json, launched_json) == [TOO_MANY_RANKS]
@@ -90,7 +91,8 @@ def test_nodes_that_collected_different_tests_are_refused(short_dir):
     nodes = loopback.start_commands(commands, log_dir=log_dir, env=clean_env())
     codes = loopback.wait(nodes, LAUNCH_TIMEOUT)
     output = nodes[0].output + nodes[1].output
-    assert None not in codes and codes != [0, 0], output
+    assert None not in codes, output
+    assert codes != [0, 0], output
     assert "the launched ranks collected different tests" in output, output
 
 

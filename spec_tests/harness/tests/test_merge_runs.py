@@ -69,8 +69,10 @@ def test_the_command_writes_a_new_file_and_refuses_to_overwrite_an_input(tmp_pat
     assert load_run(tmp_path / "m.json").tests["t.py::a"][0] == "passed"
     with pytest.raises(SystemExit) as info:
         main([str(a), str(a), str(b)])
-    assert info.value.code == 2 and "is also an input" in capsys.readouterr().err
+    assert info.value.code == 2
+    assert "is also an input" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     assert main([str(tmp_path / "n.json"), str(a), str(bad)]) == 1
-    assert "not valid JSON" in capsys.readouterr().err and not (tmp_path / "n.json").exists()
+    assert "not valid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "n.json").exists()

@@ -181,7 +181,8 @@ def test_a_bad_input_is_one_clear_line(project, case):
     args = [a.format(project=project) for a in args]
     run = run_pytest([*args, "--collect-only", "-q", "spec_tests/clauses"], env=_env(project, **env))
     run.assert_clean_failure(*fragments)
-    assert run.code == 4 and len(run.error_lines) == 1, run.describe()
+    assert run.code == 4, run.describe()
+    assert len(run.error_lines) == 1, run.describe()
 
 
 # ---------------------------------------------------------------------------------- collection
@@ -212,7 +213,8 @@ def test_an_expectation_matching_no_test_is_reported(project, args):
     run = run_pytest(["--impl", "stale_adapter", *args], env=_env(project))
     assert run.code in (0, 5), run.describe()
     lines = [line for line in run.output.splitlines() if _STALE_LINE in line]
-    assert len(lines) == 1 and "warning" in lines[0], run.describe()
+    assert len(lines) == 1, run.describe()
+    assert "warning" in lines[0], run.describe()
     assert "test_queue.py" not in run.output, run.describe()  # a file this run did not collect
 
 
@@ -226,7 +228,8 @@ def test_a_file_narrowed_to_node_ids_is_not_checked(project):
         ["--impl", "stale_adapter", f"{_HARNESS_FILE}::test_clause_areas_keep_the_table_order", "--collect-only", "-q"],
         env=_env(project, CI="true"),
     )
-    assert run.code == 0 and "matches no collected test" not in run.output, run.describe()
+    assert run.code == 0, run.describe()
+    assert "matches no collected test" not in run.output, run.describe()
 
 
 # ---------------------------------------------------------------------------------- running
@@ -252,7 +255,8 @@ def test_xfail_strictness_and_clause_notes(project, profile):
         project,
         env=_env(project, HYPOTHESIS_PROFILE=profile),
     )
-    assert run.code == 1 and "INTERNALERROR" not in run.output, run.describe()
+    assert run.code == 1, run.describe()
+    assert "INTERNALERROR" not in run.output, run.describe()
     outcomes = {t["nodeid"].split("::")[1]: t for t in json.loads(out.read_text())["tests"]}
     randomized = "xpass" if profile == "dev" else "failed"  # dev is not derandomized: a pass may be luck
     assert {name: t["outcome"] for name, t in outcomes.items()} == {
@@ -262,4 +266,5 @@ def test_xfail_strictness_and_clause_notes(project, profile):
         "test_plain_listed": "failed",
     }, run.describe()
     note = f"[AQ-3] {clause_registry.load()['AQ-3']['statement']}"
-    assert note in run.output and note in outcomes["test_fails"]["message"], run.describe()
+    assert note in run.output, run.describe()
+    assert note in outcomes["test_fails"]["message"], run.describe()

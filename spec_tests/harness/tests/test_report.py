@@ -1,5 +1,6 @@
 """The conformance report: Markdown table, --update, input validation, --run (the words: test_verdicts.py)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -117,7 +118,8 @@ def test_statements_are_shortened_and_escaped(tmp_path):
     body = render([run], REGISTRY).splitlines()
     assert "second \\| clause with a pipe" in body[3]
     long_statement = _rows(render([run], REGISTRY))[4][1]
-    assert long_statement.endswith("…") and len(long_statement) <= 70
+    assert long_statement.endswith("…")
+    assert len(long_statement) <= 70
 
 
 def test_legend_and_summary_lines(tmp_path):
@@ -192,7 +194,9 @@ def test_update_without_a_single_marked_block_fails_clearly(tmp_path, capsys, te
     readme.write_text(text)
     assert main([str(_write(tmp_path, "a.json", [])), "--update", str(readme)]) == 1
     err = capsys.readouterr().err
-    assert str(readme) in err and START_MARKER in err and END_MARKER in err
+    assert str(readme) in err
+    assert START_MARKER in err
+    assert END_MARKER in err
     assert readme.read_text() == text
 
 
@@ -206,7 +210,7 @@ def test_stdout_without_update(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "content, problem",
+    ("content", "problem"),
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
@@ -239,7 +243,8 @@ def test_bad_json_is_an_error_naming_the_file(tmp_path, capsys, content, problem
     assert problem in str(info.value)
     assert main([str(path)]) == 1
     err = capsys.readouterr().err
-    assert str(path) in err and problem in err
+    assert str(path) in err
+    assert problem in err
 
 
 def test_missing_file_is_an_error_naming_it(tmp_path, capsys):
@@ -282,14 +287,14 @@ def fake_pytest(monkeypatch):
             )
         return subprocess.CompletedProcess(command, codes.get(target, 0))
 
-    monkeypatch.setattr(runs.subprocess, "run", fake_run)
+    monkeypatch.setattr(subprocess, "run", fake_run)  # the module runs.py calls
     return calls, codes
 
 
 def test_run_runs_each_target_then_reports(tmp_path, fake_pytest, capsys, monkeypatch):
     calls, codes = fake_pytest
     codes["nvrx"] = 1  # a failing suite is data, not an error
-    monkeypatch.setattr(report.clause_registry, "load", lambda areas=None: REGISTRY)
+    monkeypatch.setattr(clause_registry, "load", lambda areas=None: REGISTRY)  # the module report.py reads
     out = tmp_path / "conf"
     out.mkdir()
     assert main(["--run", "impl", "nvrx", "--out", str(out)]) == 0
@@ -328,7 +333,8 @@ def test_run_with_an_unexpected_exit_code_names_the_target(tmp_path, fake_pytest
     out.mkdir()
     assert main(["--run", "mcore", "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert "'mcore'" in err and "code 4" in err
+    assert "'mcore'" in err
+    assert "code 4" in err
 
 
 def test_areas_not_asked_for_get_no_rows(tmp_path):
@@ -338,7 +344,8 @@ def test_areas_not_asked_for_get_no_rows(tmp_path):
     run = load_run(_write(tmp_path, "a.json", [_test("t::a", "passed", fault_id)], clauses=everything))
     body = _rows(render([run], chosen))[2:]
     assert [r[0] for r in body] == list(chosen)
-    assert fault_id not in chosen and fault_id not in {r[0] for r in body}
+    assert fault_id not in chosen
+    assert fault_id not in {r[0] for r in body}
 
 
 def test_an_unknown_area_is_refused():
@@ -355,8 +362,8 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
             json.dump({"target": "nvrx", "version": "0.7.0", "capabilities": [], "clauses": {}, "tests": []}, f)
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(runs.subprocess, "run", fake_run)
-    monkeypatch.setattr(runs.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(subprocess, "run", fake_run)  # the module runs.py calls
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     json_path = tmp_path / "nvrx-0.7.0.json"
     runs.run_target("nvrx-0.7.0", json_path, suite="fault_injection")
     assert calls == [
@@ -378,6 +385,6 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
 
 
 def test_a_release_label_without_nox_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ReportError, match="nox is not installed"):
         runs.run_target("mcore-0.19.2", tmp_path / "x.json")

@@ -35,7 +35,11 @@ def test_the_reproducer_holds_on_impl(script):
     done = subprocess.run(
         [sys.executable, str(script), "impl"], capture_output=True, text=True, timeout=180, cwd=REPO_ROOT
     )
-    assert done.returncode == 0 and "HOLDS: " in done.stdout, (
+    assert done.returncode == 0, (
+        f"{_name(script)} impl: exit {done.returncode}, should be 0 with a HOLDS line\n"
+        f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    )
+    assert "HOLDS: " in done.stdout, (
         f"{_name(script)} impl: exit {done.returncode}, should be 0 with a HOLDS line\n"
         f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     )
@@ -55,7 +59,8 @@ def test_the_reproducer_needs_only_torch_and_the_library(script):
 def test_every_link_is_a_reproducer_of_another_release():
     for link in LINKS:
         target = link.resolve()
-        assert target in SCRIPTS and target.parent != link.parent, f"{_name(link)} -> {target}"
+        assert target in SCRIPTS, f"{_name(link)} -> {target}"
+        assert target.parent != link.parent, f"{_name(link)} -> {target}"
 
 
 def test_every_reproducer_belongs_to_a_findings_page():
@@ -68,7 +73,8 @@ def test_an_unknown_package_argument_is_a_usage_error():
     done = subprocess.run(
         [sys.executable, str(SCRIPTS[0]), "no_such_package"], capture_output=True, text=True, timeout=60
     )
-    assert done.returncode == 2 and "usage:" in done.stderr, (done.returncode, done.stderr)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "usage:" in done.stderr, (done.returncode, done.stderr)
 
 
 def test_every_data_loss_or_hang_break_has_a_reproducer():
