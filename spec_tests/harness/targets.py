@@ -10,7 +10,12 @@ capabilities. An adapter module defines:
     MODULES: dict[str, str]        spec module path (e.g. "async_ckpt.core") -> importable module
     CAPABILITIES: frozenset[str]   features the target provides (keys of CAPABILITY_DOCS)
     EXPECTATIONS: str | None       path of its expectations file (known failures, strict xfail)
+    PACKAGES: tuple[str, ...]      optional; importable modules it needs besides MODULES' (route 2)
+    FORMAT: CheckpointFormat       optional; how its checkpoints lie on disk (spec_tests.harness.formats)
     def install() -> None          optional; called once per process before first use
+    def protocol_saver(**options)  with capability "protocol": a new Saver (spec_tests.harness.protocol)
+
+The same names as types, for mypy, are spec_tests.harness.contract's; `_check_contract` checks them at load.
 
 Resolution order of the target name: `--impl NAME`, then the environment variable
 `CKPTSPEC_IMPL`, then "impl". The plugin writes the resolved name back into the environment
@@ -35,6 +40,8 @@ import pkgutil
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
+
+from spec_tests.harness.contract import adapter_problem
 
 __all__ = [
     "CAPABILITY_DOCS",
@@ -74,7 +81,7 @@ CAPABILITY_DOCS = {
     "storage_writer": "async_ckpt.filesystem_async.FileSystemWriterAsync and async_ckpt.state_dict_saver",
     "msc": "FileSystemWriterAsync(use_msc=True) writing msc:// URLs through multi-storage-client",
     "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
-    "protocol": "protocol_saver() in the adapter: start, staged, wait, abort, close (spec_tests.harness.protocol)",
+    "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (spec_tests.harness.protocol)",
 }
 
 
@@ -105,7 +112,7 @@ class Target:
         dist = getattr(self.adapter, "DISTRIBUTION", None)
         if dist is None:
             return "(source tree)"
-        return _imported_version(dist, self.adapter.MODULES.values())
+        return _imported_version(dist, _packages(self.adapter))
 
     @property
     def expectations_path(self) -> str | None:
@@ -183,18 +190,16 @@ def _unavailable(name: str, adapter: ModuleType, exc: ImportError) -> TargetUnav
 
 
 def _check_contract(name: str, adapter: ModuleType) -> None:
-    modules, capabilities = getattr(adapter, "MODULES", None), getattr(adapter, "CAPABILITIES", None)
-    if not isinstance(modules, dict) or not isinstance(capabilities, (set, frozenset)):
-        raise TargetError(
-            f"adapter {adapter.__name__} of target {name!r} needs MODULES (a dict) and "
-            "CAPABILITIES (a frozenset); see spec_tests.harness.targets"
-        )
-    unknown = sorted(set(capabilities) - set(CAPABILITY_DOCS))
-    if unknown:
-        raise TargetError(
-            f"adapter {adapter.__name__} of target {name!r} declares unknown capabilities "
-            f"{', '.join(unknown)}; known: {', '.join(CAPABILITY_DOCS)}"
-        )
+    """Every name the harness will use of `adapter`, checked at load (spec_tests.harness.contract): a TargetError
+    naming what is missing or wrong, in one line."""
+    problem = adapter_problem(adapter, SPEC_MODULES, CAPABILITY_DOCS)
+    if problem:
+        raise TargetError(f"adapter {adapter.__name__} of target {name!r} {problem}; see spec_tests.harness.contract")
+
+
+def _packages(adapter: ModuleType) -> list[str]:
+    """The importable modules the target needs: MODULES' values, then PACKAGES (route 2)."""
+    return [*adapter.MODULES.values(), *getattr(adapter, "PACKAGES", ())]
 
 
 def _import_adapter(name: str) -> ModuleType:
@@ -221,7 +226,7 @@ def load_target(name: str) -> Target:
         adapter = _import_adapter(name)
         _check_contract(name, adapter)
         try:
-            for root in sorted({dotted.split(".")[0] for dotted in adapter.MODULES.values()}):
+            for root in sorted({dotted.split(".")[0] for dotted in _packages(adapter)}):
                 if importlib.util.find_spec(root) is None:
                     raise ModuleNotFoundError(f"No module named {root!r}", name=root)
             install = getattr(adapter, "install", None)

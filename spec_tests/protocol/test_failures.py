@@ -40,7 +40,7 @@ def test_a_write_failing_on_one_rank_fails_the_save_on_every_rank(tmp_path, fail
         f"rank {failing_rank}'s data file could not be created, but the save on ranks {sorted(wrong)} "
         f"returned or hung: {wrong} (directory: {listing})"
     )
-    assert not committed(path), f"a save that failed on rank {failing_rank} was committed: {listing}"
+    assert not committed(path, 2), f"a save that failed on rank {failing_rank} was committed: {listing}"
 
 
 def _die_or_wait(path):
@@ -59,7 +59,7 @@ def test_a_rank_killed_mid_save_fails_the_save_on_the_survivors_within_the_bound
     assert not outcome.returned and outcome.text != HUNG, (
         f"wait() on rank 0 after rank 1 was killed mid-save: {outcome}, but should raise within {BOUND:g}s"
     )
-    assert not committed(path), "a save during which rank 1 was killed was committed"
+    assert not committed(path, 2), "a save during which rank 1 was killed was committed"
 
 
 def _abort_hung(path):
