@@ -10,7 +10,9 @@ What Lightning offers, and how the five calls map onto it (`pytorch_lightning/pl
   it first clones every tensor on the caller thread (#21079).
 - staged(): the default (at once): Lightning has no staging signal; its copy, where it makes one, is made in start.
 - wait(): `teardown()`, the only wait Lightning has ("This method is called to close the threads."): it waits for
-  every save queued so far and raises the error any of them stored. There is no per-save handle.
+  every save queued so far on this rank and raises the error any of them stored (there is no per-save handle);
+  then a barrier, so that wait() returns once every rank's file is written, as the protocol's collective wait
+  does. Lightning passes no error between ranks: a rank whose teardown() raises never reaches the barrier.
 - abort(): none (the default raises NotImplementedError); Lightning documents no way to stop a save.
 - close(): `teardown()`.
 
@@ -89,7 +91,11 @@ class _Handle(SaveHandle):
         self.saver = saver
 
     def wait(self) -> None:
+        import torch.distributed as dist
+
         self.saver.teardown()
+        if dist.is_initialized():
+            dist.barrier()  # every rank's file is written (the checkpoint of several ranks is complete)
 
 
 class LightningSaver(Saver):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,9 +18,11 @@ from spec_tests.harness.protocol import SAVER_OPTIONS, protocol_saver
 from spec_tests.harness.tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 
-def _adapter(**names) -> types.ModuleType:
+def _adapter(**names: Any) -> types.ModuleType:
     module = types.ModuleType("fake_adapter")
-    base = dict(NAME="fake", DISTRIBUTION=None, MODULES={}, CAPABILITIES=frozenset({"protocol"}), EXPECTATIONS=None)
+    base: dict[str, Any] = dict(
+        NAME="fake", DISTRIBUTION=None, MODULES={}, CAPABILITIES=frozenset({"protocol"}), EXPECTATIONS=None
+    )
     base["protocol_saver"] = lambda **options: None
     for key, value in {**base, **names}.items():
         if value is not _GONE:
@@ -28,7 +31,7 @@ def _adapter(**names) -> types.ModuleType:
 
 
 _GONE = object()
-BROKEN = {
+BROKEN: dict[str, tuple[dict[str, Any], str]] = {
     "no NAME": (dict(NAME=_GONE), "defines no NAME (a str)"),
     "DISTRIBUTION of a wrong type": (dict(DISTRIBUTION=3), "DISTRIBUTION must be a str or None, not int"),
     "unknown spec module": (dict(MODULES={"dcp": "torch.distributed.checkpoint"}), "unknown spec module paths dcp"),
