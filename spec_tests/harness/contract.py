@@ -9,7 +9,7 @@ expected and checks its names and signatures):
         _checked: ProtocolAdapter = _adapter
 
 `spec_tests/targets/_typed.py` does that for every built-in adapter. At load, `spec_tests.harness.targets` checks
-the same names at run time (`check_adapter`, one line naming what is missing), so a broken adapter stops the run
+the same names at run time (`adapter_problem`, one line naming what is missing), so a broken adapter stops the run
 before the first test instead of failing a clause.
 
 Names (the optional ones may be left out; the loader supplies the default):
@@ -28,15 +28,12 @@ Names (the optional ones may be left out; the loader supplies the default):
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from spec_tests.harness.protocol import Saver
 
-__all__ = ["AdapterModule", "ProtocolAdapter", "SaverFactory", "adapter_problem"]
+__all__ = ["AdapterModule", "ProtocolAdapter", "SaverFactory"]
 
 
 class AdapterModule(Protocol):
@@ -64,64 +61,3 @@ class ProtocolAdapter(AdapterModule, Protocol):
     """An adapter with capability "protocol" (route 2): it also makes savers."""
 
     def protocol_saver(self, **options: Any) -> Saver: ...
-
-
-_REQUIRED: dict[str, tuple[tuple[type, ...], str]] = {
-    "NAME": ((str,), "a str"),
-    "DISTRIBUTION": ((str, type(None)), "a str or None"),
-    "MODULES": ((dict,), "a dict"),
-    "CAPABILITIES": ((frozenset, set), "a frozenset"),
-    "EXPECTATIONS": ((str, type(None)), "a str or None"),
-}
-_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
-    "INSTALL": ((str,), "a str"),
-    "PACKAGES": ((tuple, list), "a tuple of module names"),
-}
-
-
-def _takes_any_option(func: Callable) -> bool:
-    try:
-        parameters = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
-def adapter_problem(adapter: ModuleType, spec_modules, capability_docs) -> str | None:
-    """What `adapter` lacks or gets wrong, in one line, or None: every name the harness will use, checked now."""
-    for name, (types, what) in _REQUIRED.items():
-        if not hasattr(adapter, name):
-            return f"defines no {name} ({what})"
-        if not isinstance(getattr(adapter, name), types):
-            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
-    for name, (types, what) in _OPTIONAL.items():
-        if hasattr(adapter, name) and not isinstance(getattr(adapter, name), types):
-            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
-    unknown_modules = sorted(set(adapter.MODULES) - set(spec_modules))
-    if unknown_modules:
-        return f"MODULES maps unknown spec module paths {', '.join(unknown_modules)} (put other modules in PACKAGES)"
-    unknown = sorted(set(adapter.CAPABILITIES) - set(capability_docs))
-    if unknown:
-        return f"declares unknown capabilities {', '.join(unknown)}; known: {', '.join(capability_docs)}"
-    if adapter.EXPECTATIONS is not None and not _exists(adapter.EXPECTATIONS):
-        return f"EXPECTATIONS names {adapter.EXPECTATIONS}, which does not exist"
-    if hasattr(adapter, "install") and not callable(adapter.install):
-        return "install must be a function"
-    fmt = getattr(adapter, "FORMAT", None)
-    if fmt is not None and not all(callable(getattr(fmt, m, None)) for m in ("data_file", "committed", "load")):
-        return "FORMAT must be a spec_tests.harness.formats.CheckpointFormat (data_file, committed, load)"
-    make = getattr(adapter, "protocol_saver", None)
-    if "protocol" in adapter.CAPABILITIES:
-        if not callable(make):
-            return 'declares capability "protocol" but defines no protocol_saver(**options)'
-        if not _takes_any_option(make):
-            return "protocol_saver must accept **options (the tests pass options such as persistent=False)"
-    elif make is not None:
-        return 'defines protocol_saver but does not declare capability "protocol"'
-    return None
-
-
-def _exists(path: str) -> bool:
-    import os
-
-    return os.path.isfile(path)

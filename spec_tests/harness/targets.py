@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
-
-from spec_tests.harness.contract import adapter_problem
 
 __all__ = [
     "CAPABILITY_DOCS",
@@ -187,6 +187,66 @@ def _unavailable(name: str, adapter: ModuleType, exc: ImportError) -> TargetUnav
     hint = getattr(adapter, "INSTALL", None)
     how = f"; install it with: {hint}" if hint else ""
     return TargetUnavailable(f"target {name!r} needs {package}, which cannot be imported ({exc}){how}", name=exc.name)
+
+
+_REQUIRED: dict[str, tuple[tuple[type, ...], str]] = {
+    "NAME": ((str,), "a str"),
+    "DISTRIBUTION": ((str, type(None)), "a str or None"),
+    "MODULES": ((dict,), "a dict"),
+    "CAPABILITIES": ((frozenset, set), "a frozenset"),
+    "EXPECTATIONS": ((str, type(None)), "a str or None"),
+}
+_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
+    "INSTALL": ((str,), "a str"),
+    "PACKAGES": ((tuple, list), "a tuple of module names"),
+}
+
+
+def _takes_any_option(func: Callable) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def adapter_problem(adapter: ModuleType, spec_modules, capability_docs) -> str | None:
+    """What `adapter` lacks or gets wrong, in one line, or None: every name the harness will use, checked now
+    (the names and types of spec_tests.harness.contract)."""
+    for name, (types, what) in _REQUIRED.items():
+        if not hasattr(adapter, name):
+            return f"defines no {name} ({what})"
+        if not isinstance(getattr(adapter, name), types):
+            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
+    for name, (types, what) in _OPTIONAL.items():
+        if hasattr(adapter, name) and not isinstance(getattr(adapter, name), types):
+            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
+    unknown_modules = sorted(set(adapter.MODULES) - set(spec_modules))
+    if unknown_modules:
+        return f"MODULES maps unknown spec module paths {', '.join(unknown_modules)} (put other modules in PACKAGES)"
+    unknown = sorted(set(adapter.CAPABILITIES) - set(capability_docs))
+    if unknown:
+        return f"declares unknown capabilities {', '.join(unknown)}; known: {', '.join(capability_docs)}"
+    if adapter.EXPECTATIONS is not None and not _exists(adapter.EXPECTATIONS):
+        return f"EXPECTATIONS names {adapter.EXPECTATIONS}, which does not exist"
+    if hasattr(adapter, "install") and not callable(adapter.install):
+        return "install must be a function"
+    fmt = getattr(adapter, "FORMAT", None)
+    if fmt is not None and not all(callable(getattr(fmt, m, None)) for m in ("data_file", "committed", "load")):
+        return "FORMAT must be a spec_tests.harness.formats.CheckpointFormat (data_file, committed, load)"
+    make = getattr(adapter, "protocol_saver", None)
+    if "protocol" in adapter.CAPABILITIES:
+        if not callable(make):
+            return 'declares capability "protocol" but defines no protocol_saver(**options)'
+        if not _takes_any_option(make):
+            return "protocol_saver must accept **options (the tests pass options such as persistent=False)"
+    elif make is not None:
+        return 'defines protocol_saver but does not declare capability "protocol"'
+    return None
+
+
+def _exists(path: str) -> bool:
+    return os.path.isfile(path)
 
 
 def _check_contract(name: str, adapter: ModuleType) -> None:
