@@ -83,12 +83,23 @@ def mutation(session: nox.Session) -> None:
 
 
 # target -> its pip distribution; (target, release, Python): the releases docs/results.md reports on.
-DISTRIBUTIONS = {"nvrx": "nvidia-resiliency-ext", "mcore": "megatron-core"}
+DISTRIBUTIONS = {
+    "nvrx": "nvidia-resiliency-ext",
+    "mcore": "megatron-core",
+    "lightning": "pytorch-lightning",
+    "torchtitan": "torchtitan",
+}
 RELEASES = [
     ("nvrx", "0.4.1", "3.11"),
     ("nvrx", "0.7.0", "3.12"),
     ("mcore", "0.16.1", "3.11"),
     ("mcore", "0.19.2", "3.12"),
+    # Protocol-only targets (run `-- spec_tests/protocol fault_injection --conformance-json ...`): Lightning's
+    # AsyncCheckpointIO, 2.6.6 and 2.5.3 (the last release before the clone of #21079), and torchtitan's
+    # CheckpointManager (async_mode "async"; "async_with_pinned_mem" needs an accelerator, spec_tests/targets/_torchtitan.py).
+    ("lightning", "2.6.6", "3.11"),
+    ("lightning", "2.5.3", "3.11"),
+    ("torchtitan", "0.3.0", "3.11"),
 ]
 # NVRx 0.7.0 ships only manylinux_2_39 cp312 wheels (pip refuses them on an older glibc); its checkpointing package
 # needs none of its declared dependencies but these (torch and numpy come with the project).
@@ -110,7 +121,10 @@ def _install_release(session: nox.Session, target: str, release: str) -> None:
             "python", "-m", "pip", "install", *NVRX_070_WHEEL, "--target", str(site).strip(), f"{dist}=={release}"
         )
     else:
-        session.install(f"{dist}=={release}")
+        # A constraints file holds torch at the README's pin while pip resolves the release's own dependencies.
+        constraints = Path(session.create_tmp()) / "torch-constraints.txt"
+        constraints.write_text(TORCH + "\n")
+        session.install("-c", str(constraints), f"{dist}=={release}")
     # The report names the version the run imported; refuse to label a run with a release it did not test.
     imported = session.run(
         "python",
@@ -118,6 +132,8 @@ def _install_release(session: nox.Session, target: str, release: str) -> None:
         f"from spec_tests.harness.targets import load_target; print(load_target({target!r}).version)",
         silent=True,
     )
+    if imported is None:  # --install-only: nothing was run
+        return
     imported = str(imported).strip().splitlines()[-1]
     if imported != release:
         session.error(f"{target}: imported version {imported}, expected {release}")

@@ -32,7 +32,7 @@ from spec_tests.harness import findings, report
 ROOT = Path(__file__).resolve().parent
 RUNS = "conformance/all"
 RELEASES = ["impl", "nvrx-0.4.1", "nvrx-0.7.0", "mcore-0.16.1", "mcore-0.19.2"]
-PROTOCOL_ONLY = ["dcp-thread", "dcp-process", "dcp-staged"]
+PROTOCOL_ONLY = ["dcp-thread", "dcp-process", "dcp-staged", "torchtitan-0.3.0", "lightning-2.6.6", "lightning-2.5.3"]
 BENCHMARK_RUNS = ["cpu.json", "cpu-nvrx-0.7.0.json", "cpu-mcore-0.19.2.json", "goodput-cpu.json"]
 RESULTS = "docs/results.md"
 BENCHMARKS = "docs/benchmarks.md"

@@ -14,7 +14,9 @@
   subdirectory as TMPDIR, see fault_injection.faults.on_ranks), also by processes the test SIGKILLs
   on purpose: a killed trainer cannot remove a temporary file, so a target must keep none outside its
   checkpoint. Not counted: `pymp-*` (multiprocessing's per-process directory, removed when that
-  process exits normally, which a rank stopped by the runner or killed does not).
+  process exits normally, which a rank stopped by the runner or killed does not) and `torchinductor_*` (torch's
+  per-user compile cache, made by importing `torch._inductor`, as Lightning's import does, and kept on purpose
+  across runs: no file of a save).
 
 Leftovers get a bounded grace period to disappear (processes exit asynchronously after close()),
 then the test fails with a list, and leftover processes are killed by pid so later tests start clean.
@@ -40,6 +42,9 @@ __all__ = ["GRACE", "Audit"]
 GRACE = 10.0  # the bound PC-4 gives a worker to exit after its trainer is gone
 _PR_SET_CHILD_SUBREAPER = 36
 _SHM = "/dev/shm"
+
+
+_NOT_COUNTED = ("pymp-", "torchinductor_")  # see the module docstring: not files of a save
 
 
 def _become_subreaper() -> None:
@@ -126,10 +131,10 @@ class Audit:
         found = []
         for entry in sorted(os.listdir(self.tmpdir)):
             path = os.path.join(self.tmpdir, entry)
-            if entry.startswith("pymp-"):
+            if entry.startswith(_NOT_COUNTED):
                 continue
             if os.path.isdir(path):
-                found += [os.path.join(entry, n) for n in sorted(os.listdir(path)) if not n.startswith("pymp-")]
+                found += [os.path.join(entry, n) for n in sorted(os.listdir(path)) if not n.startswith(_NOT_COUNTED)]
             else:
                 found.append(entry)
         return found

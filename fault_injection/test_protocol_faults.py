@@ -10,10 +10,15 @@ directory, write a data file (`*.distcp`), finalize the coordinator's `.metadata
 spawned process (dcp-process's checkpoint daemon) is out of the layer's reach: where no fault fired, the test
 skips saying so instead of judging a fault that never happened. Damage after commit needs no layer: the files of
 a committed checkpoint are changed at rest and loaded with stock `torch.distributed.checkpoint.load`.
+
+File names are the target's format's (spec_tests.harness.formats): DCP's `*.distcp` and `.metadata` stand for the
+format's data files and commit marker; a format without a marker has no finalize phase (its cells are skipped,
+saying so), and a writer that writes elsewhere and moves its files in gives the layer no write to act on.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import signal
 import time
@@ -26,13 +31,39 @@ from fault_injection import faultfs
 from fault_injection.crash_points import in_child
 from fault_injection.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, on_ranks
 from spec_tests.drivers.damage import Damage, apply, files_under
-from spec_tests.drivers.protocol_saves import WARM_BOUND, assert_loads, committed, expected, rank_state, save, start
+from spec_tests.drivers.protocol_saves import (
+    WARM_BOUND,
+    assert_loads,
+    committed,
+    expected,
+    loader,
+    rank_state,
+    save,
+    start,
+)
 from spec_tests.harness import HUNG, attempt, remove, wait_for_file, world
+from spec_tests.harness.formats import checkpoint_format
 from spec_tests.harness.protocol import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")
 WORLD = 2
-NOT_REACHED = "the fault layer saw no matching file operation: this target writes from a process it cannot reach"
+NOT_REACHED = (
+    "the fault layer saw no matching file operation: this target writes from a process it cannot reach, or "
+    "writes its files elsewhere and moves them in"
+)
+NO_MARKER = "this target's format has no commit marker: a fault in the finalize phase has nothing to hit"
+
+
+def _in_format(where: dict[str, Any]) -> dict[str, Any]:
+    """A fault's placement with DCP's names translated into the target's format; skips where it has no marker."""
+    fmt, name = checkpoint_format(), where.get("name")
+    if name == "*.distcp":
+        return {**where, "name": fmt.data_glob}
+    if name == ".metadata*":
+        if fmt.marker is None:
+            pytest.skip(NO_MARKER)
+        return {**where, "name": fmt.marker + "*"}
+    return where
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +105,7 @@ def _storage_errors(tmp: str, phase: str) -> dict:
     for version, errno_name in enumerate(ERRNOS, start=1):
         new, log = os.path.join(tmp, f"new-{errno_name}"), os.path.join(tmp, f"fs-{errno_name}-{rank}.log")
         hit, where = STORAGE_FAULTS[phase, errno_name]
-        fault = faultfs.Fault("raise", errno=faultfs.errno_of(errno_name), **where)
+        fault = faultfs.Fault("raise", errno=faultfs.errno_of(errno_name), **_in_format(where))
         with faultfs.installed(_plan(new, log, fault) if hit in ("all", rank) else None):
             outcome = _whole_save(saver, new, version, f"a save hitting {errno_name} in {phase}").text
         fired = bool(os.path.exists(log) and faultfs.fired(log, "raise"))
@@ -93,6 +124,7 @@ def _storage_errors(tmp: str, phase: str) -> dict:
 @pytest.mark.parametrize("phase", ["plan", "write", "finalize"])
 def test_storage_error_fails_the_save_on_every_rank(tmp_path, phase):
     tmp = str(tmp_path)
+    _in_format(STORAGE_FAULTS[phase, ERRNOS[0]][1])  # skips a phase the format does not have
     results = on_ranks(WORLD, _storage_errors, tmp, phase, timeout=200)
     if not any(r[e][1] for r in results for e in r):
         pytest.skip(NOT_REACHED)
@@ -104,8 +136,11 @@ def test_storage_error_fails_the_save_on_every_rank(tmp_path, phase):
         outcomes = [r[errno_name][0] for r in results]
         if any(o in ("returned", HUNG) for o in outcomes):
             problems.append(f"{errno_name} in {phase}: outcome per rank {outcomes}, but every rank should raise")
-        if committed(os.path.join(tmp, f"new-{errno_name}")):
-            problems.append(f"{errno_name} in {phase}: the failed save wrote .metadata")
+        if committed(os.path.join(tmp, f"new-{errno_name}"), WORLD):
+            marker = checkpoint_format().marker
+            problems.append(
+                f"{errno_name} in {phase}: the failed save " + (f"wrote {marker}" if marker else "was committed")
+            )
         after = [r[errno_name][2] for r in results]
         if after != ["returned"] * WORLD:
             problems.append(f"{errno_name} in {phase}: the next save with the same saver: {after}")
@@ -129,6 +164,7 @@ def _killed_rank(tmp: str, phase: str) -> str:
     rank, _ = world()
     saver = _first_save(tmp)
     victim, where = KILLS[phase]
+    where = _in_format(where)
     new = os.path.join(tmp, "new")
     plan = _plan(new, os.path.join(tmp, "fs.log"), faultfs.Fault("die", **where)) if rank == victim else None
     with faultfs.installed(plan):
@@ -143,6 +179,7 @@ def _killed_rank(tmp: str, phase: str) -> str:
 @pytest.mark.parametrize("phase", list(KILLS))
 def test_killed_rank_fails_the_save_on_every_survivor(tmp_path, phase):
     tmp, victim = str(tmp_path), KILLS[phase][0]
+    _in_format(KILLS[phase][1])  # skips a phase the format does not have
     survivor = 1 - victim
     outcome = on_ranks(
         WORLD, _killed_rank, tmp, phase, timeout=200, expect_exit={victim: -signal.SIGKILL}, backend="gloo"
@@ -150,7 +187,7 @@ def test_killed_rank_fails_the_save_on_every_survivor(tmp_path, phase):
     if os.path.exists(os.path.join(tmp, "not-reached")):
         pytest.skip(NOT_REACHED)
     new = os.path.join(tmp, "new")
-    if committed(new):
+    if committed(new, WORLD):
         assert_loads(new, expected(WORLD, 1), call="loading a save committed although a rank was killed in it")
     assert_loads(os.path.join(tmp, "old"), expected(WORLD, 0))
     assert outcome not in ("returned", HUNG), (
@@ -171,7 +208,7 @@ def _hung_write(tmp: str) -> tuple[str, str]:
     saver = _first_save(tmp)
     new, gate, log = os.path.join(tmp, "new"), os.path.join(tmp, "gate"), os.path.join(tmp, "fs.log")
     hung, aborted_0 = os.path.join(tmp, "hung"), os.path.join(tmp, "aborted-0")
-    hang = faultfs.Fault("hang", op="write", name="*.distcp", gate=gate)
+    hang = faultfs.Fault("hang", op="write", name=checkpoint_format().data_glob, gate=gate)
     with faultfs.installed(_plan(new, log, hang) if rank == 1 else None):
         handle = start(saver, rank_state(rank, 1), new)
         if rank == 1:
@@ -208,10 +245,12 @@ def test_abort_returns_while_a_write_hangs(tmp_path, phase):
 
 
 def _phase_of(point: faultfs.Point) -> str:
-    name = os.path.basename(point.path.split("->")[-1])
+    name, marker = os.path.basename(point.path.split("->")[-1]), checkpoint_format().marker
     if point.op == "mkdir" and point.path in ("", "."):
         return "plan"
-    return "finalize" if name.startswith(".metadata") or point.path == "." else "write"
+    if marker is None:
+        return "write"
+    return "finalize" if name.startswith(marker) or point.path == "." else "write"
 
 
 def _save_in_child(path: str, version: int, log: str | None, fault):
@@ -243,7 +282,7 @@ def _crashes(tmp: str, phase: str) -> tuple[int, int, list[str]]:
         crashed += bool(faultfs.fired(log, "crash"))
         remove(log)
         for what, version, path in (("previous", 0, old), ("new", 1, new)):
-            if what == "previous" or committed(path):
+            if what == "previous" or committed(path, 1):
                 try:
                     assert_loads(path, expected(1, version))
                 except Exception as exc:
@@ -274,15 +313,21 @@ def _two_saves(tmp: str) -> None:
 
 
 def _load_damaged(tmp: str, kind: str, where: str):
-    """Save on two ranks, damage one `where` file of the checkpoint, load it with stock dcp.load here:
-    (the damaged file's name, the load's Outcome; an AssertionError is data that differ from what was saved)."""
+    """Save on two ranks, damage one `where` file of the checkpoint (a data file or the format's commit marker),
+    load it with the format's stock loader here: (the damaged file's name, the load's Outcome; an AssertionError is
+    data that differ from what was saved). Skips "metadata" for a format without a marker."""
+    fmt = checkpoint_format()
+    if where == "metadata" and fmt.marker is None:
+        pytest.skip(f"this target's format ({fmt.name}) has no metadata file: only its data files can be damaged")
     on_ranks(WORLD, _two_saves, tmp)
     good = os.path.join(tmp, "good")
-    files = [f for f in files_under(good) if os.path.basename(f) == ".metadata" or f.endswith(".distcp")]
-    files = [f for f in files if (os.path.basename(f) == ".metadata") == (where == "metadata")]
+    is_marker = lambda f: os.path.basename(f) == fmt.marker  # noqa: E731
+    files = [f for f in files_under(good) if is_marker(f) or fnmatch.fnmatch(os.path.basename(f), fmt.data_glob)]
+    files = [f for f in files if is_marker(f) == (where == "metadata")]
     damaged = apply(Damage(kind, file=0, where=0.5, bit=3), files, files_under(os.path.join(tmp, "old")))
     assert damaged is not None, f"no {where} file to damage in {sorted(os.listdir(good))}"
-    outcome = attempt(assert_loads, good, expected(WORLD, 1), bound=BOUND, what="torch.distributed.checkpoint.load")
+    what = "torch.distributed.checkpoint.load" if fmt.dcp else fmt.loader
+    outcome = attempt(assert_loads, good, expected(WORLD, 1), bound=BOUND, what=what)
     return os.path.basename(damaged), outcome
 
 
@@ -298,17 +343,17 @@ def _damage_cases(clause_of):
 def test_damage_after_commit_is_refused_at_load(tmp_path, kind, where):
     name, outcome = _load_damaged(str(tmp_path), kind, where)
     assert not outcome.returned, (
-        f"{kind} of {name} in a committed checkpoint: stock dcp.load returned "
+        f"{kind} of {name} in a committed checkpoint: stock {loader()} returned "
         f"{'damaged data' if outcome.text == 'AssertionError' else 'the saved data'} without an error, but the "
         "damage should be refused naming the file"
     )
     assert outcome.text != "AssertionError", (
-        f"{kind} of {name} in a committed checkpoint: stock dcp.load returned "
+        f"{kind} of {name} in a committed checkpoint: stock {loader()} returned "
         f"{'damaged data' if outcome.text == 'AssertionError' else 'the saved data'} without an error, but the "
         "damage should be refused naming the file"
     )
     assert name in outcome.message, (
-        f"{kind} of {name}: dcp.load raised {outcome.text}, but its message does not name {name}: "
+        f"{kind} of {name}: {loader()} raised {outcome.text}, but its message does not name {name}: "
         f"{outcome.message[:300]}"
     )
 
@@ -317,6 +362,6 @@ def test_damage_after_commit_is_refused_at_load(tmp_path, kind, where):
 def test_damage_after_commit_is_never_loaded_silently(tmp_path, kind, where):
     name, outcome = _load_damaged(str(tmp_path), kind, where)
     assert outcome.text != "AssertionError", (
-        f"{kind} of {name} in a committed checkpoint: stock dcp.load returned damaged data without an error: "
+        f"{kind} of {name} in a committed checkpoint: stock {loader()} returned damaged data without an error: "
         f"{outcome.message[:300]}"
     )

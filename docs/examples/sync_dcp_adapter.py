@@ -11,12 +11,14 @@ snapshot, staging and durability promises hold trivially. It has no way to abort
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from spec_tests.harness.protocol import SaveHandle, Saver
 
 NAME = "sync-dcp"
 DISTRIBUTION = "torch"  # the report's column shows the installed torch version
 MODULES: dict[str, str] = {}  # no NVRx-shaped module: only the protocol tests run, the others skip
+PACKAGES = ("torch.distributed.checkpoint",)  # what the adapter imports: checked at load, and its version reported
 CAPABILITIES = frozenset({"protocol"})
 EXPECTATIONS = str(Path(__file__).with_name("sync_dcp_adapter.expectations.toml"))
 
@@ -37,6 +39,6 @@ class SyncDcpSaver(Saver):
         return None
 
 
-def protocol_saver(**options) -> SyncDcpSaver:
+def protocol_saver(**options: Any) -> SyncDcpSaver:
     """A new saver; options meant for other targets' savers (such as `persistent`) are ignored."""
     return SyncDcpSaver()

@@ -1,7 +1,9 @@
 """What the protocol tests share: each rank's state dict, bounded calls of the protocol interface, reading back.
 
 Each rank saves its own keys (`rank_state(rank, version)`), so a checkpoint is complete only with every rank's
-data; `assert_loads` reads it back with stock dcp.load in this process, no process group (P-LOAD-1).
+data. Where a checkpoint lies, whether it is complete and how it is read back is the target's format
+(spec_tests.harness.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
+with the format's loader in this process, no process group; `committed` and `data_file` ask the same format.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import os
 
 import torch
 
-from spec_tests.drivers.saving import load, template
+from spec_tests.drivers.saving import template
 from spec_tests.harness.asserts import assert_state_dict_equal, attempt, bounded
+from spec_tests.harness.formats import checkpoint_format
 from spec_tests.harness.protocol import SaveHandle, Saver, protocol_saver
 from spec_tests.harness.ranks import world
 
@@ -85,16 +88,32 @@ def warm_saver(path: str, **options) -> Saver:
     return saver
 
 
-def committed(path: str) -> bool:
-    return os.path.exists(os.path.join(path, ".metadata"))
+def committed(path: str, world_size: int) -> bool:
+    """Whether the checkpoint of `world_size` ranks at `path` is complete by the target's format's rule."""
+    return checkpoint_format().committed(path, world_size)
+
+
+def load(want: dict, path: str) -> dict:
+    """The checkpoint at `path` read back by the target's format (this process, no process group): want's keys."""
+    return checkpoint_format().load(path, template(want))
 
 
 def assert_loads(path: str, want: dict, call: str = "") -> None:
-    """The checkpoint at `path` loads with stock dcp.load (no process group) to exactly `want` (P-LOAD-1)."""
-    assert_state_dict_equal(load(want, path), want, call=call or f"torch.distributed.checkpoint.load of {path}")
+    """The checkpoint at `path` loads, by the target's format, to exactly `want` (P-LOAD-1 for DCP's format)."""
+    fmt = checkpoint_format()
+    assert_state_dict_equal(
+        load(want, path),
+        want,
+        call=call or f"{'torch.distributed.checkpoint.load' if fmt.dcp else fmt.loader} of {path}",
+    )
 
 
-__all__ += ["assert_loads", "template"]
+def loader() -> str:
+    """The target's loader as messages name it ("dcp.load" for DCP's format)."""
+    return checkpoint_format().loader
+
+
+__all__ += ["assert_loads", "load", "loader", "template"]
 
 
 def in_group(pgid: int) -> list[int]:
@@ -116,8 +135,8 @@ __all__ += ["in_group"]
 
 
 def data_file(path: str, rank: int) -> str:
-    """The first data file of `rank` in DCP's file-system layout (torch's FileSystemWriter, NVRx, Megatron-Core)."""
-    return os.path.join(path, f"__{rank}_0.distcp")
+    """The (first) data file of `rank` in the target's format (DCP's: `__<rank>_0.distcp`)."""
+    return checkpoint_format().data_file(path, rank)
 
 
 def save_outcome(path):

@@ -15,6 +15,11 @@ Five calls, implemented in a few lines by each target's adapter (`protocol_saver
 
 Bounds are the caller's (asserts.bounded): a method may block forever; the spec says it must not.
 A target lacking a call raises NotImplementedError from it, which the clause citing it records as a failure.
+
+`protocol_saver(**options)` has one signature for every adapter (spec_tests.harness.contract.ProtocolAdapter): the
+options are SAVER_OPTIONS, each a preference the tests state, and an adapter ignores the options it does not know.
+Where the checkpoint lies and how it is read back is the adapter's FORMAT (spec_tests.harness.formats; torch DCP's
+by default), so a library with its own format is judged by the same clauses.
 """
 
 from __future__ import annotations
@@ -24,7 +29,13 @@ from typing import Any
 
 from spec_tests.harness.targets import MissingCapability, Target, current_target
 
-__all__ = ["SaveHandle", "Saver", "protocol_saver"]
+__all__ = ["SAVER_OPTIONS", "SaveHandle", "Saver", "protocol_saver"]
+
+SAVER_OPTIONS = {
+    "persistent": "bool: where a target has a choice of callers, a persistent worker (True) or a process per save "
+    "(False); the durability and crash tests ask for False, whose writes the fault layer can see",
+}
+"""The options the tests pass to protocol_saver(**options), and what each asks for; every one may be ignored."""
 
 
 class SaveHandle(abc.ABC):
@@ -56,7 +67,12 @@ class Saver(abc.ABC):
 
 
 def protocol_saver(target: Target | None = None, **options: Any) -> Saver:
-    """A new Saver of `target` (the current one by default); MissingCapability if its adapter has none."""
+    """A new Saver of `target` (the current one by default); MissingCapability if its adapter has none.
+
+    `options` are SAVER_OPTIONS; an unknown one is a mistake of the caller (ValueError), not of the target."""
+    unknown = sorted(set(options) - set(SAVER_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown saver options {', '.join(unknown)}; known: {', '.join(SAVER_OPTIONS)}")
     target = target or current_target()
     make = getattr(target.adapter, "protocol_saver", None)
     if make is None or not target.has("protocol"):

@@ -10,7 +10,12 @@ capabilities. An adapter module defines:
     MODULES: dict[str, str]        spec module path (e.g. "async_ckpt.core") -> importable module
     CAPABILITIES: frozenset[str]   features the target provides (keys of CAPABILITY_DOCS)
     EXPECTATIONS: str | None       path of its expectations file (known failures, strict xfail)
+    PACKAGES: tuple[str, ...]      optional; importable modules it needs besides MODULES' (route 2)
+    FORMAT: CheckpointFormat       optional; how its checkpoints lie on disk (spec_tests.harness.formats)
     def install() -> None          optional; called once per process before first use
+    def protocol_saver(**options)  with capability "protocol": a new Saver (spec_tests.harness.protocol)
+
+The same names as types, for mypy, are spec_tests.harness.contract's; `_check_contract` checks them at load.
 
 Resolution order of the target name: `--impl NAME`, then the environment variable
 `CKPTSPEC_IMPL`, then "impl". The plugin writes the resolved name back into the environment
@@ -30,12 +35,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import pkgutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
+from typing import Any
 
 __all__ = [
     "CAPABILITY_DOCS",
@@ -75,7 +82,7 @@ CAPABILITY_DOCS = {
     "storage_writer": "async_ckpt.filesystem_async.FileSystemWriterAsync and async_ckpt.state_dict_saver",
     "msc": "FileSystemWriterAsync(use_msc=True) writing msc:// URLs through multi-storage-client",
     "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
-    "protocol": "protocol_saver() in the adapter: start, staged, wait, abort, close (spec_tests.harness.protocol)",
+    "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (spec_tests.harness.protocol)",
 }
 
 
@@ -106,7 +113,7 @@ class Target:
         dist = getattr(self.adapter, "DISTRIBUTION", None)
         if dist is None:
             return "(source tree)"
-        return _imported_version(dist, self.adapter.MODULES.values())
+        return _imported_version(dist, _packages(self.adapter))
 
     @property
     def expectations_path(self) -> str | None:
@@ -183,19 +190,77 @@ def _unavailable(name: str, adapter: ModuleType, exc: ImportError) -> TargetUnav
     return TargetUnavailable(f"target {name!r} needs {package}, which cannot be imported ({exc}){how}", name=exc.name)
 
 
-def _check_contract(name: str, adapter: ModuleType) -> None:
-    modules, capabilities = getattr(adapter, "MODULES", None), getattr(adapter, "CAPABILITIES", None)
-    if not isinstance(modules, dict) or not isinstance(capabilities, (set, frozenset)):
-        raise TargetError(
-            f"adapter {adapter.__name__} of target {name!r} needs MODULES (a dict) and "
-            "CAPABILITIES (a frozenset); see spec_tests.harness.targets"
-        )
-    unknown = sorted(set(capabilities) - set(CAPABILITY_DOCS))
+_REQUIRED: dict[str, tuple[tuple[type, ...], str]] = {
+    "NAME": ((str,), "a str"),
+    "DISTRIBUTION": ((str, type(None)), "a str or None"),
+    "MODULES": ((dict,), "a dict"),
+    "CAPABILITIES": ((frozenset, set), "a frozenset"),
+    "EXPECTATIONS": ((str, type(None)), "a str or None"),
+}
+_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
+    "INSTALL": ((str,), "a str"),
+    "PACKAGES": ((tuple, list), "a tuple of module names"),
+}
+
+
+def _takes_any_option(func: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability_docs: Mapping[str, str]) -> str | None:
+    """What `adapter` lacks or gets wrong, in one line, or None: every name the harness will use, checked now
+    (the names and types of spec_tests.harness.contract)."""
+    for name, (types, what) in _REQUIRED.items():
+        if not hasattr(adapter, name):
+            return f"defines no {name} ({what})"
+        if not isinstance(getattr(adapter, name), types):
+            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
+    for name, (types, what) in _OPTIONAL.items():
+        if hasattr(adapter, name) and not isinstance(getattr(adapter, name), types):
+            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
+    unknown_modules = sorted(set(adapter.MODULES) - set(spec_modules))
+    if unknown_modules:
+        return f"MODULES maps unknown spec module paths {', '.join(unknown_modules)} (put other modules in PACKAGES)"
+    unknown = sorted(set(adapter.CAPABILITIES) - set(capability_docs))
     if unknown:
-        raise TargetError(
-            f"adapter {adapter.__name__} of target {name!r} declares unknown capabilities "
-            f"{', '.join(unknown)}; known: {', '.join(CAPABILITY_DOCS)}"
-        )
+        return f"declares unknown capabilities {', '.join(unknown)}; known: {', '.join(capability_docs)}"
+    if adapter.EXPECTATIONS is not None and not _exists(adapter.EXPECTATIONS):
+        return f"EXPECTATIONS names {adapter.EXPECTATIONS}, which does not exist"
+    if hasattr(adapter, "install") and not callable(adapter.install):
+        return "install must be a function"
+    fmt = getattr(adapter, "FORMAT", None)
+    if fmt is not None and not all(callable(getattr(fmt, m, None)) for m in ("data_file", "committed", "load")):
+        return "FORMAT must be a spec_tests.harness.formats.CheckpointFormat (data_file, committed, load)"
+    make = getattr(adapter, "protocol_saver", None)
+    if "protocol" in adapter.CAPABILITIES:
+        if not callable(make):
+            return 'declares capability "protocol" but defines no protocol_saver(**options)'
+        if not _takes_any_option(make):
+            return "protocol_saver must accept **options (the tests pass options such as persistent=False)"
+    elif make is not None:
+        return 'defines protocol_saver but does not declare capability "protocol"'
+    return None
+
+
+def _exists(path: str) -> bool:
+    return os.path.isfile(path)
+
+
+def _check_contract(name: str, adapter: ModuleType) -> None:
+    """Every name the harness will use of `adapter`, checked at load (spec_tests.harness.contract): a TargetError
+    naming what is missing or wrong, in one line."""
+    problem = adapter_problem(adapter, SPEC_MODULES, CAPABILITY_DOCS)
+    if problem:
+        raise TargetError(f"adapter {adapter.__name__} of target {name!r} {problem}; see spec_tests.harness.contract")
+
+
+def _packages(adapter: ModuleType) -> list[str]:
+    """The importable modules the target needs: MODULES' values, then PACKAGES (route 2)."""
+    return [*adapter.MODULES.values(), *getattr(adapter, "PACKAGES", ())]
 
 
 def _import_adapter(name: str) -> ModuleType:
@@ -222,7 +287,7 @@ def load_target(name: str) -> Target:
         adapter = _import_adapter(name)
         _check_contract(name, adapter)
         try:
-            for root in sorted({dotted.split(".")[0] for dotted in adapter.MODULES.values()}):
+            for root in sorted({dotted.split(".")[0] for dotted in _packages(adapter)}):
                 if importlib.util.find_spec(root) is None:
                     raise ModuleNotFoundError(f"No module named {root!r}", name=root)
             install = getattr(adapter, "install", None)

@@ -9,7 +9,9 @@ import pytest
 from spec_tests.drivers.protocol_saves import (
     BOUND,
     assert_loads,
+    committed,
     expected,
+    loader,
     rank_state,
     save,
     save_outcome,
@@ -46,7 +48,7 @@ def _before(tmp, case):
             f.write("not a directory")
     elif case == "checkpoint":
         run_on_ranks(_save_first, 2, (path,), timeout=240)
-        assert os.path.exists(os.path.join(path, ".metadata")), "the first save was not committed"
+        assert committed(path, 2), "the first save was not committed"
     return path
 
 
@@ -72,4 +74,4 @@ def test_bad_input_fails_on_every_rank_and_leaves_the_location_as_it_was(tmp_pat
     changed = sorted(set(after or {}) ^ set(before or {})) if isinstance(after, dict) else None
     assert after == before, f"a refused save ({case}) changed the location: {changed or 'its contents'}"
     if case == "checkpoint":
-        assert_loads(path, expected(2, 1), call="dcp.load of the checkpoint a refused save would have overwritten")
+        assert_loads(path, expected(2, 1), call=f"{loader()} of the checkpoint a refused save would have overwritten")

@@ -7,8 +7,12 @@ process with a world of one rank, is traced to number its persistence points; P-
 P-CRASH-1 repeats the save once per point, killing its whole session right after that point. The layer reaches
 the trainer, its threads and the processes it forks; a saver whose writes happen in a spawned process leaves
 nothing to observe, and the test says so (skip) rather than judge it.
+
+The commit is the target's format's (spec_tests.harness.formats): DCP's `.metadata`, or, for a format without a
+commit marker, the rename that makes each data file appear whole.
 """
 
+import fnmatch
 import os
 
 import pytest
@@ -19,6 +23,7 @@ from fault_injection.crash_points import crash_points, durability_problems, in_c
 from fault_injection.faults import SAVE_PHASES, on_ranks
 from spec_tests.drivers.protocol_saves import WARM_BOUND, assert_loads, committed, expected, rank_state, save
 from spec_tests.harness.asserts import bounded
+from spec_tests.harness.formats import checkpoint_format
 from spec_tests.harness.processes import remove
 from spec_tests.harness.protocol import protocol_saver
 
@@ -46,21 +51,42 @@ def _trace(tmp: str) -> list:
     assert kind == "ok", f"the traced save failed: {detail}"
     points = faultfs.read_log(log) if os.path.exists(log) else []
     if not any(p.op == "write" for p in points):
-        pytest.skip("the save wrote nothing through the trainer or a process it forked: the layer cannot see it")
+        pytest.skip(
+            "the save wrote nothing below the checkpoint directory through the trainer or a process it forked (a "
+            "writer in a spawned process, or one that writes elsewhere and moves the file in): the layer cannot see it"
+        )
     return points
+
+
+def _unmarked_problems(points, data_glob: str) -> list[str]:
+    """A format without a commit marker: each data file appears whole by a rename, which is its commit; what was
+    renamed must have been fsynced before, and the directory after the last such rename."""
+    problems, last = [], None
+    for p in points:
+        source, _, target = p.path.partition("->")
+        if p.op == "rename" and fnmatch.fnmatch(os.path.basename(target), data_glob):
+            last = p.index
+            if not any(q.op == "fsync" and q.path == source and q.index < p.index for q in points):
+                problems.append(f"{source} was not fsynced before its rename onto {target}")
+    if last is not None and not any(p.op == "fsync" and p.path == "." and p.index > last for p in points):
+        problems.append("the checkpoint directory was not fsynced after its data files appeared in it")
+    return problems
 
 
 def _durability(tmp: str) -> list[str]:
     points = _trace(tmp)
-    problems = durability_problems(points, ".metadata", "*.distcp")
-    renames = [p for p in points if p.op == "rename" and p.path.endswith("->.metadata")]
+    fmt = checkpoint_format()
+    if fmt.marker is None:
+        return _unmarked_problems(points, fmt.data_glob)
+    problems = durability_problems(points, fmt.marker, fmt.data_glob)
+    renames = [p for p in points if p.op == "rename" and p.path.endswith("->" + fmt.marker)]
     commit = renames[0].index if renames else None
     if renames:
         source = renames[0].path.split("->")[0]
         if not any(p.op == "fsync" and p.path == source and p.index < renames[0].index for p in points):
-            problems.append(f"the metadata {source} was not fsynced before its rename onto .metadata")
+            problems.append(f"the metadata {source} was not fsynced before its rename onto {fmt.marker}")
     if commit is not None and not any(p.op == "fsync" and p.path == "." and p.index > commit for p in points):
-        problems.append("the checkpoint directory was not fsynced after .metadata appeared in it")
+        problems.append(f"the checkpoint directory was not fsynced after {fmt.marker} appeared in it")
     return problems
 
 
@@ -80,7 +106,7 @@ def _crashes(tmp: str):
         problems = []
         for what, load in (
             ("previous", lambda: assert_loads(old, expected(1, 0))),
-            ("new", lambda: assert_loads(new, expected(1, 1)) if committed(new) else None),
+            ("new", lambda: assert_loads(new, expected(1, 1)) if committed(new, 1) else None),
         ):
             try:
                 load()

@@ -14,8 +14,10 @@ import pytest
 from spec_tests.drivers.protocol_saves import (
     BOUND,
     EXIT_BOUND,
+    assert_loads,
     committed,
     data_file,
+    expected,
     rank_state,
     release,
     save_outcome,
@@ -40,7 +42,7 @@ def test_a_write_failing_on_one_rank_fails_the_save_on_every_rank(tmp_path, fail
         f"rank {failing_rank}'s data file could not be created, but the save on ranks {sorted(wrong)} "
         f"returned or hung: {wrong} (directory: {listing})"
     )
-    assert not committed(path), f"a save that failed on rank {failing_rank} was committed: {listing}"
+    assert not committed(path, 2), f"a save that failed on rank {failing_rank} was committed: {listing}"
 
 
 def _die_or_wait(path):
@@ -62,7 +64,8 @@ def test_a_rank_killed_mid_save_fails_the_save_on_the_survivors_within_the_bound
     assert outcome.text != HUNG, (
         f"wait() on rank 0 after rank 1 was killed mid-save: {outcome}, but should raise within {BOUND:g}s"
     )
-    assert not committed(path), "a save during which rank 1 was killed was committed"
+    if committed(path, 2):  # rank 1 may have written all its data before it died: then it must load exactly
+        assert_loads(path, expected(2, 1, 1 << 20), call="loading a save committed although rank 1 was killed in it")
 
 
 def _abort_hung(path):

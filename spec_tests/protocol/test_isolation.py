@@ -5,7 +5,16 @@ as a training step does) or from a second saver with a state dict of its own."""
 import pytest
 import torch
 
-from spec_tests.drivers.protocol_saves import BOUND, assert_loads, expected, rank_state, start, wait, warm_saver
+from spec_tests.drivers.protocol_saves import (
+    BOUND,
+    assert_loads,
+    expected,
+    loader,
+    rank_state,
+    start,
+    wait,
+    warm_saver,
+)
 from spec_tests.harness import devices
 from spec_tests.harness.asserts import bounded
 from spec_tests.harness.ranks import run_on_ranks, world
@@ -53,4 +62,4 @@ def _two_in_flight(tmp, same_saver):
 def test_saves_in_flight_together_each_commit_their_own_data(tmp_path, same_saver):
     run_on_ranks(_two_in_flight, 2, (str(tmp_path), same_saver), timeout=400)
     for version in (1, 2):
-        assert_loads(f"{tmp_path}/v{version}", expected(2, version, NUMEL), call=f"dcp.load of save v{version}")
+        assert_loads(f"{tmp_path}/v{version}", expected(2, version, NUMEL), call=f"{loader()} of save v{version}")

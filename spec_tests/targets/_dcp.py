@@ -21,7 +21,8 @@ from spec_tests.harness.protocol import SaveHandle, Saver
 
 DISTRIBUTION = "torch"
 INSTALL = 'pip install "torch==2.13.0"'
-MODULES = {"dcp": "torch.distributed.checkpoint"}
+MODULES: dict[str, str] = {}  # no NVRx-shaped module: the protocol layer only
+PACKAGES = ("torch.distributed.checkpoint",)
 CAPABILITIES = frozenset({"protocol"})
 
 

@@ -1,15 +1,16 @@
 """Adapter for torch DCP's `async_save` with the thread configuration (target `dcp-thread`; see spec_tests.targets._dcp)."""
 
 from pathlib import Path
+from typing import Any
 
-from spec_tests.targets._dcp import CAPABILITIES, DISTRIBUTION, INSTALL, MODULES, DcpSaver
+from spec_tests.targets._dcp import CAPABILITIES, DISTRIBUTION, INSTALL, MODULES, PACKAGES, DcpSaver
 
-__all__ = ["CAPABILITIES", "DISTRIBUTION", "EXPECTATIONS", "INSTALL", "MODULES", "NAME", "protocol_saver"]
+__all__ = ["CAPABILITIES", "DISTRIBUTION", "EXPECTATIONS", "INSTALL", "MODULES", "NAME", "PACKAGES", "protocol_saver"]
 
 NAME = "dcp-thread"
 EXPECTATIONS = str(Path(__file__).with_name("dcp-thread.expectations.toml"))
 
 
-def protocol_saver(**options) -> DcpSaver:
+def protocol_saver(**options: Any) -> DcpSaver:
     """dcp.async_save with the thread configuration; options of other targets' savers are ignored."""
     return DcpSaver("thread")

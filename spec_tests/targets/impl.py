@@ -1,8 +1,14 @@
 """Adapter for `impl`, this project's reference implementation."""
 
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from spec_tests.harness.targets import SPEC_MODULES
+
+if TYPE_CHECKING:
+    from spec_tests.targets._queue_saver import QueueSaver
 
 NAME = "impl"
 DISTRIBUTION = None
@@ -26,8 +32,8 @@ NVRX_MIRROR = "impl"
 NVRX_LEFT_OUT = str(Path(__file__).resolve().parents[2] / "docs" / "impl.md")
 
 
-def protocol_saver(persistent: bool | None = None):
+def protocol_saver(**options: Any) -> QueueSaver:
     """The protocol interface over the NVRx guide's recipe (spec_tests.targets._queue_saver)."""
     from spec_tests.targets._queue_saver import saver_of
 
-    return saver_of(NAME, persistent)
+    return saver_of(NAME, options.get("persistent"))

@@ -6,9 +6,15 @@ Megatron-Core provides the async core only (no TorchAsyncCheckpoint). On a machi
 protocol interface uses (`strategies.filesystem_async`, `strategies.state_dict_saver`). Nothing else is changed.
 """
 
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from spec_tests.targets import _cpu_cuda
+
+if TYPE_CHECKING:
+    from spec_tests.targets._queue_saver import QueueSaver
 
 NAME = "mcore"
 DISTRIBUTION = "megatron-core"
@@ -27,8 +33,8 @@ def install() -> None:
     _cpu_cuda.install_for(NAME, [*MODULES.values(), *_PROTOCOL_MODULES[1:]], PersistentAsyncCaller)
 
 
-def protocol_saver(persistent: bool | None = None):
+def protocol_saver(**options: Any) -> QueueSaver:
     """The protocol interface over Megatron-Core's own writer and saver (same recipe as NVRx's)."""
     from spec_tests.targets._queue_saver import saver_of
 
-    return saver_of(NAME, persistent, _PROTOCOL_MODULES)
+    return saver_of(NAME, options.get("persistent"), _PROTOCOL_MODULES)

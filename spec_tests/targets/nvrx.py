@@ -13,15 +13,20 @@ about NVRx is changed, except two device calls that move local-checkpoint replic
 gloo sends and receives CPU tensors; the values, their order and the protocol are unchanged.
 """
 
+from __future__ import annotations
+
 import importlib
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from spec_tests.harness.targets import SPEC_MODULES
 from spec_tests.targets import _cpu_cuda
+
+if TYPE_CHECKING:
+    from spec_tests.targets._queue_saver import QueueSaver
 
 NAME = "nvrx"
 DISTRIBUTION = "nvidia-resiliency-ext"
@@ -104,8 +109,8 @@ def _cpu_replica_transfers() -> None:
     wrapper.isend_state_dict = isend_state_dict
 
 
-def protocol_saver(persistent: bool | None = None):
+def protocol_saver(**options: Any) -> QueueSaver:
     """The protocol interface over the NVRx guide's recipe (spec_tests.targets._queue_saver)."""
     from spec_tests.targets._queue_saver import saver_of
 
-    return saver_of(NAME, persistent)
+    return saver_of(NAME, options.get("persistent"))

@@ -16,7 +16,7 @@ from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness.tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 _ADAPTER = """\
-from spec_tests.targets.impl import CAPABILITIES, MODULES  # noqa: F401
+from spec_tests.targets.impl import CAPABILITIES, MODULES, protocol_saver  # noqa: F401
 from pathlib import Path
 NAME = "{name}"
 DISTRIBUTION = None
@@ -125,7 +125,10 @@ BAD_INPUTS = {
     "unknown --impl": (
         ["--impl", "bogus"],
         {},
-        ["unknown target 'bogus'", "known targets: dcp-process, dcp-staged, dcp-thread, impl, mcore, nvrx"],
+        [
+            "unknown target 'bogus'",
+            "known targets: dcp-process, dcp-staged, dcp-thread, impl, lightning, mcore, nvrx, torchtitan",
+        ],
     ),
     "unknown $CKPTSPEC_IMPL": ([], {"CKPTSPEC_IMPL": "bogus"}, ["unknown target 'bogus'"]),
     "--impl nvrx not installed": (

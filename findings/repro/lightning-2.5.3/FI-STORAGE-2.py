@@ -1,0 +1,1 @@
+../lightning-2.6.6/FI-STORAGE-2.py

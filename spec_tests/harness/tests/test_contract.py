@@ -1,0 +1,132 @@
+"""The adapter contract is checked at load, in one line naming what is wrong (issue 32), mypy checks every built-in
+adapter against its types (spec_tests/targets/_typed.py lists them all), and the documented entry-point route
+(docs/adding-a-target.md) works end to end: a throw-away target, registered as an installed distribution's entry
+point, runs one protocol test.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spec_tests.harness import targets
+from spec_tests.harness.protocol import SAVER_OPTIONS, protocol_saver
+from spec_tests.harness.tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
+
+
+def _adapter(**names: Any) -> types.ModuleType:
+    module = types.ModuleType("fake_adapter")
+    base: dict[str, Any] = {
+        "NAME": "fake",
+        "DISTRIBUTION": None,
+        "MODULES": {},
+        "CAPABILITIES": frozenset({"protocol"}),
+        "EXPECTATIONS": None,
+    }
+    base["protocol_saver"] = lambda **options: None
+    for key, value in {**base, **names}.items():
+        if value is not _GONE:
+            setattr(module, key, value)
+    return module
+
+
+_GONE = object()
+BROKEN: dict[str, tuple[dict[str, Any], str]] = {
+    "no NAME": ({"NAME": _GONE}, "defines no NAME (a str)"),
+    "DISTRIBUTION of a wrong type": ({"DISTRIBUTION": 3}, "DISTRIBUTION must be a str or None, not int"),
+    "unknown spec module": ({"MODULES": {"dcp": "torch.distributed.checkpoint"}}, "unknown spec module paths dcp"),
+    "unknown capability": ({"CAPABILITIES": frozenset({"teleport"})}, "declares unknown capabilities teleport"),
+    "missing expectations file": ({"EXPECTATIONS": "/no/such/file.toml"}, "EXPECTATIONS names /no/such/file.toml"),
+    "protocol without a saver": ({"protocol_saver": _GONE}, "defines no protocol_saver(**options)"),
+    "saver without **options": (
+        {"protocol_saver": lambda persistent=None: None},
+        "protocol_saver must accept **options",
+    ),
+    "saver without the capability": ({"CAPABILITIES": frozenset()}, 'does not declare capability "protocol"'),
+    "PACKAGES of a wrong type": ({"PACKAGES": "torch"}, "PACKAGES must be a tuple of module names"),
+    "FORMAT without a loader": ({"FORMAT": object()}, "FORMAT must be a spec_tests.harness.formats"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_broken_adapter_is_one_line_naming_what_is_wrong(case):
+    names, fragment = BROKEN[case]
+    with pytest.raises(targets.TargetError) as info:
+        targets._check_contract("fake", _adapter(**names))
+    message = str(info.value)
+    assert fragment in message, message
+    assert "\n" not in message, message
+    assert message.startswith("adapter fake_adapter of target 'fake' "), message
+
+
+def test_every_builtin_adapter_keeps_the_contract_and_is_type_checked():
+    typed = (REPO_ROOT / "spec_tests" / "targets" / "_typed.py").read_text()
+    listed = set(re.findall(r'^\s+"([a-z-]+)": [a-z_]+,$', typed, re.M))
+    assert listed == set(targets.builtin_targets()), "spec_tests/targets/_typed.py must list every built-in adapter"
+    for dotted in targets.builtin_targets().values():
+        module = __import__(dotted, fromlist=["NAME"])
+        targets._check_contract(module.NAME, module)
+
+
+def test_an_unknown_saver_option_is_the_callers_mistake():
+    with pytest.raises(ValueError, match="unknown saver options persist; known: persistent"):
+        protocol_saver(persist=False)
+    assert set(SAVER_OPTIONS) == {"persistent"}
+
+
+_THROWAWAY = '''\
+"""A throw-away target: torch's synchronous dcp.save behind the protocol layer."""
+from typing import Any
+
+from spec_tests.harness.protocol import SaveHandle, Saver
+
+NAME = "throwaway"
+DISTRIBUTION = None
+MODULES: dict[str, str] = {}
+CAPABILITIES = frozenset({"protocol"})
+EXPECTATIONS = None
+
+
+class _Done(SaveHandle):
+    def wait(self) -> None:
+        return None
+
+
+class _Sync(Saver):
+    def start(self, state_dict: dict, path: str) -> SaveHandle:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(state_dict, checkpoint_id=path)
+        return _Done()
+
+    def close(self) -> None:
+        return None
+
+
+def protocol_saver(**options: Any) -> Saver:
+    return _Sync()
+'''
+
+
+def _install_throwaway(site: Path) -> None:
+    """An installed distribution on `site` whose entry point of group ckptspec.targets names the adapter."""
+    (site / "throwaway_adapter.py").write_text(_THROWAWAY)
+    info = site / "throwaway_target-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: throwaway-target\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{targets.ENTRY_POINT_GROUP}]\nthrowaway = throwaway_adapter\n")
+
+
+def test_a_target_added_through_an_entry_point_runs_a_protocol_test(tmp_path):
+    _install_throwaway(tmp_path)
+    test = "spec_tests/protocol/test_snapshot.py::test_checkpoint_of_every_world_loads_with_stock_dcp[1]"
+    run = run_pytest(
+        [test, "--impl", "throwaway", "-p", "no:randomly", "-q"],
+        env=clean_env(PYTHONPATH=f"{tmp_path}:{REPO_ROOT}"),
+    )
+    assert run.code == 0, run.describe()
+    assert "1 passed" in run.output, run.describe()

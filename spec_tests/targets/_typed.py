@@ -1,0 +1,34 @@
+"""mypy checks every built-in adapter module against the adapter contract (spec_tests.harness.contract).
+
+Nothing here runs: under TYPE_CHECKING each adapter module is assigned to the protocol it must satisfy, so a
+missing name or a wrong signature (a `protocol_saver` without `**options`) is a type error in CI. A new adapter
+adds its line (spec_tests/harness/tests/test_contract.py fails until it does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spec_tests.harness.contract import ProtocolAdapter
+    from spec_tests.targets import (
+        dcp_process,
+        dcp_staged,
+        dcp_thread,
+        impl,
+        lightning,
+        mcore,
+        nvrx,
+        torchtitan,
+    )
+
+    CHECKED: dict[str, ProtocolAdapter] = {
+        "dcp-process": dcp_process,
+        "dcp-staged": dcp_staged,
+        "dcp-thread": dcp_thread,
+        "impl": impl,
+        "lightning": lightning,
+        "mcore": mcore,
+        "nvrx": nvrx,
+        "torchtitan": torchtitan,
+    }

@@ -1,0 +1,19 @@
+"""Adapter for torchtitan 0.3.0's CheckpointManager with async_mode "async" (target `torchtitan`; see
+spec_tests.targets._torchtitan): `dcp.async_save` on the manager's own gloo group, one save in flight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from spec_tests.targets._torchtitan import CAPABILITIES, DISTRIBUTION, INSTALL, MODULES, PACKAGES, TitanSaver
+
+__all__ = ["CAPABILITIES", "DISTRIBUTION", "EXPECTATIONS", "INSTALL", "MODULES", "NAME", "PACKAGES", "protocol_saver"]
+
+NAME = "torchtitan"
+EXPECTATIONS = str(Path(__file__).with_name("torchtitan.expectations.toml"))
+
+
+def protocol_saver(**options: Any) -> TitanSaver:
+    """A CheckpointManager(async_mode="async"); torchtitan has one kind of caller, so every option is ignored."""
+    return TitanSaver("async")
