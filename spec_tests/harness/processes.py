@@ -19,6 +19,7 @@ from spec_tests.harness.targets import current_target
 __all__ = [
     "CALLERS",
     "CALLER_CLASSES",
+    "STARTUP_BOUND",
     "alive",
     "async_core",
     "close_quietly",
@@ -60,8 +61,14 @@ def exists(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
-def wait_for_file(path: str, seconds: float = 30) -> str:
-    """The contents of path once it exists and is non-empty; fails after `seconds`."""
+STARTUP_BOUND = 120.0
+"""Seconds to wait for what a test starts but does not judge (a worker spawned, a call begun): generous, since a
+spawned interpreter importing torch took over 30 s on a 2-core runner at a load of 10 (a run on 2026-11-26)."""
+
+
+def wait_for_file(path: str, seconds: float = STARTUP_BOUND) -> str:
+    """The contents of path once it exists and is non-empty; fails after `seconds` (by default STARTUP_BOUND: the
+    file is written by something the test started, and when it starts is not the subject)."""
     deadline = time.monotonic() + seconds
     while not (os.path.exists(path) and os.path.getsize(path)):
         assert time.monotonic() < deadline, f"{path} was not written within {seconds:g}s"
