@@ -1,4 +1,5 @@
-"""The calls the queue tests schedule and finalize: gated requests, bounded finalization, the finalize log.
+"""The calls the queue tests schedule and finalize: gated requests, bounded finalization, the finalize log, and
+the descriptors an abort leaves open.
 
 Rank bodies of test_queue.py and test_queue_isolation.py build on these; each works in whatever process asks.
 """
@@ -7,13 +8,16 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
+
+import torch
 
 from spec_tests.harness import workloads
 from spec_tests.harness.asserts import bounded
-from spec_tests.harness.processes import async_core
+from spec_tests.harness.processes import async_core, wait_for_file
 
-__all__ = ["finalize_queue", "lines", "request"]
+__all__ = ["descriptors_left_by_an_abort", "finalize_queue", "lines", "request"]
 
 
 def request(gate=None, fail_with=None, log=None, tag=None):
@@ -37,3 +41,25 @@ def finalize_queue(queue, blocking=True, no_dist=False, bound=60):
 def lines(path):
     """The tags appended to the finalize log at `path` so far (none before the first)."""
     return Path(path).read_text().split() if os.path.exists(path) else []
+
+
+def descriptors_left_by_an_abort(tmp):
+    """Open descriptors of this process after close(abort=True) of a persistent queue with a call in flight that
+    carries a tensor, minus those before the queue was made (a first queue warms up shared helpers)."""
+    core = async_core()
+    tensor = torch.arange(1 << 16, dtype=torch.float32)
+    counts = []
+    for n in range(2):
+        before = len(os.listdir("/proc/self/fd"))
+        queue = core.AsyncCallsQueue(persistent=True)
+        pid_file = os.path.join(tmp, f"pid{n}")
+        queue.schedule_async_request(
+            core.AsyncRequest(workloads.write_pid_holding, (pid_file, os.path.join(tmp, "never-opened"), tensor), [])
+        )
+        wait_for_file(pid_file)
+        bounded(10, "close(abort=True)", queue.close, abort=True)
+        deadline = time.monotonic() + 10  # a descriptor closed by a thread shortly after close() is not leaked
+        while (left := len(os.listdir("/proc/self/fd")) - before) > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        counts.append(left)
+    return counts[1]

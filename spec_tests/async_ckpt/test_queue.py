@@ -4,7 +4,6 @@ import gc
 import os
 import pickle
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from hypothesis import given
 from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.async_ckpt.collective_counter import CollectiveCounter
-from spec_tests.async_ckpt.queue_calls import finalize_queue, lines, request
+from spec_tests.async_ckpt.queue_calls import descriptors_left_by_an_abort, finalize_queue, lines, request
 from spec_tests.async_ckpt.queue_results import (
     Aborted,
     BadInput,
@@ -337,31 +336,9 @@ def test_abort_stops_in_flight_work_without_finalizing(rank_pool, tmp_path, pers
     )
 
 
-def _descriptors_left_by_an_abort(tmp):
-    """Open descriptors of this process after close(abort=True) of a persistent queue with a call in flight that
-    carries a tensor, minus those before the queue was made (a first queue warms up shared helpers)."""
-    core = async_core()
-    tensor = torch.arange(1 << 16, dtype=torch.float32)
-    counts = []
-    for n in range(2):
-        before = len(os.listdir("/proc/self/fd"))
-        queue = core.AsyncCallsQueue(persistent=True)
-        pid_file = os.path.join(tmp, f"pid{n}")
-        queue.schedule_async_request(
-            core.AsyncRequest(workloads.write_pid_holding, (pid_file, os.path.join(tmp, "never-opened"), tensor), [])
-        )
-        wait_for_file(pid_file)
-        bounded(10, "close(abort=True)", queue.close, abort=True)
-        deadline = time.monotonic() + 10  # a descriptor closed by a thread shortly after close() is not leaked
-        while (left := len(os.listdir("/proc/self/fd")) - before) > 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        counts.append(left)
-    return counts[1]
-
-
 @pytest.mark.spec("PC-6")
 def test_an_abort_leaves_no_descriptor_open(rank_pool, tmp_path):
-    left = rank_pool(1).run(_descriptors_left_by_an_abort, str(tmp_path))[0]
+    left = rank_pool(1).run(descriptors_left_by_an_abort, str(tmp_path))[0]
     assert left == 0, f"close(abort=True) with a call in flight left {left} more file descriptor(s) open in the trainer"
 
 
