@@ -70,6 +70,9 @@ RELEASES = {
     "mcore-0.16.1": Release("mcore", "megatron-core", "0.16.1", ("packaging>=24.2",)),
     "mcore-0.19.2": Release("mcore", "megatron-core", "0.19.2", ("packaging>=24.2",)),
 }
+# noxfile.py's releases the GPU run does not install yet: the protocol-layer targets of issue 32 (their wheels and
+# dependencies are not in the set a GPU stage installs). The harness test keeps RELEASES, this and noxfile.py in step.
+NOT_YET_ON_GPU = ("lightning-2.6.6", "lightning-2.5.3", "torchtitan-0.3.0")
 # The releases the benchmarks' NVRx and Megatron-Core peers use.
 BENCH_RELEASES = ("nvrx-0.7.0", "mcore-0.19.2")
 
