@@ -33,7 +33,7 @@ from pathlib import Path
 
 from spec_tests.harness import Record, load_run, write_block
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.runs import cli, run_target
+from spec_tests.harness.runs import cli, run_parser, run_target
 from spec_tests.harness.verdicts import judge_tests
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
@@ -166,27 +166,12 @@ def _matrix(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fault_injection.matrix",
-        description="Render the fault x phase x target matrix of the fault suite.",
-    )
-    parser.add_argument("files", nargs="*", type=Path, metavar="JSON", help="files written by --conformance-json")
-    parser.add_argument(
-        "--run",
-        nargs="+",
-        default=[],
-        metavar="TARGET",
-        help="first run the fault suite against each TARGET (timed), then report on its JSON",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("conformance"),
-        metavar="DIR",
-        help="where --run writes faults-TARGET.json (default: conformance/)",
-    )
-    parser.add_argument(
-        "--update", type=Path, metavar="FILE", help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE"
+    parser = run_parser(
+        "python -m fault_injection.matrix",
+        "Render the fault x phase x target matrix of the fault suite.",
+        what="the fault suite (timed)",
+        written="faults-TARGET.json",
+        update_help=f"replace the block between {START_MARKER} and {END_MARKER} in FILE",
     )
     return cli(parser, argv, _matrix)
 

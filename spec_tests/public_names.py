@@ -6,13 +6,15 @@ the imported module's, not its own (except in a package's ``__init__.py``, whose
 A class's public attributes are the names its body defines and the ``self.NAME = ...`` assignments of its
 ``__init__``, without a leading underscore. Nothing is imported or run, so any release can be read on any Python.
 
-``python -m spec_tests.public_names WHEEL_DIR ... > spec_tests/nvrx_public_names.toml`` regenerates the
-manifest that ``spec_tests/test_api_surface.py`` checks impl against, from a directory holding NVRx wheels (one
-table per release found there), e.g. after ``pip download --no-deps -d WHEEL_DIR nvidia-resiliency-ext==X``.
+``python -m spec_tests.public_names --write spec_tests/nvrx_api.toml WHEEL_DIR ...`` regenerates the released
+names of the API manifest that ``spec_tests/test_api_surface.py`` checks a target against (one table per release
+found in the directories, e.g. after ``pip download --no-deps -d WHEEL_DIR nvidia-resiliency-ext==X``), keeping the
+file's hand-written part above its ``GENERATED`` line; without ``--write`` it prints that part.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import inspect
 import re
@@ -21,9 +23,10 @@ import textwrap
 import zipfile
 from pathlib import Path
 
-__all__ = ["PACKAGE", "declared_attributes", "module_names", "release_names"]
+__all__ = ["GENERATED", "PACKAGE", "declared_attributes", "module_names", "release_names"]
 
 PACKAGE = "nvidia_resiliency_ext/checkpointing/"
+GENERATED = "# ---------------------------------------- generated below: do not edit by hand"
 _WHEEL = re.compile(r"nvidia_resiliency_ext-([^-]+)-.*\.whl")
 
 
@@ -144,28 +147,35 @@ def _quoted(name: str) -> str:
 
 
 def _toml(releases: dict[str, dict[str, dict[str, list[str]]]]) -> str:
-    lines = [
-        "# The public names of nvidia_resiliency_ext.checkpointing, per release and module (spec_tests/public_names.py;",
-        "# regenerate with: python -m spec_tests.public_names WHEEL_DIR). Key '' of a module: its module-level names;",
-        "# other keys: a class and its public attributes.",
-    ]
+    lines = []
     for version, modules in releases.items():
         for module, names in modules.items():
-            lines.append(f'\n["{version}"."{module}"]')
+            lines.append(f'\n[released."{version}"."{module}"]')
             lines += [f'"{key}" = [{", ".join(_quoted(n) for n in value)}]' for key, value in names.items()]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> None:
-    if not argv:
-        sys.exit("usage: python -m spec_tests.public_names WHEEL_DIR ...  (directories holding NVRx wheels)")
+    parser = argparse.ArgumentParser(prog="python -m spec_tests.public_names", description=__doc__.split("\n")[0])
+    parser.add_argument("wheel_dirs", nargs="+", type=Path, metavar="WHEEL_DIR", help="directories holding NVRx wheels")
+    parser.add_argument("--write", type=Path, metavar="FILE", help="replace FILE's generated part (below its marker)")
+    args = parser.parse_args(argv)
     releases = {}
-    for directory in argv:
-        for wheel in sorted(Path(directory).glob("nvidia_resiliency_ext-*.whl")):
+    for directory in args.wheel_dirs:
+        for wheel in sorted(directory.glob("nvidia_resiliency_ext-*.whl")):
             match = _WHEEL.fullmatch(wheel.name)
             if match:
                 releases[match[1]] = release_names(wheel)
-    sys.stdout.write(_toml(dict(sorted(releases.items()))))
+    if not releases:
+        parser.error("no nvidia_resiliency_ext-*.whl in " + ", ".join(map(str, args.wheel_dirs)))
+    generated = _toml(dict(sorted(releases.items())))
+    if args.write is None:
+        sys.stdout.write(generated)
+        return
+    kept, marker, _ = args.write.read_text().partition(GENERATED)
+    if not marker:
+        parser.error(f"{args.write} has no line {GENERATED!r} to write below")
+    args.write.write_text(kept + GENERATED + "\n" + generated)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from typing import Any
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import results_page, verdicts
 from spec_tests.harness.blocks import markers, write_block
-from spec_tests.harness.runs import Run, cli, load_run, run_target
+from spec_tests.harness.runs import Run, cli, load_run, run_parser, run_target
 
 __all__ = ["clause_verdict", "main", "render"]
 
@@ -115,26 +115,12 @@ def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, Any]] | None
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m spec_tests.harness.report",
-        description="Render the clause-by-target conformance table from --conformance-json files.",
-    )
-    parser.add_argument(
-        "files", nargs="*", type=Path, metavar="JSON", help="files written by pytest --conformance-json"
-    )
-    parser.add_argument(
-        "--run",
-        nargs="+",
-        default=[],
-        metavar="TARGET",
-        help="first run the suite against each TARGET, then report on its JSON",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("conformance"),
-        metavar="DIR",
-        help="where --run writes TARGET.json (default: conformance/)",
+    parser = run_parser(
+        "python -m spec_tests.harness.report",
+        "Render the clause-by-target conformance table from --conformance-json files.",
+        what="the suite",
+        written="TARGET.json",
+        update_help="replace the block --block NAME (<!-- NAME:start --> ... <!-- NAME:end -->) in FILE instead of printing",
     )
     parser.add_argument(
         "--areas",
@@ -143,12 +129,6 @@ def _parser() -> argparse.ArgumentParser:
         default=list(clause_registry.AREAS),
         metavar="AREA",
         help="the clause areas whose rows to show (default: all): " + ", ".join(clause_registry.AREAS),
-    )
-    parser.add_argument(
-        "--update",
-        type=Path,
-        metavar="FILE",
-        help="replace the block --block NAME (<!-- NAME:start --> ... <!-- NAME:end -->) in FILE instead of printing",
     )
     parser.add_argument(
         "--suite",

@@ -10,7 +10,8 @@ and, for an expected failure, "entry" {"clauses" (charged), "verdict", "intermit
 - `load_run(path)` -> Run: each test once, with its worst recorded phase (a passing call with a failing teardown is
   an error); ReportError names the file and the field on bad input.
 - `pytest_command`, `run_target`: run a suite against a target, recording to a path (`--run` of the report and of
-  fault_injection.matrix); `cli`: their shared command-line error handling.
+  fault_injection.matrix); `run_parser` and `cli`: their shared command line (recorded files and/or `--run
+  TARGET ...`, `--out`, `--update`) and its error handling.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "page_name",
     "pytest_command",
     "read_json",
+    "run_parser",
     "run_target",
 ]
 
@@ -207,6 +209,31 @@ def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float
             "(0 and 1 are expected; anything else means the run did not complete)"
         )
     return wall
+
+
+def run_parser(prog: str, description: str, *, what: str, written: str, update_help: str) -> argparse.ArgumentParser:
+    """The command line every report over recorded runs shares: JSON files and/or `--run TARGET ...` (run `what`
+    against each TARGET first), `--out DIR` (where --run writes `written`, TARGET in its name), `--update FILE`."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(
+        "files", nargs="*", type=Path, metavar="JSON", help="files written by pytest --conformance-json"
+    )
+    parser.add_argument(
+        "--run",
+        nargs="+",
+        default=[],
+        metavar="TARGET",
+        help=f"first run {what} against each TARGET, then report on its JSON",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("conformance"),
+        metavar="DIR",
+        help=f"where --run writes {written} (default: conformance/)",
+    )
+    parser.add_argument("--update", type=Path, metavar="FILE", help=update_help)
+    return parser
 
 
 def cli(

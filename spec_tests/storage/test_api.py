@@ -1,82 +1,19 @@
-"""Names and parameters documented for the storage path, at their documented module paths."""
-
-import inspect
-from typing import Any
+"""Names and parameters documented for the storage path, at their documented module paths (the manifest:
+spec_tests/nvrx_api.toml, FS-17)."""
 
 import pytest
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.storage import StorageWriter
 
-pytestmark = pytest.mark.needs("storage_writer")
-EMPTY = inspect.Parameter.empty
-ANY = object()  # the documents show no default: any (or none) is fine
+from spec_tests.nvrx_api import check_documented, documented_cases
 
-# module -> name -> (method or None for the callable itself) -> [(parameter, default, EMPTY or ANY)]
-MANIFEST: dict[str, dict[str, dict[str | None, list[tuple[str, Any]]]]] = {
-    "async_ckpt.filesystem_async": {
-        "FileSystemWriterAsync": {
-            "prepare_write_data": [("plan", EMPTY), ("planner", EMPTY)],
-            "get_save_function_and_args": [],
-            "preload_tensors": [("write_buckets", EMPTY), ("non_blocking", True)],
-            "retrieve_write_results": [],
-            "finish": [("metadata", EMPTY), ("results", EMPTY)],
-            "prepare_decentralized_global_plan": [("local_plan", EMPTY)],
-        },
-    },
-    "async_ckpt.state_dict_saver": {
-        "save_state_dict_async_plan": {
-            None: [
-                ("state_dict", EMPTY),
-                ("storage_writer", EMPTY),
-                ("process_group", None),
-                ("coordinator_rank", 0),
-                ("planner", None),
-                ("enable_cache", False),
-                ("metadata_cache", None),
-            ]
-        },
-        "save_state_dict_async_finalize": {
-            None: [("storage_writer", EMPTY), ("global_metadata", EMPTY), ("dist_wrapper", EMPTY)]
-        },
-        "verify_global_md_reuse": {
-            None: [("loaded_all_plans", EMPTY), ("local_plan", EMPTY), ("rank", EMPTY), ("dist_wrapper", EMPTY)]
-        },
-        "init_checkpoint_metadata_cache": {None: [("cached_global_metadata", ANY)]},
-        "get_metadata_caching_status": {None: []},
-        "CheckpointMetadataCache": {
-            "set_cached_global_metadata": [("cached_global_metadata", EMPTY)],
-            "set_cache_metadata": [("central_plan", EMPTY), ("local_plan", EMPTY), ("global_md_verify_reuse", EMPTY)],
-            "prepare_save_state_dict_ret": [("rank", EMPTY), ("coordinator", EMPTY), ("save_state_dict_ret", EMPTY)],
-            "get_cache_metadata": [],
-            "get_metadata_caching_status": [],
-        },
-    },
-    "async_ckpt.cached_metadata_filesystem_reader": {
-        "CachedMetadataFileSystemReader": {"__init__": [("path", EMPTY)], "read_metadata": []},
-    },
-}
-CASES = [
-    pytest.param(mod, name, member, params, id=f"{mod}.{name}.{member or 'call'}")
-    for mod, names in MANIFEST.items()
-    for name, members in names.items()
-    for member, params in members.items()
-]
+pytestmark = pytest.mark.needs("storage_writer")
 
 
 @pytest.mark.spec("FS-17")
-@pytest.mark.parametrize(("module", "name", "member", "params"), CASES)
+@pytest.mark.parametrize(("module", "name", "member", "params"), documented_cases("FS-17"))
 def test_documented_callable_exists_with_its_parameters(target, module, name, member, params):
-    obj = getattr(target.module(module), name, None)
-    assert obj is not None, f"{module} has no {name}"
-    fn = obj if member is None else getattr(obj, member, None)
-    assert callable(fn), f"{name}.{member} is missing"
-    sig = inspect.signature(fn)
-    for param, default in params:
-        assert param in sig.parameters, f"{name}.{member or ''}{sig} has no parameter {param!r}"
-        actual = sig.parameters[param].default
-        assert default is ANY or actual == default, (
-            f"{name}.{member or ''}: {param} defaults to {actual!r}, but should be {default!r}"
-        )
+    check_documented(target.module(module), name, member, params)
 
 
 @pytest.mark.spec("FS-1", "FS-17")
