@@ -14,6 +14,7 @@ seconds of interpreter start and imports. `script=True` starts the `pytest` scri
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing as mp
 import os
@@ -142,6 +143,11 @@ def _pytest_main(args: list[str], cwd: str, env: dict[str, str], log: str) -> No
     except BaseException:
         traceback.print_exc()
     finally:
+        # What the interpreter's exit does for `python -m pytest`: the exit handlers (multiprocessing's stops the
+        # run's own forkserver and removes its /tmp/pymp-* directory), then the flush; os._exit skips the rest of
+        # the forked server's state.
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
