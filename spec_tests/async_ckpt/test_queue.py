@@ -33,7 +33,9 @@ from spec_tests.harness.processes import (
     CALLERS,
     async_core,
     close_quietly,
+    end_kept,
     exists,
+    kept,
     remove,
     wait_for_file,
 )
@@ -419,12 +421,11 @@ def _snapshot(tmp, persistent, state_dict):
     state_dict = strategies.private_copy(state_dict, devices.current())
     expected = strategies.private_copy(state_dict)
     core = async_core()
-    queue = core.AsyncCallsQueue(persistent=persistent)
+    queue = kept(("AQ-14", persistent), lambda: core.AsyncCallsQueue(persistent=persistent))
     queue.schedule_async_request(core.AsyncRequest(workloads.save_when_open, (gate, state_dict, out), []))
     strategies.mutate_in_place(state_dict)  # the next training step, while the write waits
     workloads.open_gate(gate)
     finalize_queue(queue)
-    queue.close()
     assert_state_dict_equal(
         torch.load(out, weights_only=False),
         expected,
@@ -433,9 +434,21 @@ def _snapshot(tmp, persistent, state_dict):
     remove(gate, out)
 
 
+def _close(queue):
+    queue.close()
+
+
 @pytest.mark.spec("AQ-14")
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
-@given(state_dict=strategies.state_dicts())
-def test_async_fn_sees_the_data_as_scheduled(rank_pool, tmp_path_factory, persistent, state_dict):
-    rank_pool(1).run(_snapshot, str(tmp_path_factory.mktemp("snap")), persistent, state_dict)
+def test_async_fn_sees_the_data_as_scheduled(rank_pool, tmp_path_factory, persistent):
+    pool = rank_pool(1)  # one queue for every example (processes.kept), closed at the end
+
+    @given(state_dict=strategies.state_dicts())
+    def example(state_dict):
+        pool.run(_snapshot, str(tmp_path_factory.mktemp("snap")), persistent, state_dict)
+
+    try:
+        example()
+    finally:
+        pool.run(end_kept, _close)

@@ -10,7 +10,7 @@ from hypothesis import given
 from spec_tests.async_ckpt.pickle_probe import PidOnPickle, pickled_by
 from spec_tests.harness import devices, strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, bounded
-from spec_tests.harness.processes import CALLERS, remove
+from spec_tests.harness.processes import CALLERS, end_kept, kept, remove
 from spec_tests.harness.targets import current_target
 
 pytestmark = pytest.mark.needs("torch_async_checkpoint")
@@ -25,12 +25,11 @@ def _save_mutate_load(tmp, persistent, state_dict):
     # The write waits at the gate; the tensors live where the run's trainer keeps them (--tensor-device).
     state_dict = {"0gate": workloads.PickleGate(gate), **strategies.private_copy(state_dict, devices.current())}
     expected = strategies.private_copy(state_dict)
-    ckpt = _checkpointer(persistent)
+    ckpt = kept(("TAC-1", persistent), lambda: _checkpointer(persistent))
     ckpt.async_save(state_dict, path)
     strategies.mutate_in_place(state_dict)
     workloads.open_gate(gate)
     bounded(60, "finalize_async_save(blocking=True)", ckpt.finalize_async_save, True)
-    bounded(60, "finalize_async_save(terminate=True)", ckpt.finalize_async_save, True, True, True)
     assert_state_dict_equal(
         torch.load(path, weights_only=False),
         expected,
@@ -39,12 +38,24 @@ def _save_mutate_load(tmp, persistent, state_dict):
     remove(gate, path)
 
 
+def _terminate(ckpt):
+    bounded(60, "finalize_async_save(terminate=True)", ckpt.finalize_async_save, True, True, True)
+
+
 @pytest.mark.spec("TAC-1", "AQ-14")
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
-@given(state_dict=strategies.state_dicts())
-def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, persistent, state_dict):
-    rank_pool(1).run(_save_mutate_load, str(tmp_path_factory.mktemp("tac")), persistent, state_dict)
+def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, persistent):
+    pool = rank_pool(1)  # one checkpointer for every example (processes.kept), terminated at the end
+
+    @given(state_dict=strategies.state_dicts())
+    def example(state_dict):
+        pool.run(_save_mutate_load, str(tmp_path_factory.mktemp("tac")), persistent, state_dict)
+
+    try:
+        example()
+    finally:
+        pool.run(end_kept, _terminate)
 
 
 def _training_loop(tmp, persistent):
