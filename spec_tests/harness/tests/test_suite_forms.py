@@ -38,15 +38,24 @@ class Form:
 
 
 _ROOT = str(REPO_ROOT)
-# Each full collection costs seconds of CPU: the forms are chosen to cover each way of starting the suite once.
+# Each full collection costs seconds of CPU (a new interpreter importing torch): the forms cover each way of starting
+# the suite once, and options that cannot interfere share a form (-n 0 with -p no:randomly). An area alone is
+# collected by `pytest spec_tests`, by the form run in benchmarks/ and by the one elsewhere (fault_injection with
+# benchmarks, no spec_tests).
+_NO_RANDOMLY = ("-p", "no:randomly") if importlib.util.find_spec("pytest_randomly") is not None else ()
 FORMS = [
     Form("python -m pytest", (), "all"),
-    Form("pytest -n 0 --impl impl", ("-n", "0", "--impl", "impl"), "all", script=True),
+    Form(
+        f"pytest -n 0 --impl impl {' '.join(_NO_RANDOMLY)}",
+        ("-n", "0", "--impl", "impl", *_NO_RANDOMLY),
+        "all",
+        script=True,
+    ),
     Form("pytest -p no:xdist", ("-p", "no:xdist"), "all", script=True),
     Form("pytest -n auto (1 worker)", ("-n", "auto"), "all", script=True, workers=1),
     Form("python -m pytest -n 2 --impl impl -k K", ("-n", "2", "--impl", "impl", "-k", K), "k", workers=2),
     Form("pytest -k K", ("-k", K), "k", script=True),
-    *(Form(f"pytest {area}", (area,), (area,), script=True) for area in AREAS),
+    Form("pytest spec_tests", ("spec_tests",), ("spec_tests",), script=True),
     Form("pytest --impl impl (in benchmarks/)", ("--impl", "impl"), ("benchmarks",), cwd="benchmarks", script=True),
     Form(
         "pytest --rootdir ROOT -c ROOT/pyproject.toml ROOT/fault_injection ROOT/benchmarks (elsewhere)",
@@ -56,8 +65,6 @@ FORMS = [
         script=True,
     ),
 ]
-if importlib.util.find_spec("pytest_randomly") is not None:
-    FORMS.append(Form("pytest -p no:randomly", ("-p", "no:randomly"), "all", script=True))
 
 
 def _problems(form: Form, run) -> tuple[list[str], list[str]]:
