@@ -127,10 +127,11 @@ def kept(key: Hashable, make: Callable[[], _T]) -> _T:
     pool's `rank_state`: one queue, and one persistent worker, serves every example of a property test instead of
     a worker started (a fresh interpreter importing torch) per example. The test ends it with `end_kept`; a failed
     run respawns the pool's ranks, so the example after a failure starts from a new one, as before."""
-    objects = rank_state.setdefault(_KEPT, {})
+    objects: dict[Hashable, Any] = rank_state.setdefault(_KEPT, {})
     if key not in objects:
         objects[key] = make()
-    return objects[key]
+    obj: _T = objects[key]
+    return obj
 
 
 def end_kept(end: Callable[[Any], object]) -> int:
