@@ -17,8 +17,13 @@ from hypothesis.errors import InvalidArgument
 __all__ = ["PROFILES", "in_ci", "load_profile"]
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+# Every profile derives from hypothesis's own `default`, not from the settings current at import: with $CI set,
+# hypothesis loads its built-in `ci` profile (derandomized) at import, and a profile derived from that would make
+# `dev` and `nightly` derandomized on any CI machine (the nightly search would draw the same examples every night).
+_BASE = settings.get_profile("default")
 settings.register_profile(
     "ci",
+    parent=_BASE,
     derandomize=True,
     database=None,
     max_examples=10,
@@ -28,10 +33,15 @@ settings.register_profile(
     print_blob=True,
 )
 settings.register_profile(
-    "dev", max_examples=10, stateful_step_count=10, deadline=timedelta(seconds=60), suppress_health_check=_SUPPRESS
+    "dev",
+    parent=_BASE,
+    max_examples=10,
+    stateful_step_count=10,
+    deadline=timedelta(seconds=60),
+    suppress_health_check=_SUPPRESS,
 )
 settings.register_profile(
-    "nightly", max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=_SUPPRESS
+    "nightly", parent=_BASE, max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=_SUPPRESS
 )
 PROFILES = ("ci", "dev", "nightly")
 
