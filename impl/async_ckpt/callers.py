@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing import connection, get_context
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import DupFd, ForkingPickler
+from multiprocessing.reduction import ForkingPickler, send_handle
 from typing import Any
 
 import torch
@@ -294,9 +294,8 @@ class PersistentAsyncCaller(AsyncCaller):
             self._pending.append(idx)
             return
         request, slab = stage(async_req, self._pool)
-        slab_ref = None if slab is None else (DupFd(slab.fd), slab.nbytes)
         try:
-            body = bytes(ForkingPickler.dumps((request, slab_ref)))
+            body = bytes(ForkingPickler.dumps(request))
         except Exception as exc:
             self._pool.give(slab)
             raise TypeError(f"AsyncRequest cannot be sent to the checkpoint worker: {exc}") from exc
@@ -304,7 +303,10 @@ class PersistentAsyncCaller(AsyncCaller):
         self._pending.append(idx)
         self._in_flight[idx] = slab
         wants_ack = request.preload_fn is not None
-        self._send((idx, wants_ack, body))
+        if slab is None:
+            self._send((idx, wants_ack, body, None))
+        else:
+            self._send((idx, wants_ack, body, slab.nbytes), slab.fd)
         if wants_ack:
             self._wait_for_preload(idx)
 
@@ -373,10 +375,16 @@ class PersistentAsyncCaller(AsyncCaller):
             kill_group(self._process)
         self._process.join()
 
-    def _send(self, message: tuple[int, bool, bytes] | None) -> None:
+    def _send(self, message: tuple[int, bool, bytes, int | None] | None, slab_fd: int | None = None) -> None:
+        """Send a message to the worker: (index, wants_ack, pickled request, its slab's size or None); a slab's file
+        descriptor follows it on the same pipe (SCM_RIGHTS), so the trainer starts no listener thread (as
+        multiprocessing's resource sharer does, with a socket in a /tmp/pymp-* directory)."""
         assert self._conn is not None  # only called with a worker (_ensure_worker ran)
+        assert self._process is not None
         with contextlib.suppress(OSError):  # the worker is dead; _poll reports its in-flight requests as failed
             self._conn.send(message)
+            if slab_fd is not None:
+                send_handle(self._conn, slab_fd, self._process.pid)
 
     def _wait_for_preload(self, idx: int) -> None:
         while idx in self._in_flight and idx not in self._preloaded:

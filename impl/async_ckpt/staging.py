@@ -172,7 +172,7 @@ def map_slab(fd: int, nbytes: int) -> mmap.mmap:
     return _WORKER_SLAB_MAPS[key]
 
 
-def unstage(request: AsyncRequest, slab_ref: tuple[Any, int] | None) -> AsyncRequest:
+def unstage(request: AsyncRequest, slab_ref: tuple[int, int] | None) -> AsyncRequest:
     """Worker side: map the request's slab and turn placeholders back into tensors.
 
     Each tensor gets its own storage over the shared pages (no copy), so torch.save writes
@@ -180,8 +180,7 @@ def unstage(request: AsyncRequest, slab_ref: tuple[Any, int] | None) -> AsyncReq
     """
     if slab_ref is None:
         return request
-    dup_fd, nbytes = slab_ref
-    fd = dup_fd.detach()
+    fd, nbytes = slab_ref  # received for this request: closed here once mapped
     try:
         pages = map_slab(fd, nbytes)
     finally:

@@ -25,6 +25,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from multiprocessing import connection
+from multiprocessing.reduction import recv_handle
 from typing import Any
 
 import torch.multiprocessing  # noqa: F401  (torch's tensor reductions, for what the worker sends back)
@@ -96,7 +97,7 @@ def _receive_requests(conn: connection.Connection, inbox: queue.Queue[_Request |
     interpreter shuts down would abort the worker.
     """
     while (message := _recv_or_none(conn)) is not None:
-        inbox.put(_decode_request(*message))
+        inbox.put(_decode_request(conn, *message))
     inbox.put(None)
 
 
@@ -107,9 +108,26 @@ def _recv_or_none(conn: connection.Connection) -> Any:
         return None
 
 
-def _decode_request(idx: int, wants_ack: bool, body: bytes) -> _Request:
-    request, err = run_guarded(lambda: unstage(*pickle.loads(body)))
-    return idx, wants_ack, request, err
+def _decode_request(
+    conn: connection.Connection, idx: int, wants_ack: bool, body: bytes, slab_size: int | None
+) -> _Request:
+    """Unpickle a request and map its slab, whose file descriptor follows the message on the pipe when `slab_size`
+    is set (read first, whatever the unpickling does, so the stream stays in step)."""
+    fd = None
+    if slab_size is not None:
+        try:
+            fd = recv_handle(conn)
+        except (EOFError, OSError) as exc:  # the trainer is gone mid-message
+            return idx, wants_ack, None, exc
+    try:
+        request, err = run_guarded(pickle.loads, body)
+        if err is None:
+            slab_ref, fd = (None if fd is None else (fd, slab_size)), None  # unstage owns (and closes) it now
+            request, err = run_guarded(unstage, request, slab_ref)
+        return idx, wants_ack, request, err
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _serve_request(
