@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from hypothesis import given
 from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.async_ckpt.collective_counter import CollectiveCounter
@@ -33,7 +32,7 @@ from spec_tests.harness.processes import (
     CALLERS,
     async_core,
     close_quietly,
-    end_kept,
+    examples_on_warm_ranks,
     exists,
     kept,
     remove,
@@ -442,13 +441,10 @@ def _close(queue):
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_async_fn_sees_the_data_as_scheduled(rank_pool, tmp_path_factory, persistent):
-    pool = rank_pool(1)  # one queue for every example (processes.kept), closed at the end
-
-    @given(state_dict=strategies.state_dicts())
-    def example(state_dict):
-        pool.run(_snapshot, str(tmp_path_factory.mktemp("snap")), persistent, state_dict)
-
-    try:
-        example()
-    finally:
-        pool.run(end_kept, _close)
+    examples_on_warm_ranks(  # one queue for every example (processes.kept), closed at the end
+        rank_pool(1),
+        strategies.state_dicts(),
+        _snapshot,
+        _close,
+        lambda state_dict: (str(tmp_path_factory.mktemp("snap")), persistent, state_dict),
+    )

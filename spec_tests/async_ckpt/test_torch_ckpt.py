@@ -5,12 +5,11 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
 
 from spec_tests.async_ckpt.pickle_probe import PidOnPickle, pickled_by
 from spec_tests.harness import devices, strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, bounded
-from spec_tests.harness.processes import CALLERS, end_kept, kept, remove
+from spec_tests.harness.processes import CALLERS, examples_on_warm_ranks, kept, remove
 from spec_tests.harness.targets import current_target
 
 pytestmark = pytest.mark.needs("torch_async_checkpoint")
@@ -46,16 +45,13 @@ def _terminate(ckpt):
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, persistent):
-    pool = rank_pool(1)  # one checkpointer for every example (processes.kept), terminated at the end
-
-    @given(state_dict=strategies.state_dicts())
-    def example(state_dict):
-        pool.run(_save_mutate_load, str(tmp_path_factory.mktemp("tac")), persistent, state_dict)
-
-    try:
-        example()
-    finally:
-        pool.run(end_kept, _terminate)
+    examples_on_warm_ranks(  # one checkpointer for every example (processes.kept), terminated at the end
+        rank_pool(1),
+        strategies.state_dicts(),
+        _save_mutate_load,
+        _terminate,
+        lambda state_dict: (str(tmp_path_factory.mktemp("tac")), persistent, state_dict),
+    )
 
 
 def _training_loop(tmp, persistent):

@@ -1,6 +1,6 @@
 """The processes async calls run in: the target's async core and its two callers, observing processes and files
 from outside (Linux /proc), ending what a test started, and keeping one saver warm across the examples of a
-property test (`kept`, `end_kept`)."""
+property test (`kept`, `end_kept`, `examples_on_warm_ranks`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import given
+from hypothesis.strategies import SearchStrategy
 
 from spec_tests.harness.asserts import attempt
 from spec_tests.harness.rank_runs import rank_state
@@ -28,6 +30,7 @@ __all__ = [
     "close_quietly",
     "collect_garbage",
     "end_kept",
+    "examples_on_warm_ranks",
     "exists",
     "kept",
     "remove",
@@ -147,3 +150,23 @@ def end_kept(end: Callable[[Any], object]) -> int:
     if errors:
         raise errors[0]
     return len(objects)
+
+
+def examples_on_warm_ranks(
+    pool: Any,
+    examples: SearchStrategy[Any],
+    body: Callable[..., Any],
+    end: Callable[[Any], object],
+    args: Callable[[Any], tuple[Any, ...]],
+) -> None:
+    """Run `body(*args(example))` on the ranks of `pool` (a RankPool) for each example hypothesis draws from
+    `examples`, then `end_kept(end)` on every rank, whatever happened: what `body` `kept` serves every example."""
+
+    @given(examples)
+    def example(value: Any) -> None:
+        pool.run(body, *args(value))
+
+    try:
+        example()
+    finally:
+        pool.run(end_kept, end)
