@@ -440,7 +440,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
         return
-    reaped = [f"at the end of the session: {line}" for line in reaper.kill_descendants(keep=reaper.harness_pids())]
+    keep = reaper.harness_pids()
+    reaped = [f"at the end of the session: {line}" for line in reaper.kill_descendants(keep=keep)]
+    if mark := os.environ.get(reaper.WORKER_MARK):  # what a test's subprocess left behind, re-parented to init
+        reaped += [f"at the end of the session: {line}" for line in reaper.kill_marked(mark, reaper.WORKER_MARK, keep)]
     config.stash[_REAPED] = config.stash.get(_REAPED, []) + reaped
     if hasattr(config, "workeroutput"):
         config.workeroutput["ckptspec_reaped"] = config.stash[_REAPED]

@@ -18,7 +18,7 @@ Each returns a line per process it ended, for the caller to report.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import psutil
 
@@ -60,12 +60,12 @@ def _kill(procs: list[psutil.Process]) -> list[str]:
     return ended
 
 
-def kill_marked(value: str, variable: str = MARK) -> list[str]:
-    """SIGKILL every other process whose environment has `variable`=value."""
+def kill_marked(value: str, variable: str = MARK, keep: Collection[int] = ()) -> list[str]:
+    """SIGKILL every other process whose environment has `variable`=value, but the pids in `keep`."""
     me, found = os.getpid(), []
     for proc in psutil.process_iter():
         try:
-            if proc.pid != me and proc.environ().get(variable) == value:
+            if proc.pid != me and proc.pid not in keep and proc.environ().get(variable) == value:
                 found.append(proc)
         except psutil.Error:
             continue
