@@ -11,8 +11,9 @@ Two ways in:
 Ranks are forked from a forkserver that has torch and the target preloaded (tens of ms per rank
 instead of seconds), rendezvous through a FileStore in a temporary directory (no ports, so xdist
 workers never collide), and use gloo, or NCCL when `backend="nccl"` (or "auto" with enough GPUs;
-too few GPUs skip before anything is started). Each rank is the leader of its own process group,
-so stopping a rank with `killpg` also ends every process it started, orphans included.
+too few GPUs skip before anything is started). Each rank is the leader of its own session (and so of its
+process group), so stopping a rank with `killpg` also ends every process it started, orphans included, and a
+process that left the group with setpgid is still found in the session.
 
 A run fails with one `RankFailures` listing every rank: its traceback, its unexpected exit code,
 or, for a rank that did not finish within the timeout (or within a short grace period after another
@@ -117,7 +118,9 @@ def _rank_main(rank: int, spec: _WorldSpec, conn: Connection, job: Job | None) -
 
 
 def _join_world(rank: int, spec: _WorldSpec) -> None:
-    os.setpgid(0, 0)
+    # A session, not only a group: a worker that leaves its rank's group (setpgid, as impl's does) stays in the
+    # rank's session, where the P-EXIT tests look for what outlived the rank.
+    os.setsid()
     from spec_tests.harness.reaper import MARK
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank), **{MARK: spec.dump_dir})

@@ -1,6 +1,6 @@
 """Ending what the harness's ranks started, wherever it went, and whatever outlives a pytest session.
 
-A rank is the leader of its own process group, and stopping it with killpg ends what stayed in that group. A
+A rank is the leader of its own session and process group, and stopping it with killpg ends what stayed in that group. A
 process that left the group (a worker that called setsid) or was re-parented after its rank exited escapes that:
 
 - every rank exports `MARK` = its run's work directory, which the programs it starts inherit; `kill_marked` ends

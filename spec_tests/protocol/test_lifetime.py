@@ -1,8 +1,9 @@
 """Nothing outlives the trainer (P-EXIT-1 killed, P-EXIT-2 ending without close(), P-EXIT-3 the same while its
 write hangs, with its weak level P-EXIT-3w), and host memory stays flat over consecutive saves (P-MEM-1).
 
-Ranks and the P-EXIT-2 trainer lead a process group (a session) of their own, which every process they start
-joins unless it leaves on purpose: what remains of that group after the trainer is gone outlived it.
+Ranks and the P-EXIT-2 trainer lead a session of their own, which every process they start joins (a worker that
+makes a process group of its own stays in it) unless it leaves on purpose with setsid: what remains of that
+session after the trainer is gone outlived it.
 """
 
 import gc
