@@ -32,13 +32,12 @@ from spec_tests.harness.processes import (
     CALLERS,
     async_core,
     close_quietly,
-    examples_on_warm_ranks,
     exists,
-    kept,
     remove,
     wait_for_file,
 )
 from spec_tests.harness.ranks import ranks, world
+from spec_tests.harness.warm_savers import examples_on_warm_ranks, kept
 
 # ------------------------------------------------------------------------ indices and order
 
@@ -441,7 +440,7 @@ def _close(queue):
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_async_fn_sees_the_data_as_scheduled(rank_pool, tmp_path_factory, persistent):
-    examples_on_warm_ranks(  # one queue for every example (processes.kept), closed at the end
+    examples_on_warm_ranks(  # one queue for every example (warm_savers.kept), closed at the end
         rank_pool(1),
         strategies.state_dicts(),
         _snapshot,

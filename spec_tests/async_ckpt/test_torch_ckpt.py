@@ -9,8 +9,9 @@ import torch
 from spec_tests.async_ckpt.pickle_probe import PidOnPickle, pickled_by
 from spec_tests.harness import devices, strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, bounded
-from spec_tests.harness.processes import CALLERS, examples_on_warm_ranks, kept, remove
+from spec_tests.harness.processes import CALLERS, remove
 from spec_tests.harness.targets import current_target
+from spec_tests.harness.warm_savers import examples_on_warm_ranks, kept
 
 pytestmark = pytest.mark.needs("torch_async_checkpoint")
 
@@ -45,7 +46,7 @@ def _terminate(ckpt):
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, persistent):
-    examples_on_warm_ranks(  # one checkpointer for every example (processes.kept), terminated at the end
+    examples_on_warm_ranks(  # one checkpointer for every example (warm_savers.kept), terminated at the end
         rank_pool(1),
         strategies.state_dicts(),
         _save_mutate_load,

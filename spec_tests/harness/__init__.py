@@ -12,6 +12,7 @@ Modules (one concept each):
     loopback    several torchrun "nodes" on this machine; comparing the verdicts of two runs
     recipe      the documented async save recipe (plan_async_save), written once for every caller
     processes   the async core and its callers; observing processes and files from outside; cleaning up
+    warm_savers one saver kept warm on a rank across the examples of a property test (kept, end_kept)
     asserts     bounded calls and their outcomes; the assertion family (one message shape)
     runs        recorded runs (conformance JSON) read back, and the command that makes one
     verdicts    verdict words: what a run says about a clause
@@ -27,7 +28,7 @@ Modules (one concept each):
 The import rule, the same for every file (CONTRIBUTING.md, "Layers"): the harness is the bottom layer (it imports
 no target, driver or test); above it, code imports this package's names below or a harness module's public names,
 never a private (underscored) name of another package and never a test module. import-linter's contracts in
-pyproject.toml check the layers; spec_tests/harness/tests/test_import_rules.py checks the names.
+pyproject.toml check the layers; harness_tests/test_import_rules.py checks the names.
 """
 
 from spec_tests.harness.asserts import (

@@ -1,6 +1,5 @@
 """The processes async calls run in: the target's async core and its two callers, observing processes and files
-from outside (Linux /proc), ending what a test started, and keeping one saver warm across the examples of a
-property test (`kept`, `end_kept`, `examples_on_warm_ranks`)."""
+from outside (Linux /proc), and ending what a test started."""
 
 from __future__ import annotations
 
@@ -9,16 +8,12 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Hashable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis.strategies import SearchStrategy
 
 from spec_tests.harness.asserts import attempt
-from spec_tests.harness.rank_runs import rank_state
 from spec_tests.harness.targets import current_target
 
 __all__ = [
@@ -29,10 +24,7 @@ __all__ = [
     "async_core",
     "close_quietly",
     "collect_garbage",
-    "end_kept",
-    "examples_on_warm_ranks",
     "exists",
-    "kept",
     "remove",
     "wait_for_file",
 ]
@@ -119,54 +111,3 @@ def collect_garbage(bound: float, *, unfreeze: bool = False) -> bool:
     collector.start()
     collector.join(bound)
     return not collector.is_alive()
-
-
-_T = TypeVar("_T")
-_KEPT = "ckptspec-kept"
-
-
-def kept(key: Hashable, make: Callable[[], _T]) -> _T:
-    """(on a rank of a RankPool) This rank's object for `key`, made by `make()` at the first call and kept in the
-    pool's `rank_state`: one queue, and one persistent worker, serves every example of a property test instead of
-    a worker started (a fresh interpreter importing torch) per example. The test ends it with `end_kept`; a failed
-    run respawns the pool's ranks, so the example after a failure starts from a new one, as before."""
-    objects: dict[Hashable, Any] = rank_state.setdefault(_KEPT, {})
-    if key not in objects:
-        objects[key] = make()
-    obj: _T = objects[key]
-    return obj
-
-
-def end_kept(end: Callable[[Any], object]) -> int:
-    """(on every rank, the test's last run) `end(obj)` for each object `kept` made on this rank, forgotten first so
-    that an error in one end is the test's failure and the rest are still ended; the number ended."""
-    objects = rank_state.pop(_KEPT, {})
-    errors = []
-    for obj in objects.values():
-        try:
-            end(obj)
-        except BaseException as exc:  # CheckpointException is a BaseException
-            errors.append(exc)
-    if errors:
-        raise errors[0]
-    return len(objects)
-
-
-def examples_on_warm_ranks(
-    pool: Any,
-    examples: SearchStrategy[Any],
-    body: Callable[..., Any],
-    end: Callable[[Any], object],
-    args: Callable[[Any], tuple[Any, ...]],
-) -> None:
-    """Run `body(*args(example))` on the ranks of `pool` (a RankPool) for each example hypothesis draws from
-    `examples`, then `end_kept(end)` on every rank, whatever happened: what `body` `kept` serves every example."""
-
-    @given(examples)
-    def example(value: Any) -> None:
-        pool.run(body, *args(value))
-
-    try:
-        example()
-    finally:
-        pool.run(end_kept, end)
