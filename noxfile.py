@@ -41,9 +41,10 @@ def _readme_commands(session: nox.Session) -> list[str]:
 
 @nox.session(python=["3.11", "3.12", "3.13"])
 def tests(session: nox.Session) -> None:
-    """The README's "Set up and run" block, line by line, as a new user runs it."""
+    """The README's "Set up and run" block, line by line, as a new user runs it; then the harness's own tests."""
     for command in _readme_commands(session):
         session.run("bash", "-c", command, external=True)
+    session.run("pytest", "-n", "auto", "harness_tests", external=True)
 
 
 def lowest_requirements() -> list[str]:

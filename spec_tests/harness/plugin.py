@@ -3,7 +3,7 @@ pyproject.toml, so that its options are known before pytest reads the command li
 loads it too, for a run with another ini file).
 
 - `--impl NAME` (or $CKPTSPEC_IMPL) selects the target; the name is written back to the environment.
-- `@pytest.mark.spec("AQ-3", ...)` cites clauses of `spec_tests/clauses/*.toml`. In spec_tests/ (but harness/) and
+- `@pytest.mark.spec("AQ-3", ...)` cites clauses of `spec_tests/clauses/*.toml`. In spec_tests/ and
   fault_injection/ every test must cite at least one; an unknown id is an error.
 - `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability (an unknown capability is an
   error); `@pytest.mark.gpu` skips without CUDA.
@@ -60,7 +60,6 @@ _STALE = pytest.StashKey[list[str]]()  # expectations entries that matched no co
 _REAPED = pytest.StashKey[list[str]]()  # processes left running by tests, killed
 
 _CITING_DIRS = ("spec_tests", "fault_injection")
-_EXEMPT_DIRS = ("spec_tests/harness",)
 MARKERS = (
     "spec(*ids): clauses of spec_tests/clauses/*.toml that the test checks",
     "needs(*capabilities): skip unless the target has these capabilities",
@@ -163,7 +162,7 @@ def _must_cite(item: pytest.Item, rootdir: Path) -> bool:
     if rootdir not in path.parents:
         return False
     rel = path.relative_to(rootdir).as_posix()
-    return rel.startswith(_CITING_DIRS) and not rel.startswith(_EXEMPT_DIRS)
+    return rel.startswith(_CITING_DIRS)
 
 
 def _item_problems(item: pytest.Item, known: Mapping[str, object], rootdir: Path) -> list[str]:

@@ -2,7 +2,7 @@
 
 Nothing here runs: under TYPE_CHECKING each adapter module is assigned to the protocol it must satisfy, so a
 missing name or a wrong signature (a `protocol_saver` without `**options`) is a type error in CI. A new adapter
-adds its line (spec_tests/harness/tests/test_contract.py fails until it does).
+adds its line (harness_tests/test_contract.py fails until it does).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-PACKAGES = ("impl", "spec_tests", "fault_injection", "benchmarks", "gpu_run", "mutation")
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("impl", "spec_tests", "fault_injection", "benchmarks", "gpu_run", "mutation", "harness_tests")
 
 
 def _modules() -> dict[str, Path]:

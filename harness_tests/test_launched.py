@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from harness_tests.pytest_runs import clean_env, run_pytest
 from spec_tests.harness import loopback
-from spec_tests.harness.tests.pytest_runs import clean_env, run_pytest
 
 LAUNCH_TIMEOUT = 420.0
-DIST = "spec_tests/harness/tests/test_dist.py"
+DIST = "harness_tests/test_dist.py"
 QUEUE = "spec_tests/async_ckpt/test_queue.py"
 SELECTION = [
     f"{DIST}::test_results_come_back_from_every_rank",  # 3 ranks: skips on a world of 2

@@ -3,7 +3,7 @@
 `run_pytest(args, cwd=...)` runs pytest with ARGS in a process of its own, with a clean environment (no
 CKPTSPEC_* or PYTEST_* variable of the outer run, xdist's `auto` bounded to 2 workers) and a timeout, and
 returns a `Run`: exit status, output, and, with `probe=True`, what each collecting process collected
-(spec_tests.harness.tests.collect_probe).
+(harness_tests.collect_probe).
 
 By default the process is forked from a server that has already imported torch, pytest, hypothesis and the
 suite's plugin, and calls `pytest.main(ARGS)` there, as `python -m pytest ARGS` would (the working directory, the
@@ -26,9 +26,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spec_tests.harness.tests import collect_probe
+from harness_tests import collect_probe
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 PYTEST_SCRIPT = Path(sys.executable).with_name("pytest")
 TIMEOUT_S = 240
 # Exit statuses that mean pytest itself broke: an internal error, or a crash (negative: a signal).

@@ -1,6 +1,6 @@
 """A pytest plugin for the meta tests: each process that collects writes what it collected, then runs nothing.
 
-Loaded with `-p spec_tests.harness.tests.collect_probe` and $CKPTSPEC_COLLECT_PROBE=DIR. The main process, or
+Loaded with `-p harness_tests.collect_probe` and $CKPTSPEC_COLLECT_PROBE=DIR. The main process, or
 each xdist worker (the controller collects nothing), writes DIR/<"main" or worker id>.txt: the node ids left
 after deselection (-k), one a line. Then it deselects them all. Unlike --collect-only, which turns xdist off,
 this lets `-n 2` forms collect in their workers, where a late marker or option registration shows up.

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests.harness.tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
+from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 AREAS = ("spec_tests", "fault_injection", "benchmarks")
 K = "finalize or summary"  # selects tests of all three areas

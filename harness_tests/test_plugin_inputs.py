@@ -12,8 +12,8 @@ import json
 
 import pytest
 
+from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 _ADAPTER = """\
 from spec_tests.targets.impl import CAPABILITIES, MODULES, protocol_saver  # noqa: F401
@@ -24,7 +24,7 @@ EXPECTATIONS = str(Path(__file__).with_name("{name}.toml"))
 """
 _STALE = """\
 [[xfail]]
-test = "spec_tests/harness/tests/test_discovery.py::test_no_such_test"
+test = "harness_tests/test_discovery.py::test_no_such_test"
 clause = "AQ-1"
 reason = "names a test that does not exist"
 
@@ -203,7 +203,7 @@ def test_a_wrong_citation_or_capability_is_a_collection_error(project, workers):
     assert "passed" not in run.output, run.describe()
 
 
-_HARNESS_FILE = "spec_tests/harness/tests/test_discovery.py"
+_HARNESS_FILE = "harness_tests/test_discovery.py"
 _STALE_LINE = f"{_HARNESS_FILE}::test_no_such_test [AQ-1] matches no collected test"
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from harness_tests.pytest_runs import clean_env, run_pytest
 from spec_tests.harness import launched
 from spec_tests.harness.processes import alive
 from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
-from spec_tests.harness.tests.pytest_runs import clean_env, run_pytest
 
 
 def _sum_of_ranks():
@@ -118,6 +118,18 @@ def test_a_skip_on_a_rank_skips_the_test():
         run_on_ranks(_rank0_skips, 2, timeout=30)
 
 
+def _session_and_group():
+    return os.getpid(), os.getsid(0), os.getpgid(0)
+
+
+@pytest.mark.skipif(launched.active(), reason="a launched rank is torchrun's child, in torchrun's session")
+def test_a_forked_rank_leads_its_own_session():
+    # P-EXIT-1 looks for what outlived a rank in its session: a worker that left the rank's group (impl's calls
+    # setpgid) was missed while ranks led only a group.
+    for pid, sid, pgid in run_on_ranks(_session_and_group, 2, timeout=30):
+        assert sid == pgid == pid, f"rank {pid}: session {sid}, group {pgid}"
+
+
 def test_processes_started_by_a_stopped_rank_are_ended(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     with pytest.raises(RankFailures):
@@ -178,6 +190,24 @@ def test_functions_defined_inside_tests_are_refused():
 
 
 @pytest.mark.skipif(launched.active(), reason="runs pytest-xdist in a subprocess, not a launched body")
+def test_what_a_test_left_to_init_is_ended_when_its_xdist_worker_finishes(tmp_path):
+    # Found running 1 h 40 min after a run: NVRx's persistent workers, left by a test's script that had ended.
+    pid_file = tmp_path / "orphan.pid"
+    run = run_pytest(
+        ["-n", "1", "-p", "no:randomly", "harness_tests/orphan_probe.py"],
+        env=clean_env(CKPTSPEC_PROBE_PID_FILE=str(pid_file)),
+    )
+    assert pid_file.exists(), run.describe()
+    pid = int(pid_file.read_text())
+    try:
+        assert not alive(pid), f"pid {pid}, left to init by a test's subprocess, still runs\n{run.describe()}"
+        assert f"left running, killed: at the end of the session: pid {pid}" in run.output, run.describe()
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)  # the program the probe started, by its exact pid
+
+
+@pytest.mark.skipif(launched.active(), reason="runs pytest-xdist in a subprocess, not a launched body")
 def test_what_a_crashed_xdist_worker_left_running_is_ended(tmp_path):
     pid_file = tmp_path / "orphan.pid"
     # The crashed worker cannot remove its rank pool's directory: it goes to a TMPDIR of this test (short, for the
@@ -185,7 +215,7 @@ def test_what_a_crashed_xdist_worker_left_running_is_ended(tmp_path):
     tmpdir = tempfile.mkdtemp(prefix="ckptspec-t-")
     try:
         run = run_pytest(
-            ["-n", "1", "-p", "no:randomly", "spec_tests/harness/tests/crashing_worker.py"],
+            ["-n", "1", "-p", "no:randomly", "harness_tests/crashing_worker.py"],
             env=clean_env(CKPTSPEC_PROBE_PID_FILE=str(pid_file), TMPDIR=tmpdir),
         )
     finally:

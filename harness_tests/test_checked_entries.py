@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from spec_tests.harness.tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
+from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 _ADAPTER = """\
 from spec_tests.targets.impl import CAPABILITIES, MODULES, protocol_saver  # noqa: F401

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 from spec_tests.harness import targets
 from spec_tests.harness.protocol import SAVER_OPTIONS, protocol_saver
-from spec_tests.harness.tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 
 def _adapter(**names: Any) -> types.ModuleType:
