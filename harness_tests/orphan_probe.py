@@ -10,6 +10,8 @@ import subprocess
 
 
 def test_a_subprocess_leaves_a_program_to_init():
-    shell = subprocess.run(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+    shell = subprocess.run(
+        ["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, timeout=30
+    )
     with open(os.environ["CKPTSPEC_PROBE_PID_FILE"], "w") as f:
         f.write(shell.stdout.strip())
