@@ -42,6 +42,19 @@ from spec_tests.harness.targets import ENV_VAR, current_target
 pytestmark = pytest.mark.needs("protocol")
 
 
+MOVED_IN = (
+    "the writer never opened its data file in place: it wrote elsewhere and renamed the file onto the FIFO, so the "
+    "write could not hang (no fault took)"
+)
+
+
+def _is_fifo(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def _blocked_on_fifo(pgid: int) -> bool:
     """Whether a thread of group `pgid` waits in open() of a FIFO (the hung write of the test has begun)."""
     for pid in in_group(pgid):
@@ -56,12 +69,17 @@ def _blocked_on_fifo(pgid: int) -> bool:
 
 
 def _kill_me_mid_save(tmp):
-    """Save once (workers started), then start a save whose write hangs, and die once the write has begun."""
+    """Save once (workers started), then start a save whose write hangs, and die once the write has begun; or once
+    the FIFO was replaced, or after BOUND s, without seeing it begin, saying so in tmp/kill-point (the test then
+    cannot judge the clause)."""
     saver = warm_saver(f"{tmp}/v0")
     start(saver, rank_state(0, 1), f"{tmp}/v1")
     deadline = time.monotonic() + BOUND
-    while not _blocked_on_fifo(os.getpid()) and time.monotonic() < deadline:
+    fifo = data_file(f"{tmp}/v1", 0)
+    while not (began := _blocked_on_fifo(os.getpid())) and _is_fifo(fifo) and time.monotonic() < deadline:
         time.sleep(0.01)
+    with open(f"{tmp}/kill-point", "w") as f:
+        f.write("mid-write" if began else "write not seen")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -76,7 +94,8 @@ def _gone_within(pgid: int, seconds: float) -> list[int]:
 def test_nothing_the_saver_started_outlives_a_killed_trainer(tmp_path):
     tmp = str(tmp_path)
     os.makedirs(f"{tmp}/v1")
-    os.mkfifo(data_file(f"{tmp}/v1", 0))
+    fifo = data_file(f"{tmp}/v1", 0)
+    os.mkfifo(fifo)
     pidfile = f"{tmp}/rank.pid"
     try:
         run_on_ranks(_record_and_run, 1, (pidfile, tmp), timeout=120, expect_exit={0: -signal.SIGKILL})
@@ -85,8 +104,18 @@ def test_nothing_the_saver_started_outlives_a_killed_trainer(tmp_path):
         left = _gone_within(pgid, EXIT_BOUND)
         for pid in left:
             os.kill(pid, signal.SIGKILL)  # what the trainer started, so that the test leaves nothing behind
+        with open(f"{tmp}/kill-point") as f:
+            killed = f.read()
+        held = _is_fifo(fifo)
     finally:
-        release(data_file(f"{tmp}/v1", 0))
+        release(fifo)
+    if killed != "mid-write":
+        if not held:
+            pytest.skip(MOVED_IN)
+        pytest.fail(
+            f"the trainer was killed without a save in flight: within {BOUND:g}s of start() no process of its session "
+            "waited in open() of the data file (a FIFO) it was to write, so the clause was not put to the test"
+        )
     assert not left, f"processes {left} of the killed trainer still ran {EXIT_BOUND:g}s after it was killed"
 
 
@@ -151,17 +180,6 @@ HUNG_EXIT_BOUND = 60.0
 _HUNG: list[
     tuple[int | None, list[int], str, float]
 ] = []  # the hung-write trainer's run, once per process for both tests
-MOVED_IN = (
-    "the writer never opened its data file in place: it wrote elsewhere and renamed the file onto the FIFO, so the "
-    "write could not hang (no fault took)"
-)
-
-
-def _is_fifo(path: str) -> bool:
-    try:
-        return stat.S_ISFIFO(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
 
 
 def _hung_write_trainer(tmp_path_factory) -> tuple[int | None, list[int], str, float]:
