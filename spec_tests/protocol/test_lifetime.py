@@ -234,7 +234,7 @@ def _fix_mmap_threshold() -> None:
     blocks of that size come from the heap of the allocating thread's arena, where free() keeps them resident. A
     library that frees every save's buffers, on a new thread each save, then reads as holding 0, 1 or 2 state dicts
     more from run to run (measured on dcp-thread). With the threshold fixed, a freed buffer leaves the resident set,
-    so what stays is what the process holds. musl has no mallopt, and always returns large blocks."""
+    so what stays is what the process holds. Without glibc the call is skipped (no mallopt) or does nothing."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, 128 << 10)
