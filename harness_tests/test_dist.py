@@ -231,3 +231,30 @@ def test_what_a_crashed_xdist_worker_left_running_is_ended(tmp_path):
     finally:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)  # the program the probe started, by its exact pid
+
+
+@pytest.mark.skipif(launched.active(), reason="runs pytest-xdist in a subprocess, not a launched body")
+def test_a_run_leaves_no_multiprocessing_directory_behind():
+    # Each suite run once left 8 to 10 /tmp/pymp-* directories: forked pytest runs that ended with os._exit, and
+    # impl's slab descriptors sent through multiprocessing's resource sharer (a listener with a socket there).
+    tmpdir = tempfile.mkdtemp(prefix="ckptspec-t-")  # the run's TMPDIR: short, for the AF_UNIX socket paths
+    try:
+        run = run_pytest(
+            [
+                "-n",
+                "1",
+                "-p",
+                "no:randomly",
+                "--impl",
+                "impl",
+                "spec_tests/async_ckpt/test_queue.py::test_close_finalizes_every_pending_call",
+            ],
+            env=clean_env(TMPDIR=tmpdir),
+            fresh=True,  # a new interpreter, whose tempfile module reads this TMPDIR
+        )
+        left = sorted(name for name in os.listdir(tmpdir) if name.startswith("pymp-"))
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    assert run.code == 0, run.describe()
+    assert "2 passed" in run.output, run.describe()  # the persistent and the temporal caller
+    assert not left, f"the run left {left} in its TMPDIR\n{run.describe()}"
