@@ -30,6 +30,7 @@ import torch
 
 from benchmarks import goodput_plot, summary
 from benchmarks.harness import Bench, Paths, PeerCache
+from benchmarks.interrupted import pytest_sessionfinish  # noqa: F401  (the hook, registered from here)
 from benchmarks.workload import MiB, clone_state_dict, make_state_dict
 
 
@@ -47,19 +48,6 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         "threads": torch.get_num_threads(),
         "versions": {name: _version(name) for name in ("nvidia-resiliency-ext", "megatron-core")},
     }
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session):
-    """Drop the benchmarks that recorded no round, so that an interrupted run still writes its JSON.
-
-    pytest-benchmark computes every benchmark's statistics for the JSON, and one with no round (the test in flight
-    when SIGINT came: gpu_run interrupts a stage at its budget) makes it raise, losing every finished measurement
-    (seen on the H200 run of 2026-11-26).
-    """
-    bench_session = getattr(session.config, "_benchmarksession", None)
-    if bench_session is not None:
-        bench_session.benchmarks[:] = [bench for bench in bench_session.benchmarks if bench.stats]
 
 
 def pytest_benchmark_update_json(config, benchmarks, output_json):

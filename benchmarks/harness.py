@@ -21,6 +21,7 @@ __all__ = [
     "Paths",
     "PeerCache",
     "median",
+    "noted",
     "params",
     "phase_medians",
     "record",
@@ -164,6 +165,11 @@ def record(benchmark, bench: Bench, figure: str, peer: str, **info) -> None:
     """Attach what the summary needs to the benchmark: the figure, the peer, the bytes, the device."""
     benchmark.extra_info.update(figure=figure, peer=peer, device=bench.device, **info)
     benchmark.extra_info.setdefault("bytes", bench.size)
+
+
+def noted(peer) -> dict[str, str]:
+    """The peer's `note` as extra_info, where it has one (the summary shows it beside the peer's name)."""
+    return {"note": peer.note} if peer.note else {}
 
 
 def median(values) -> float:

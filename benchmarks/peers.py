@@ -16,8 +16,7 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
 - `torch:impl`, `torch:nvrx` (+ `-temporal`): TorchAsyncCheckpoint. `torch:mcore` (+ `-temporal`):
   Megatron-Core's AsyncCallsQueue running `torch.save` (Megatron has no TorchAsyncCheckpoint).
 - `dcp:async_save-thread` / `-process` / `-pinned` / `-staged`: `torch.distributed.checkpoint.async_save`
-  with the thread or process executor; `-pinned` stages into a reused pinned buffer (needs CUDA;
-  UNTESTED, no GPU where this was written); `-staged` stages in the background through a kept
+  with the thread or process executor; `-pinned` stages into a pinned buffer (needs CUDA); `-staged` stages in the background through a
   DefaultStager (shared memory, pinned on a GPU; the `dcp-staged` target's configuration), and the
   trainer waits for the staging in `before_update()`, as the documented contract asks.
 - `dcp:save`, `torch:save`: the synchronous baselines.
@@ -36,6 +35,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from benchmarks.dcp_stager import KeptStager, staging_options
 from spec_tests.harness import MissingCapability, load_target
 from spec_tests.harness.recipe import plan_async_save, recipe_modules
 
@@ -46,6 +46,7 @@ class Peer:
     """Base: `name`, `family`, `durable`, `synchronous`; subclasses implement save/poll/wait/close."""
 
     name = family = ""
+    note: str | None = None  # what the benchmark's row must say about how this peer was run
     durable = True
     synchronous = False  # the save is complete when save() returns
 
@@ -162,30 +163,26 @@ class _DcpAsyncSavePeer(Peer):
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         self._executor = AsyncCheckpointerType(executor)
-        self._stager = None
-        if pinned or staged:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            gpu = pinned or torch.cuda.is_available()  # pinned memory and non-blocking copies need CUDA
-            # Kept across saves: the staging buffer is allocated by the first save and reused.
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=gpu, use_shared_memory=staged, use_async_staging=staged, use_non_blocking_copy=gpu
-                )
-            )
+        # Kept across saves where the torch release allows it (benchmarks/dcp_stager.py): the staging buffer is
+        # allocated by the first save and reused.
+        self._stager = KeptStager(staging_options(pinned, staged)) if pinned or staged else None
         self._future: Future | None = None
         self._staging: Future | None = None
 
     def save(self, state_dict, path):
         start = perf_counter()
+        stager = self._stager.for_save() if self._stager is not None else None
         response = dcp.async_save(
-            state_dict, checkpoint_id=path, async_checkpointer_type=self._executor, async_stager=self._stager
+            state_dict, checkpoint_id=path, async_checkpointer_type=self._executor, async_stager=stager
         )
         # A staged save answers an AsyncSaveResponse; the others answer the upload future itself.
         if isinstance(response, AsyncSaveResponse):
             self._staging, self._future = response.staging_completion, response.upload_completion
         else:
             self._future = response
+        if self._stager is not None:
+            self._stager.track(self._future)
+            self.note = self._stager.note
         return {"schedule": perf_counter() - start}
 
     def before_update(self):

@@ -50,10 +50,15 @@ def _ceilings(run: Run) -> list[str]:
     return md_table(["ceiling", "bytes", "time", "throughput"], rows)
 
 
+def peer_label(record: dict) -> str:
+    """The peer's name, with its `note` (how it was run) where it has one."""
+    return f"`{record['peer']}`" + (f" ({record['note']})" if record.get("note") else "")
+
+
 def stall_peer(record: dict) -> str:
     """The peer's name in a stall table; a staging peer recorded before its staging wait was timed says that its
     figure is the call's return only (not comparable with the others' time until the state may change)."""
-    label = f"`{record['peer']}`"
+    label = peer_label(record)
     if "staged" in record["peer"] and "staging wait" not in record.get("phases", {}):
         label += " (call return only)"
     return label
@@ -92,7 +97,7 @@ def _durable(run: Run) -> list[str]:
         ceiling = run.ceiling_seconds("write-fsync", r["bytes"])
         rows.append(
             [
-                f"`{r['peer']}`",
+                peer_label(r),
                 fmt_time(r["seconds"]),
                 fmt_ratio(r["seconds"], ceiling),
                 fmt_ratio(r["seconds"], seconds_of(sync)),

@@ -18,7 +18,7 @@ from time import perf_counter, thread_time
 
 import pytest
 
-from benchmarks.harness import params, phase_medians, record
+from benchmarks.harness import noted, params, phase_medians, record
 from benchmarks.peers import PEERS, unavailable
 from benchmarks.workload import MiB, load_checkpoint, negate_, saved_before_update, staged_bytes
 
@@ -72,6 +72,7 @@ def test_first_save_stall(benchmark, bench, peers, state_dict, paths, peer_name)
         "stall-first",
         peer_name,
         family=box["peer"].family,
+        **noted(box["peer"]),
         bytes=staged_bytes(state_dict),
         phases=phase_medians(rounds[-bench.rounds :]),
     )
@@ -110,6 +111,7 @@ def test_stall(benchmark, bench, peers, state_dict, paths, peer_name):
         "stall",
         peer_name,
         family=peer.family,
+        **noted(peer),
         bytes=staged_bytes(state_dict),
         phases=phase_medians(rounds[-bench.rounds :]),
         snapshot="correct" if correct else "wrong",
@@ -139,7 +141,14 @@ def test_time_to_durable(benchmark, bench, peers, state_dict, paths, peer_name):
 
     bench.run(benchmark, save_and_wait, setup=setup, teardown=check_and_remove, warmup=1)
     record(
-        benchmark, bench, "durable", peer_name, family=peer.family, bytes=staged_bytes(state_dict), durable=peer.durable
+        benchmark,
+        bench,
+        "durable",
+        peer_name,
+        family=peer.family,
+        **noted(peer),
+        bytes=staged_bytes(state_dict),
+        durable=peer.durable,
     )
 
 
@@ -150,7 +159,7 @@ def test_load(benchmark, bench, peers, state_dict, paths, peer_name):
     peer.save(state_dict, path)
     bench.wait(peer)
     bench.run(benchmark, lambda: load_checkpoint(peer.family, path, state_dict))
-    record(benchmark, bench, "load", peer_name, family=peer.family, bytes=staged_bytes(state_dict))
+    record(benchmark, bench, "load", peer_name, family=peer.family, **noted(peer), bytes=staged_bytes(state_dict))
 
 
 def run_in_own_group(command: list[str], cwd, timeout: float) -> tuple[int, str]:

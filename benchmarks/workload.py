@@ -60,18 +60,23 @@ def negate_(state_dict: dict) -> None:
 
 
 def load_checkpoint(family: str, path: str, like: dict) -> dict:
-    """Load what a peer of `family` saved at `path`, into fresh CPU tensors shaped like `like`."""
+    """Load what a peer of `family` saved at `path`, into fresh CPU tensors shaped like `like`.
+
+    A `torch.save` file keeps each tensor's device: one written from CUDA tensors (Megatron-Core's queue saves what
+    it was given) is mapped to the CPU, so that the check compares values, not devices.
+    """
     if family == "torch":
-        return torch.load(path, weights_only=True)
+        return torch.load(path, weights_only=True, map_location="cpu")
     out = {"model": {k: torch.empty_like(t, device="cpu") for k, t in tensors(like).items()}, "step": 0}
     dcp.load(out, checkpoint_id=path)
     return out
 
 
 def saved_before_update(family: str, path: str, state_dict: dict) -> bool:
-    """True if the checkpoint at `path` holds the values from before the last `negate_`."""
+    """True if the checkpoint at `path` holds the values from before the last `negate_`, compared on the CPU
+    whatever device the trainer's tensors are on."""
     loaded = load_checkpoint(family, path, state_dict)
-    return all(torch.equal(loaded["model"][k], -t.cpu()) for k, t in tensors(state_dict).items())
+    return all(torch.equal(loaded["model"][k].cpu(), -t.cpu()) for k, t in tensors(state_dict).items())
 
 
 def random_bytes(n: int) -> memoryview:

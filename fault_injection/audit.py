@@ -9,7 +9,9 @@
   tracker, and the rank processes a warm RankPool keeps between tests).
 - shared memory: entries of /dev/shm that appeared during the test. Not counted: `sem.mp-*`
   (multiprocessing semaphores, unlinked by the resource tracker of the process that created them;
-  the harness stops rank processes with their whole process group, tracker included).
+  the harness stops rank processes with their whole process group, tracker included), and entries
+  that name a process outside this test's tree as their maker (fault_injection/shm_watch.py: another
+  program on the machine made them).
 - temporary files: anything left in the test's private TMPDIR (each rank runs with its own
   subdirectory as TMPDIR, see fault_injection.faults.on_ranks), also by processes the test SIGKILLs
   on purpose: a killed trainer cannot remove a temporary file, so a target must keep none outside its
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from fault_injection.shm_watch import ShmWatch
 from spec_tests.harness.reaper import harness_pids
 
 __all__ = ["GRACE", "Audit"]
@@ -87,12 +90,16 @@ class Audit:
     grace: float = GRACE
     _before: set = field(default_factory=set)
     _shm_before: set = field(default_factory=set)
+    _shm_watch: ShmWatch = field(default_factory=ShmWatch)
 
     def start(self) -> None:
         _become_subreaper()
         _reap_orphans()
         self._before = {(p.pid, p.create_time()) for p in self._processes()}
         self._shm_before = set(os.listdir(_SHM)) if os.path.isdir(_SHM) else set()
+        if os.path.isdir(_SHM):
+            self._shm_watch = ShmWatch(_SHM)
+            self._shm_watch.start(self._shm_before)
 
     def _processes(self) -> list[psutil.Process]:
         """Live descendants, without the harness's long-lived helpers."""
@@ -122,7 +129,8 @@ class Audit:
     def _new_shm(self) -> list[str]:
         if not os.path.isdir(_SHM):
             return []
-        return sorted(n for n in set(os.listdir(_SHM)) - self._shm_before if not n.startswith("sem.mp-"))
+        new = set(os.listdir(_SHM)) - self._shm_before - self._shm_watch.foreign()
+        return sorted(n for n in new if not n.startswith("sem.mp-"))
 
     def _tmp_leftovers(self) -> list[str]:
         """Entries of the private TMPDIRs (the test TMPDIR's subdirectories) and stray top-level files."""
@@ -148,6 +156,8 @@ class Audit:
             if not (procs or shm or tmp) or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
+        self._shm_watch.stop()
+        shm = self._new_shm()  # with the watch's last look
         found = [f"process {_describe(p)}" for p in procs]
         found += [f"shared memory {_SHM}/{name}" for name in shm]
         if tmp:

@@ -24,7 +24,7 @@ GPU_SELECTION = ("-m", "gpu or tensor_device", "--tensor-device", "cuda")
 COMMON = ("-q", "-p", "no:randomly")
 # Wheel groups of the wheelhouse besides the releases: `base` for every stage, `s3` (moto's S3 server on loopback,
 # boto3) only for the full suites, which hold the object-store tests.
-S3_DISTRIBUTIONS = ("moto", "boto3")
+S3_DISTRIBUTIONS = ("moto", "flask", "flask-cors", "boto3")
 # Installed with torch on any machine that has it (torch's own dependencies), or too large to carry (numpy, which
 # every torch image holds): never downloaded, and the set-up fails with their name if the machine lacks one.
 # (filelock is carried: the H200 image's was older than multi-storage-client needs.)

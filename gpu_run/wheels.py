@@ -1,7 +1,7 @@
 """The wheelhouse: filled here with network access (`prepare`), installed from offline on the GPU machine (`install`).
 
 Layout: one folder per group under the wheelhouse, `base` (the project's dependencies and test extra but moto and
-boto3), `s3` (moto[server], boto3) and one per release (`nvrx-0.4.1`, ...: the release's wheel and its `needs`),
+boto3), `s3` (moto[s3], flask, flask-cors, boto3) and one per release (`nvrx-0.4.1`, ...: the release's wheel and its `needs`),
 each with a `group.json` that names its requirements and the Python it was downloaded for. A group holds the
 whole closure of its requirements for that Python and Linux x86-64, less plan.MACHINE_PROVIDES (torch and what
 comes with it) and less what `base` already holds, so that each fits the 64 MiB a device call carries.

@@ -6,6 +6,7 @@ Modules (one concept each):
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
     profiles    the hypothesis profiles (ci, dev, nightly) and which one a run loads
     rank_runs   the vocabulary of a rank run (outcomes, the RankFailures report, per-rank state, the Runner seam)
+    fork_safety whether ranks forked after importing the target can still use CUDA (what the forkserver preloads)
     ranks       the multi-rank runner (run a body on N forked ranks, with a bound and a report of every rank)
     launched    under torchrun: rank 0 drives the session and the bodies run on the launched ranks
     launched_rank  what a launched rank does with one body (process group, pool state, stop requests)

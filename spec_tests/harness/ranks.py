@@ -44,6 +44,7 @@ from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from typing import IO, Any
 
+from spec_tests.harness.fork_safety import cuda_survives_fork
 from spec_tests.harness.rank_runs import (
     DEFAULT_TIMEOUT,
     DUMP_WAIT,
@@ -170,18 +171,16 @@ def _serve(conn: Connection, job: Job) -> None:
 
 
 def _context() -> ForkServerContext:
-    import torch
-
     ctx = mp.get_context("forkserver")
     from spec_tests.harness.targets import current_target
 
     target = current_target()
     preload = ["torch", "torch.distributed", "pytest", "spec_tests.harness.ranks"]
-    # A target whose import initialises CUDA (Megatron-Core's did, on an H200) would leave every rank forked from
-    # the server unable to use CUDA ("Cannot re-initialize CUDA in forked subprocess"): with a GPU, ranks import
-    # the target themselves. device_count() does not initialise CUDA.
-    if torch.cuda.device_count() == 0:
-        preload += [target.adapter.__name__, *target.adapter.MODULES.values()]
+    target_modules = (target.adapter.__name__, *target.adapter.MODULES.values())
+    # Preloaded in the server unless their import initialises CUDA, which forked ranks could then not use
+    # (harness/fork_safety.py; on a GPU node a rank's own import of the target costs 1 to 3 s).
+    if cuda_survives_fork(target_modules):
+        preload += target_modules
     ctx.set_forkserver_preload(preload)
     return ctx
 

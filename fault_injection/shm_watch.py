@@ -1,0 +1,91 @@
+"""Which new entries of /dev/shm a test made, when other programs share the machine's /dev/shm.
+
+/dev/shm is one folder for the whole machine: a test that compares it before and after charges itself with what
+any other process made meanwhile (the H100 run of 2026-11-27 ran four suites at once, and impl's CUDA IPC test was
+charged 17 entries: `cuda.shm.*` and `torch_<pid>_*`). Two families of entries name the process that made them:
+torch's shared-memory files (`torch_<pid>_<random>_<n>`, the CUDA IPC reference counters and the CPU tensors of the
+file_system strategy) and the CUDA driver's IPC files (`cuda.shm.<device>.<pid in hex>.<n>`).
+
+`ShmWatch` lists /dev/shm every POLL_S while the test runs and, for each new entry that names a process, looks at
+that process as soon as the entry appears (it made the entry, so it is normally still alive): is it the test's
+process or one of its descendants? `foreign()` returns the new entries made by a process outside the test's tree;
+the audit does not charge those. An entry whose process is gone before it was looked at is charged (it may be the
+test's: a killed worker), as is every entry that names no process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+import psutil
+
+__all__ = ["POLL_S", "ShmWatch", "creator_pid"]
+
+POLL_S = 0.05
+_CREATORS = (re.compile(r"^torch_(\d+)_"), re.compile(r"^cuda\.shm\.\d+\.([0-9a-f]+)\."))
+
+
+def creator_pid(name: str) -> int | None:
+    """The pid an entry of /dev/shm names as its maker, or None."""
+    torch_match, cuda_match = (pattern.match(name) for pattern in _CREATORS)
+    if torch_match:
+        return int(torch_match.group(1))
+    if cuda_match:
+        return int(cuda_match.group(1), 16)
+    return None
+
+
+def _in_tree(pid: int, root: int) -> bool | None:
+    """Whether process `pid` is `root` or below it; None when it is gone."""
+    try:
+        process = psutil.Process(pid)
+        return pid == root or any(parent.pid == root for parent in process.parents())
+    except psutil.Error:
+        return None
+
+
+class ShmWatch:
+    """Watches `folder` from start() to stop(), telling the test's new entries from other processes' ones."""
+
+    def __init__(self, folder: str = "/dev/shm") -> None:
+        self.folder = folder
+        self._root = os.getpid()
+        self._seen: set[str] = set()
+        self._foreign: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, before: set[str]) -> None:
+        self._seen = set(before)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ckptspec-shm-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.look()
+
+    def look(self) -> None:
+        """Classify the entries that appeared since the last look."""
+        try:
+            names = set(os.listdir(self.folder))
+        except OSError:
+            return
+        for name in names - self._seen:
+            pid = creator_pid(name)
+            if pid is not None and _in_tree(pid, self._root) is False:
+                self._foreign.add(name)
+        self._seen |= names
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.look()
+
+    def foreign(self) -> set[str]:
+        """New entries made by a process outside this process's tree."""
+        return set(self._foreign)
