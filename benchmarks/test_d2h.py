@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from benchmarks.harness import record
+from benchmarks.peers import unavailable
 from benchmarks.workload import make_state_dict, tensors
 from spec_tests.harness import load_target
 
@@ -72,6 +73,8 @@ def _bench_queue(benchmark, bench, core, request, peer: str, nbytes: int) -> Non
 @pytest.mark.parametrize("target_name", ["impl", "nvrx", "mcore"])
 def test_d2h_preload(benchmark, bench, process_group, d2h_mib, target_name):
     """IPC + preload_fn staging through the target's persistent worker. UNTESTED (no GPU where written)."""
+    if reason := unavailable(f"torch:{target_name}"):  # NVRx and Megatron-Core are peers where installed
+        pytest.skip(reason)
     core = load_target(target_name).module("async_ckpt.core")
     state = tensors(make_state_dict(d2h_mib * MiB, "cuda"))
     request = core.AsyncRequest(discard, (None, None), [], preload_fn=partial(to_host, state))

@@ -54,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ckptspec-gpu")
     run.add_argument("--wheelhouse", type=Path, default=WHEELHOUSE)
     run.add_argument("--python", default=sys.executable, help="the Python with torch (default: this one)")
-    run.add_argument("--deadline-s", type=float, help="the call's time (default: 570 with --call, else none)")
+    run.add_argument(
+        "--deadline-s", type=float, help="the call's time (default with --call: 570, the lease call 470; else none)"
+    )
     run.add_argument("--pack", action="store_true", help="pack logs and JSON into one archive (device calls)")
     return parser
 
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"gpu_run: {exc}", file=sys.stderr)
             return 2
-        deadline = args.deadline_s or plan.CALL_LIMIT_S
+        default = plan.LEASE_DEADLINE_S if args.call == plan.LEASE_CALL else plan.CALL_LIMIT_S
+        deadline = args.deadline_s or default
     else:
         stages = list(plan.STAGES) if args.all else [plan.BY_NAME[name] for name in args.stage]
         deadline = args.deadline_s

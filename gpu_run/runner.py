@@ -220,15 +220,20 @@ def run_stages(
         _write_summary(out, summary, results)
         return 1
     gpu_mode = bool(summary["machine"]["gpu"]) and not dry_run
+    python_version = summary["machine"]["python"]
     log(f"machine: {summary['machine']}; {'running on the GPU' if gpu_mode else 'no GPU run (set-up checks only)'}")
     checked: dict = {}
 
     def start_or_skip(stage: plan.Stage) -> Callable[[], Result]:
         left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
         absent = [g for g in stage.groups if summary["set_up"].get(g) == "absent from the wheelhouse"]
+        unusable = [g for g in stage.groups if summary["set_up"].get(g, "").startswith(wheels.NOT_INSTALLABLE)]
+        unusable = [] if stage.releases_optional else unusable
         reason = None
         if absent:
             reason = f"not started: wheel group {', '.join(absent)} absent from the wheelhouse"
+        elif unusable:
+            reason = f"not started: {', '.join(unusable)} {wheels.NOT_INSTALLABLE} (Python {python_version})"
         elif left is not None and left < MIN_START_S:
             reason = f"not started: {left:.0f} s left of the call"
         elif problem := _check_target(python, stage, work, checked):

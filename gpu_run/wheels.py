@@ -35,6 +35,9 @@ PLATFORMS = (
 )
 
 
+NOT_INSTALLABLE = "not installable here"
+
+
 class SetupError(RuntimeError):
     """A set-up step failed; the message says which and why in one line or a few."""
 
@@ -166,8 +169,10 @@ def pythonpath(work: Path, releases: tuple[str, ...] | list[str]) -> str:
 def install(python: str, wheelhouse: Path, work: Path, groups: list[str], log) -> dict[str, str]:
     """Install the groups (base and s3 into work/site, each release into work/site-<release>) from `wheelhouse`.
 
-    Group -> what was done ("3 installed", "nothing missing", "absent from the wheelhouse"). A group absent from
-    the wheelhouse is no error here: the stages that need it are marked so. Raises SetupError when pip fails.
+    Group -> what was done ("3 installed", "nothing missing", "absent from the wheelhouse", NOT_INSTALLABLE and
+    pip's reason). A group absent from the wheelhouse, or a release whose wheel this Python cannot install (NVRx
+    0.7.0's cp312 wheel on a 3.11 dry run), is no error here: the stages that need it are marked so. Raises
+    SetupError when pip fails otherwise.
     """
     present = [g for g in groups if (wheelhouse / g / "group.json").is_file()]
     links = [wheelhouse / g for g in present]
@@ -187,7 +192,12 @@ def install(python: str, wheelhouse: Path, work: Path, groups: list[str], log) -
             if wheel is None:
                 raise SetupError(f"{wheelhouse / group} holds no {pattern}: run `python -m gpu_run prepare` again")
             if not (site / f"{wheel.name.split('-')[0]}-{release.version}.dist-info").is_dir():
-                _install_into(python, [wheel], site, env, platform_tags=True)
+                try:
+                    _install_into(python, [wheel], site, env, platform_tags=True)
+                except SetupError as exc:  # another Python than the wheel's: only this release's stages stop
+                    done[group] = f"{NOT_INSTALLABLE}: {str(exc).splitlines()[-1][:200]}"
+                    log(f"set-up: {group}: {done[group]}")
+                    continue
                 installed += 1
         wheels = _missing(python, meta["requirements"], links, env)
         _install_into(python, wheels, site, env)

@@ -10,8 +10,9 @@ Two ways in:
 
 Ranks are forked from a forkserver that has torch and the target preloaded (tens of ms per rank
 instead of seconds), rendezvous through a FileStore in a temporary directory (no ports, so xdist
-workers never collide), and use gloo, or NCCL when `backend="nccl"` (or "auto" with enough GPUs;
-too few GPUs skip before anything is started). Each rank is the leader of its own session (and so of its
+workers never collide), and use gloo, or NCCL when `backend="nccl"` (or "auto" in a run whose trainer
+tensors live on the GPU, `--tensor-device cuda`, with a GPU per rank; too few GPUs skip before anything is
+started). Each rank is the leader of its own session (and so of its
 process group), so stopping a rank with `killpg` also ends every process it started, orphans included, and a
 process that left the group with setpgid is still found in the session.
 
@@ -74,16 +75,23 @@ def use_runner(runner: Runner | None) -> None:
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
-    """ "gloo", or "nccl" when asked for (or "auto") and world_size GPUs exist; else skip."""
+    """ "gloo", or "nccl" when asked for (or "auto" with CUDA trainer tensors) and world_size GPUs exist; else skip.
+
+    "auto" is gloo for a run with CPU tensors even on a GPU node: NCCL ranks take a GPU each, exclusively
+    (_GpuLease), so every test of a run would queue for the node's GPUs (the H100 run of 2026-11-27: 1-rank tests
+    of `pytest -n auto` waited up to 90 s for the one GPU, and 8 of them failed on that wait).
+    """
     import pytest
     import torch
+
+    from spec_tests.harness import devices
 
     if _runner is not None:
         return _runner.resolve_backend(backend, world_size)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
+        return "nccl" if devices.current() == "cuda" and gpus >= world_size else "gloo"
     if backend == "nccl" and gpus < world_size:
         pytest.skip(f"needs {world_size} CUDA devices for NCCL, found {gpus}")
     return backend
