@@ -5,8 +5,9 @@
 
 The blocks, the file each lives in, and their data: the conformance table, the protocol table and the fault matrix
 in `docs/results.md` (`conformance/all/*.json`, the stored runs of every target and release, spec_tests and
-fault_injection), the benchmark summary in `docs/benchmarks.md` (`benchmarks/results/*.json`) and the mutation score
-in `docs/spec-design.md` (`mutation/results.json`), the GPU run's table in `docs/gpu.md` (`conformance/gpu/<run>/`). Each block is made by its own module's command line
+fault_injection), the benchmark summaries in `docs/benchmarks.md` (`benchmarks/results/*.json`, and the GPU runs'
+`conformance/gpu/<run>/bench/*.json`) and the mutation score
+in `docs/spec-design.md` (`mutation/results.json`), the GPU runs' tables in `docs/gpu.md` (`conformance/gpu/<run>/`). Each block is made by its own module's command line
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
 The findings pages `docs/findings/<target>-<release>.md` and the filterable page `docs/results.html` come from the
 stored runs too (spec_tests.harness.findings, spec_tests.harness.report --html). `--check` makes everything in a
@@ -38,7 +39,12 @@ RESULTS = "docs/results.md"
 BENCHMARKS = "docs/benchmarks.md"
 DESIGN = "docs/spec-design.md"
 GPU = "docs/gpu.md"
-GPU_RUN = "conformance/gpu/2026-11-26-h200"  # the latest stored GPU run
+# The stored GPU runs whose GPU-selection verdicts docs/gpu.md tables, newest first, and the GPU benchmark runs.
+GPU_RUNS = ["conformance/gpu/2026-11-27-h100", "conformance/gpu/2026-11-26-h200"]
+GPU_BENCHMARK_RUNS = [
+    "conformance/gpu/2026-11-27-h100-lease/bench/bench-lease.json",
+    "conformance/gpu/2026-11-27-h100/bench/save.json",
+]
 RESULTS_PAGE = "docs/results.html"
 FINDINGS = "docs/findings"
 
@@ -63,7 +69,8 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
     "faults": (RESULTS, matrix.main, _runs(RELEASES + PROTOCOL_ONLY)),
     "benchmarks": (BENCHMARKS, benchmark_summary.main, [f"benchmarks/results/{name}" for name in BENCHMARK_RUNS]),
     "mutation": (DESIGN, mutation_summary.main, []),
-    "gpu-results": (GPU, gpu_results.main, [GPU_RUN]),
+    "benchmarks-gpu": (BENCHMARKS, benchmark_summary.main, [*GPU_BENCHMARK_RUNS, "--block", "gpu"]),
+    "gpu-results": (GPU, gpu_results.main, GPU_RUNS),
 }
 # The other generated files: (what it is, the command's main, its arguments with the output path last).
 PAGES: dict[str, tuple[Callable[[list[str]], object], list[str]]] = {

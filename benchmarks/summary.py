@@ -334,10 +334,17 @@ def noise(runs: list[dict], margin: float = 1.5) -> tuple[str, int]:
     ) + "\n", threshold
 
 
-def update(path: Path, text: str) -> None:
-    """Replace the text between the benchmark markers of `path`."""
+def markers(block: str | None) -> tuple[str, str]:
+    """The marker lines of the benchmark block `block` (None: the CPU runs' block, `<!-- benchmarks:start -->`)."""
+    if block is None:
+        return START, END
+    return f"<!-- benchmarks-{block}:start -->", f"<!-- benchmarks-{block}:end -->"
+
+
+def update(path: Path, text: str, block: str | None = None) -> None:
+    """Replace the text between the markers of the benchmark block `block` of `path`."""
     try:
-        update_file(path, text, START, END)
+        update_file(path, text, *markers(block))
     except ReportError as exc:
         raise SystemExit(str(exc)) from None
 
@@ -347,6 +354,9 @@ def main(argv=None) -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="pytest-benchmark JSON files")
     parser.add_argument(
         "--update", type=Path, metavar="FILE", help="write the compact tables between the markers of this file"
+    )
+    parser.add_argument(
+        "--block", help="with --update: the block `<!-- benchmarks-BLOCK:start -->` (default: `benchmarks:start`)"
     )
     parser.add_argument(
         "--noise",
@@ -359,7 +369,7 @@ def main(argv=None) -> None:
         print(noise(runs)[0], end="")
         return
     if args.update:
-        update(args.update, "\n".join(render_compact(run) for run in runs))
+        update(args.update, "\n".join(render_compact(run) for run in runs), args.block)
         return
     print("\n".join(render(run, heading="####") for run in runs), end="")
 

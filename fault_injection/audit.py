@@ -74,6 +74,10 @@ def _reap_orphans() -> None:
             continue
 
 
+def _made_by(maker: str | None) -> str:
+    return f" ({maker})" if maker else ""
+
+
 def _describe(proc: psutil.Process) -> str:
     try:
         cmd = " ".join(proc.cmdline())[:160] or proc.name()
@@ -159,7 +163,7 @@ class Audit:
         self._shm_watch.stop()
         shm = self._new_shm()  # with the watch's last look
         found = [f"process {_describe(p)}" for p in procs]
-        found += [f"shared memory {_SHM}/{name}" for name in shm]
+        found += [f"shared memory {_SHM}/{name}" + _made_by(self._shm_watch.maker(name)) for name in shm]
         if tmp:
             assert self.tmpdir is not None  # leftovers are only looked for in a tmpdir
             found += [f"temporary file {os.path.join(self.tmpdir, name)}" for name in tmp]

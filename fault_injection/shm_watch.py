@@ -37,13 +37,14 @@ def creator_pid(name: str) -> int | None:
     return None
 
 
-def _in_tree(pid: int, root: int) -> bool | None:
-    """Whether process `pid` is `root` or below it; None when it is gone."""
+def _in_tree(pid: int, root: int) -> tuple[bool | None, str]:
+    """Whether process `pid` is `root` or below it (None when it is gone), and what it runs."""
     try:
         process = psutil.Process(pid)
-        return pid == root or any(parent.pid == root for parent in process.parents())
+        inside = pid == root or any(parent.pid == root for parent in process.parents())
+        return inside, " ".join(process.cmdline())[:120] or process.name()
     except psutil.Error:
-        return None
+        return None, "gone before it was looked at"
 
 
 class ShmWatch:
@@ -54,6 +55,7 @@ class ShmWatch:
         self._root = os.getpid()
         self._seen: set[str] = set()
         self._foreign: set[str] = set()
+        self._makers: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -75,8 +77,13 @@ class ShmWatch:
             return
         for name in names - self._seen:
             pid = creator_pid(name)
-            if pid is not None and _in_tree(pid, self._root) is False:
+            if pid is None:
+                continue
+            inside, what = _in_tree(pid, self._root)
+            if inside is False:
                 self._foreign.add(name)
+            else:
+                self._makers[name] = f"made by pid {pid}: {what}"
         self._seen |= names
 
     def stop(self) -> None:
@@ -89,3 +96,7 @@ class ShmWatch:
     def foreign(self) -> set[str]:
         """New entries made by a process outside this process's tree."""
         return set(self._foreign)
+
+    def maker(self, name: str) -> str | None:
+        """For a charged entry that names its maker: which process that was, as first seen (or that it was gone)."""
+        return self._makers.get(name)

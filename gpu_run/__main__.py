@@ -37,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--group", action="append", help="only this group (repeatable; default: all)")
     show = sub.add_parser("plan", help="print the stages, budgets and device calls")
     show.add_argument("--wheelhouse", type=Path, default=WHEELHOUSE)
-    table = sub.add_parser("results", help="a stored run's results as a Markdown table")
-    table.add_argument("folder", type=Path, help="a folder of a run's <stage>.json files and summary.json")
+    table = sub.add_parser("results", help="stored runs' results as Markdown tables")
+    table.add_argument("folders", nargs="+", type=Path, help="folders of runs' <stage>.json files and summary.json")
     table.add_argument("--update", type=Path, help="replace the gpu-results block of this Markdown file")
     run = sub.add_parser("run", help="set up and run stages (offline)")
     which = run.add_mutually_exclusive_group(required=True)
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_plan(args.wheelhouse)
         return 0
     if args.command == "results":
-        return results.main([str(args.folder), *(["--update", str(args.update)] if args.update else [])])
+        return results.main([*map(str, args.folders), *(["--update", str(args.update)] if args.update else [])])
     if args.command == "plan":
         _print_plan(args.wheelhouse)
         return 0

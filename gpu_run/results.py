@@ -53,6 +53,10 @@ def _cell(test: dict) -> tuple[str, str | None]:
         for pattern, meaning in HARNESS_CAUSES:
             if re.search(pattern, text):
                 return "not judged: harness", meaning
+    if left := re.findall(r"^\s*(shared memory \S+|process .+|temporary file \S+)(?: \(.*\))?$", text, re.MULTILINE):
+        shown = ", ".join(dict.fromkeys(left[:2]))
+        more = f" and {len(left) - 2} more" if len(left) > 2 else ""
+        return "FAILS (not listed)", f"the orphan audit (FI-ORPHAN-1) found {len(left)} leftovers: {shown}{more}"
     first = _root_error(text)
     if outcome == "xfail":
         clauses = ", ".join((test.get("entry") or {}).get("clauses") or []) or "?"
@@ -122,12 +126,14 @@ def update(path: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m gpu_run.results FOLDER [--update FILE]`: print the table, or write it into FILE's block."""
+    """`python -m gpu_run.results FOLDER... [--update FILE]`: print the tables, or write them into FILE's block."""
     parser = argparse.ArgumentParser(prog="python -m gpu_run.results", description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="a stored run: its <stage>.json files and summary.json")
+    parser.add_argument(
+        "folders", nargs="+", type=Path, help="stored runs, newest first: each its <stage>.json files and summary.json"
+    )
     parser.add_argument("--update", type=Path, help="replace the gpu-results block of this Markdown file")
     args = parser.parse_args(argv)
-    text = render(args.folder)
+    text = "\n".join(render(folder) for folder in args.folders)
     if args.update is None:
         print(text, end="")
     else:

@@ -50,7 +50,15 @@ from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import devices, expectations, launched, reaper
 from spec_tests.harness.profiles import in_ci, load_profile
 from spec_tests.harness.ranks import RankPool, use_runner
-from spec_tests.harness.targets import CAPABILITY_DOCS, ENV_VAR, Target, TargetError, TargetUnavailable, load_target
+from spec_tests.harness.targets import (
+    CAPABILITY_DOCS,
+    ENV_VAR,
+    Target,
+    TargetError,
+    TargetUnavailable,
+    load_target,
+    torch_below_supported,
+)
 
 # What the plugin keeps on the run's pytest.Config.
 _TARGET = pytest.StashKey[Target]()
@@ -147,6 +155,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"capabilities: {', '.join(sorted(target.capabilities)) or '-'}",
         f"hypothesis profile: {config.stash[_PROFILE]}; tensor device: {config.stash[_TENSOR_DEVICE]}; "
         f"environment: {env}",
+        *filter(None, [torch_below_supported()]),
     ]
 
 

@@ -44,6 +44,8 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>=; read from there when the project is installed
+
 __all__ = [
     "CAPABILITY_DOCS",
     "ENV_VAR",
@@ -56,6 +58,7 @@ __all__ = [
     "current_target",
     "known_targets",
     "load_target",
+    "torch_below_supported",
 ]
 
 ENV_VAR = "CKPTSPEC_IMPL"
@@ -302,3 +305,25 @@ def load_target(name: str) -> Target:
 def current_target() -> Target:
     """The target named by the environment (set by the plugin in every process)."""
     return load_target(os.environ.get(ENV_VAR, "impl"))
+
+
+def torch_below_supported() -> str | None:
+    """A line for the session header when the installed torch is older than the one pyproject.toml names (impl
+    follows the torch it supports: on an older torch FS-18's byte identity with torch's own writer, and the
+    internals its reader uses, differ), else None."""
+    import torch
+    from packaging.version import Version
+
+    supported = metadata.requires("ckptspec") if _installed("ckptspec") else None
+    floor = next((r.split(">=", 1)[1] for r in supported or [] if r.startswith("torch>=")), SUPPORTED_TORCH)
+    if Version(torch.__version__.split("+", 1)[0]) >= Version(floor):
+        return None
+    return f"torch {torch.__version__} is older than {floor}, the oldest this suite supports: impl's verdicts on it are not the spec's"
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True

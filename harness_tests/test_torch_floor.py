@@ -1,0 +1,19 @@
+"""The session header says when the installed torch is older than the one the suite supports (pyproject.toml)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spec_tests.harness.targets import torch_below_supported
+
+
+def test_the_supported_torch_gets_no_warning() -> None:
+    assert torch_below_supported() is None, f"torch {torch.__version__} is the one the suite is tested with"
+
+
+def test_an_older_torch_is_named_in_the_header(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    line = torch_below_supported()
+    assert line is not None
+    assert "torch 2.11.0+cu130 is older than 2.13" in line
