@@ -1,29 +1,26 @@
 """The DefaultStager a DCP staged peer saves with: one kept across saves where the torch release allows it.
 
-torch 2.11 closes the stager a caller passes to `dcp.async_save` once the save's upload completes (torch issue
-183413): a closed DefaultStager has emptied its copy table, and the next save with it raises
-`KeyError: <class 'type'>` (seen on the H100 run of 2026-11-27). torch 2.13 closes only a stager it made itself,
-and documents that a caller who passes one closes it after the last save.
+torch 2.11's `DefaultStager` closes its own copier (`StateDictStager.close()`, which empties its copy table) at the
+end of every `stage()`, so a second stage through the same DefaultStager raises `KeyError: <class 'type'>` (torch
+issue 183413; seen on the H100 and H200 runs, and reproduced with 2.11 on a CPU). torch 2.13 keeps it, and
+documents that a caller who passes a stager to `dcp.async_save` closes it after the last save.
 
-`KeptStager` gives `async_save` a thin stager that forwards every call to the DefaultStager and records a `close()`
-that comes from torch. From then on each save gets a fresh DefaultStager (a fresh one pins new host memory on
-every save: the honest cost of that release), and `note` says so, for the benchmark's row. The peer's own
-`close()` closes the DefaultStager in use.
+`stager_reusable()` asks the installed torch once per process, by staging a small state dict twice through one
+DefaultStager. `KeptStager` then gives every save the same DefaultStager, or a fresh one per save where the release
+cannot reuse it (a fresh one pins new host memory on every save on a GPU: the honest cost of that release), and
+says so in `note`, for the benchmark's row. The peer's `close()` closes the DefaultStager in use.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future
-from typing import Any
+import functools
 
 import torch
-from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-__all__ = ["FRESH_NOTE", "KeptStager", "staging_options"]
+__all__ = ["FRESH_NOTE", "KeptStager", "stager_reusable", "staging_options"]
 
-FRESH_NOTE = "fresh stager per save: torch {version} closes the stager given to async_save (torch issue 183413)"
-CLOSE_BOUND_S = 30.0  # torch's done callbacks run right after the upload completes: a bound, not a wait
+FRESH_NOTE = "fresh stager per save: torch {version}'s DefaultStager cannot stage twice (torch issue 183413)"
 
 
 def staging_options(pinned: bool, staged: bool) -> StagingOptions:
@@ -34,53 +31,41 @@ def staging_options(pinned: bool, staged: bool) -> StagingOptions:
     )
 
 
-class _Forwarding(AsyncStager):
-    """What `async_save` is given: the AsyncStager calls, forwarded; a close() from torch is recorded."""
-
-    def __init__(self, stager: DefaultStager) -> None:
-        self.stager = stager
-        self.closed_by_torch = False
-        self._synchronize_after_execute = stager.should_synchronize_after_execute
-
-    def stage(self, state_dict: Any) -> Any:
-        return self.stager.stage(state_dict)
-
-    def synchronize_staging(self) -> None:
-        self.stager.synchronize_staging()
-
-    def close(self) -> None:
-        self.closed_by_torch = True
-        self.stager.close()
+@functools.cache
+def stager_reusable() -> bool:
+    """Whether one DefaultStager of the installed torch stages twice (synchronous, CPU-only options: no memory is
+    pinned or shared by the probe)."""
+    stager = DefaultStager(StagingOptions(False, False, False, False))
+    probe = {"probe": {"t": torch.zeros(4)}, "step": 0}
+    try:
+        stager.stage(probe)
+        stager.stage(probe)
+    except KeyError:
+        return False
+    finally:
+        stager.close()
+    return True
 
 
 class KeptStager:
-    """One DefaultStager for every save, or a fresh one per save where torch closes it (`note` then says so)."""
+    """One DefaultStager for every save, or a fresh one per save where torch cannot reuse it (`note` says so)."""
 
     def __init__(self, options: StagingOptions) -> None:
         self._options = options
-        self._current = _Forwarding(DefaultStager(options))
-        self._upload_done: threading.Event | None = None
-        self.saves = 0  # DefaultStagers made for saves, the first included (1: kept across every save)
-        self.note: str | None = None
+        self._current: DefaultStager | None = None
+        self.made = 0  # DefaultStagers made for saves (1: kept across every save)
+        self.note: str | None = None if stager_reusable() else FRESH_NOTE.format(version=torch.__version__)
 
-    def for_save(self) -> _Forwarding:
-        """The stager to pass to this save's `async_save`: the kept one, unless torch closed it."""
-        if self._upload_done is not None:
-            # torch closes the stager in a done callback of the upload future registered before ours: once ours
-            # has run, torch's has too.
-            self._upload_done.wait(CLOSE_BOUND_S)
-        if self._current.closed_by_torch:
-            self.note = FRESH_NOTE.format(version=torch.__version__)
-            self._current = _Forwarding(DefaultStager(self._options))
-            self.saves += 1
-        self.saves = max(self.saves, 1)
+    def for_save(self) -> DefaultStager:
+        """The stager to pass to this save's `async_save` (call once the previous save's staging has completed)."""
+        if self._current is not None and self.note is None:
+            return self._current
+        self.close()
+        self._current = DefaultStager(self._options)
+        self.made += 1
         return self._current
 
-    def track(self, upload: Future) -> None:
-        """Call with the save's upload future, right after `async_save` returns."""
-        done = self._upload_done = threading.Event()
-        upload.add_done_callback(lambda _: done.set())
-
     def close(self) -> None:
-        if not self._current.closed_by_torch:
-            self._current.stager.close()
+        if self._current is not None:
+            self._current.close()
+            self._current = None

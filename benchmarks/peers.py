@@ -181,7 +181,6 @@ class _DcpAsyncSavePeer(Peer):
         else:
             self._future = response
         if self._stager is not None:
-            self._stager.track(self._future)
             self.note = self._stager.note
         return {"schedule": perf_counter() - start}
 

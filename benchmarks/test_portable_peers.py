@@ -3,9 +3,9 @@
 - The snapshot check compares values, not devices: a `torch.save` file written from CUDA tensors (Megatron-Core's
   queue saves what it is given) is loaded onto the CPU and compared there (H100 run of 2026-11-27:
   `test_stall[torch:mcore]` crashed comparing a CUDA tensor with a CPU one).
-- The DCP staged peers keep their DefaultStager across saves where torch allows it, and where a torch release
-  closes it after each save (torch 2.11, issue 183413) they take a fresh one per save and say so; the release's
-  behaviour is reproduced here by closing the stager in a done callback of the upload, as torch 2.11 does.
+- The DCP staged peers keep their DefaultStager across saves where torch allows it, and where a release's
+  DefaultStager cannot stage twice (torch 2.11, issue 183413) they take a fresh one per save and say so; that
+  release's behaviour is reproduced here by closing the copier at the end of every stage, as torch 2.11 does.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 import torch.serialization
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.staging import DefaultStager
 
-from benchmarks.dcp_stager import FRESH_NOTE, KeptStager
+from benchmarks.dcp_stager import FRESH_NOTE, KeptStager, stager_reusable
 from benchmarks.peers import make_peer
 from benchmarks.workload import make_state_dict, negate_, saved_before_update
 
@@ -54,25 +53,28 @@ def test_a_torch_file_written_from_cuda_tensors_is_checked_on_the_cpu(tmp_path: 
     assert not saved_before_update("torch", path, state), "the check passes values that were never saved"
 
 
-def _closes_given_stagers(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = dcp.async_save
+def _stagers_close_after_each_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What torch 2.11's DefaultStager does: it closes its copier at the end of every stage()."""
+    real = DefaultStager._stage
 
-    def async_save(*args, async_stager=None, **kwargs):
-        response = real(*args, async_stager=async_stager, **kwargs)
-        upload = response.upload_completion if isinstance(response, AsyncSaveResponse) else response
-        if async_stager is not None:
-            upload.add_done_callback(lambda _: async_stager.close())
-        return response
+    def stage_then_close(self, state_dict, **kwargs):
+        staged = real(self, state_dict, **kwargs)
+        self._state_dict_stager.close()
+        return staged
 
-    monkeypatch.setattr(dcp, "async_save", async_save)
+    monkeypatch.setattr(DefaultStager, "_stage", stage_then_close)
+    stager_reusable.cache_clear()  # asked again of the patched stager; cleared again after the test
 
 
-@pytest.mark.parametrize("closes", [False, True], ids=["stager-kept", "stager-closed-by-torch"])
-def test_the_staged_peer_saves_correctly_whether_or_not_torch_closes_its_stager(
+@pytest.mark.parametrize("closes", [False, True], ids=["stager-kept", "stager-closed-after-each-stage"])
+def test_the_staged_peer_saves_correctly_whether_or_not_torch_can_reuse_its_stager(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closes: bool
 ) -> None:
     if closes:
-        _closes_given_stagers(monkeypatch)
+        _stagers_close_after_each_stage(monkeypatch)
+    reusable = stager_reusable()
+    if closes:
+        assert not reusable, "the probe missed a stager that cannot stage twice"
     peer = make_peer("dcp:async_save-staged")
     state = make_state_dict(SMALL)
     try:
@@ -85,7 +87,8 @@ def test_the_staged_peer_saves_correctly_whether_or_not_torch_closes_its_stager(
             assert saved_before_update("dcp", path, state), f"save {save} does not hold the values of its call"
         stager = peer._stager  # type: ignore[attr-defined]
         assert isinstance(stager, KeptStager)
-        assert stager.saves == (3 if closes else 1), f"stagers made for 3 saves: {stager.saves}"
-        assert peer.note == (FRESH_NOTE.format(version=torch.__version__) if closes else None)
+        assert stager.made == (1 if reusable else 3), f"stagers made for 3 saves: {stager.made}"
+        assert peer.note == (None if reusable else FRESH_NOTE.format(version=torch.__version__))
     finally:
         peer.close()
+        stager_reusable.cache_clear()
