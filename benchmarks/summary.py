@@ -131,7 +131,7 @@ def _d2h(run: Run) -> list[str]:
         ceiling = run.ceiling_seconds("d2h-pinned", r["bytes"])
         rows.append(
             [
-                f"`{r['peer']}`",
+                peer_label(r),
                 fmt_bytes(r["bytes"]),
                 fmt_rate(r["bytes"], r["seconds"]),
                 fmt_ratio(ceiling, r["seconds"]),

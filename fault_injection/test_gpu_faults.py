@@ -1,7 +1,8 @@
 """GPU runs: CUDA IPC staging in the persistent worker, and the cross-rank faults over NCCL.
 
-Both skip without the hardware (the `gpu` marker, and the runner's NCCL check for two GPUs).
-UNTESTED on GPU: written on a CPU-only machine.
+Both skip without the hardware (the `gpu` marker, and the runner's NCCL check for two GPUs). The CUDA IPC test ran on
+an H100 (2026-11-27, docs/gpu.md): its checks passed, and its orphan audit charged one /dev/shm entry of the CUDA
+driver. The NCCL test needs two GPUs and has not run yet.
 """
 
 import functools

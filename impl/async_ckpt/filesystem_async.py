@@ -239,7 +239,7 @@ class FileSystemWriterAsync(StorageWriter):
         CPU tensors are copied too, so that every tensor is snapshotted at the same point.
         """
 
-        # UNTESTED on GPU: written on a CPU-only machine.
+        # Not yet run with CUDA tensors (the H100 run of 2026-11-27 gave it CPU tensors only).
         def stage(t: torch.Tensor) -> torch.Tensor:
             if not t.is_cuda:
                 return t.clone()
