@@ -226,9 +226,9 @@ def run_stages(
 
     def start_or_skip(stage: plan.Stage) -> Callable[[], Result]:
         left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
-        absent = [g for g in stage.groups if summary["set_up"].get(g) == "absent from the wheelhouse"]
-        unusable = [g for g in stage.groups if summary["set_up"].get(g, "").startswith(wheels.NOT_INSTALLABLE)]
-        unusable = [] if stage.releases_optional else unusable
+        needed = [g for g in stage.groups if not (stage.releases_optional and g in stage.releases)]
+        absent = [g for g in needed if summary["set_up"].get(g) == "absent from the wheelhouse"]
+        unusable = [g for g in needed if summary["set_up"].get(g, "").startswith(wheels.NOT_INSTALLABLE)]
         reason = None
         if absent:
             reason = f"not started: wheel group {', '.join(absent)} absent from the wheelhouse"
