@@ -161,7 +161,7 @@ BAD_INPUTS = {
     "bad $HYPOTHESIS_PROFILE": (
         [],
         {"HYPOTHESIS_PROFILE": "bogus"},
-        ["hypothesis profile 'bogus'", "ci, dev, nightly"],
+        ["hypothesis profile 'bogus'", "ci, explore, nightly"],
     ),
     "bad --hypothesis-profile": (["--hypothesis-profile=bogus"], {}, ["hypothesis profile 'bogus'"]),
     "bad $CKPTSPEC_TENSOR_DEVICE": (
@@ -238,7 +238,7 @@ def test_a_file_narrowed_to_node_ids_is_not_checked(project):
 # ---------------------------------------------------------------------------------- running
 
 
-@pytest.mark.parametrize("profile", ["dev", "ci"])
+@pytest.mark.parametrize("profile", ["explore", "ci"])
 def test_xfail_strictness_and_clause_notes(project, profile):
     out = project / f"{profile}.json"
     run = run_pytest(
@@ -261,7 +261,7 @@ def test_xfail_strictness_and_clause_notes(project, profile):
     assert run.code == 1, run.describe()
     assert "INTERNALERROR" not in run.output, run.describe()
     outcomes = {t["nodeid"].split("::")[1]: t for t in json.loads(out.read_text())["tests"]}
-    randomized = "xpass" if profile == "dev" else "failed"  # dev is not derandomized: a pass may be luck
+    randomized = "xpass" if profile == "explore" else "failed"  # explore is randomized: a pass may be luck
     assert {name: t["outcome"] for name, t in outcomes.items()} == {
         "test_fails": "failed",
         "test_hypothesis_listed": randomized,

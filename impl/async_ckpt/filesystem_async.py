@@ -41,7 +41,8 @@ straight into the file.
 
 Integrity (IN-1): each item's CRC32 is computed while it is written (``ChecksumStream``); ``finish`` records them
 with every file's size in ``metadata.checksums`` and appends a checksum trailer to ``.metadata`` (after the
-pickle, which stock readers stop before). ``CachedMetadataFileSystemReader`` checks all of it at load.
+pickle, which stock readers stop before). A file's items lie back to back from its first byte to its last, so
+their CRC32s cover every byte of it. ``CachedMetadataFileSystemReader`` checks all of it at load.
 
 Equivalence with torch's synchronous ``FileSystemWriter`` (FS-18): without ``separation_hint``, the data files
 are byte-identical to its files for the same plan and ``thread_count``: the same buckets (``_split_by_size_and_type``

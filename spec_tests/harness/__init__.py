@@ -4,7 +4,7 @@ Modules (one concept each):
     targets     Target, adapters, capabilities; how every process resolves the same target
     clauses     the clause registry (spec_tests/clauses/*.toml)
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
-    profiles    the hypothesis profiles (ci, dev, nightly) and which one a run loads
+    profiles    the hypothesis profiles (ci, explore, nightly) and which one a run loads
     rank_runs   the vocabulary of a rank run (outcomes, the RankFailures report, per-rank state, the Runner seam)
     fork_safety whether ranks forked after importing the target can still use CUDA (what the forkserver preloads)
     ranks       the multi-rank runner (run a body on N forked ranks, with a bound and a report of every rank)

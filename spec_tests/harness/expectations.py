@@ -43,7 +43,7 @@ applied nor reported as stale.
 
 - `load` reads and checks the file (ExpectationsError names the file and the entry).
 - `apply` marks the matching tests xfail and stashes each one's entry (ENTRY). Strict (a fixed bug shows up as XPASS, a failure) unless the test
-  draws examples with hypothesis and the profile is randomized (`dev`, `nightly`): such a run may miss the
+  draws examples with hypothesis and the profile is randomized (`explore`, `nightly`): such a run may miss the
   failing example and pass, so it gets a non-strict xfail (array-api-tests' README warns of exactly this).
   Under the derandomized profile (`ci`) every listed test is strict, except entries marked `intermittent`.
 - `failure_problem` says when a failure does not fit its entry's `raises` / `match`; the plugin then reports

@@ -17,8 +17,8 @@ loads it too, for a run with another ini file).
 - `--conformance-json PATH` records every test's outcome with its clauses, and for an expected failure its entry
   and how it failed (see spec_tests.harness.runs); an expected failure that fails otherwise than its entry says
   (raises / match) is reported failed.
-- Hypothesis profiles `ci` (derandomized), `dev`, `nightly`, chosen by --hypothesis-profile, else
-  $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`.
+- Hypothesis profiles `ci` (derandomized: what CI runs, and the default), `explore` and `nightly` (randomized),
+  chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` (spec_tests.harness.profiles).
 - Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.launched).
 - Every process of a run computes with one torch thread ($OMP_NUM_THREADS=1, inherited by workers, ranks and the
   targets' own processes), unless $OMP_NUM_THREADS is set or benchmarks are timed (--benchmark-enable): the tests'

@@ -1,8 +1,9 @@
 """The hypothesis profiles of the suite, and which one a run loads.
 
-`ci`: derandomized, 10 examples (what CI runs); `dev`: randomized, as many examples (a run on a workstation: the
-same cost as CI's, other examples each run); `nightly`: 300 examples, no deadline (the broad search). Chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` when $CI
-is set, else `dev`.
+`ci`: derandomized, 10 examples per property test, the default of every run: without a choice, a run draws the
+examples CI draws, on any machine, $CI set or not (a user's `pytest -n auto` is the run CI saw). `explore`:
+randomized, as many examples (new ones each run, at CI's cost). `nightly`: randomized, 300 examples, no deadline
+(the broad search). Chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci`.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
-__all__ = ["PROFILES", "in_ci", "load_profile"]
+__all__ = ["DEFAULT", "PROFILES", "in_ci", "load_profile"]
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
 # Every profile derives from hypothesis's own `default`, not from the settings current at import: with $CI set,
 # hypothesis loads its built-in `ci` profile (derandomized) at import, and a profile derived from that would make
-# `dev` and `nightly` derandomized on any CI machine (the nightly search would draw the same examples every night).
+# `explore` and `nightly` derandomized on any CI machine (the nightly search would draw the same examples every
+# night).
 _BASE = settings.get_profile("default")
 settings.register_profile(
     "ci",
@@ -33,7 +35,7 @@ settings.register_profile(
     print_blob=True,
 )
 settings.register_profile(
-    "dev",
+    "explore",
     parent=_BASE,
     max_examples=10,
     stateful_step_count=10,
@@ -43,21 +45,18 @@ settings.register_profile(
 settings.register_profile(
     "nightly", parent=_BASE, max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=_SUPPRESS
 )
-PROFILES = ("ci", "dev", "nightly")
+PROFILES = ("ci", "explore", "nightly")
+DEFAULT = "ci"
 
 
 def in_ci() -> bool:
-    """Whether $CI asks for CI behaviour (the `ci` profile, errors for stale expectations)."""
+    """Whether $CI asks for CI behaviour: errors for stale expectations (the profile does not depend on it)."""
     return bool(os.environ.get("CI"))
 
 
 def load_profile(config: pytest.Config) -> str:
-    """Load the profile --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` when $CI is set, else `dev`."""
-    profile = (
-        config.getoption("hypothesis_profile", None)
-        or os.environ.get("HYPOTHESIS_PROFILE")
-        or ("ci" if in_ci() else "dev")
-    )
+    """Load the profile --hypothesis-profile, else $HYPOTHESIS_PROFILE, else DEFAULT (`ci`); return its name."""
+    profile = config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE") or DEFAULT
     try:
         settings.load_profile(profile)
     except InvalidArgument:
