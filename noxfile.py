@@ -117,8 +117,11 @@ def _install_release(session: nox.Session, target: str, release: str) -> None:
     dist = DISTRIBUTIONS[target]
     if (target, release) == ("nvrx", "0.7.0"):
         session.install(*NVRX_070_NEEDS)
-        site = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True)
-        session.run(
+        # run_install, not run: these are install steps, which --install-only must still take.
+        site = session.run_install(
+            "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
+        )
+        session.run_install(
             "python", "-m", "pip", "install", *NVRX_070_WHEEL, "--target", str(site).strip(), f"{dist}=={release}"
         )
     else:
