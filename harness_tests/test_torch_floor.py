@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import pytest
 import torch
 
-from spec_tests.harness.targets import torch_below_supported
+from spec_tests.harness.targets import SUPPORTED_TORCH, torch_below_supported
 
 
 def test_the_supported_torch_gets_no_warning() -> None:
@@ -17,3 +20,8 @@ def test_an_older_torch_is_named_in_the_header(monkeypatch: pytest.MonkeyPatch) 
     line = torch_below_supported()
     assert line is not None
     assert "torch 2.11.0+cu130 is older than 2.13" in line
+
+
+def test_the_floor_is_pyproject_tomls() -> None:
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert f"torch>={SUPPORTED_TORCH}" in project["dependencies"]

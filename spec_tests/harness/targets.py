@@ -44,7 +44,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>=; read from there when the project is installed
+SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>= (harness_tests/test_torch_floor.py checks they agree)
 
 __all__ = [
     "CAPABILITY_DOCS",
@@ -308,22 +308,14 @@ def current_target() -> Target:
 
 
 def torch_below_supported() -> str | None:
-    """A line for the session header when the installed torch is older than the one pyproject.toml names (impl
-    follows the torch it supports: on an older torch FS-18's byte identity with torch's own writer, and the
-    internals its reader uses, differ), else None."""
+    """A line for the session header when the installed torch is older than SUPPORTED_TORCH (pyproject.toml's
+    floor, which harness_tests/test_torch_floor.py keeps equal): verdicts on an older torch are not this suite's."""
     import torch
     from packaging.version import Version
 
-    supported = metadata.requires("ckptspec") if _installed("ckptspec") else None
-    floor = next((r.split(">=", 1)[1] for r in supported or [] if r.startswith("torch>=")), SUPPORTED_TORCH)
-    if Version(torch.__version__.split("+", 1)[0]) >= Version(floor):
+    if Version(torch.__version__.split("+", 1)[0]) >= Version(SUPPORTED_TORCH):
         return None
-    return f"torch {torch.__version__} is older than {floor}, the oldest this suite supports: impl's verdicts on it are not the spec's"
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
+    return (
+        f"torch {torch.__version__} is older than {SUPPORTED_TORCH}, the oldest this suite supports: "
+        "impl's verdicts on it are not the spec's"
+    )
