@@ -7,7 +7,8 @@ The blocks, the file each lives in, and their data: the conformance table, the p
 in `docs/results.md` (`conformance/all/*.json`, the stored runs of every target and release, spec_tests and
 fault_injection), the benchmark summaries in `docs/benchmarks.md` (`benchmarks/results/*.json`, and the GPU runs'
 `conformance/gpu/<run>/bench/*.json`) and the mutation score
-in `docs/spec-design.md` (`mutation/results.json`), the GPU runs' tables in `docs/gpu.md` (`conformance/gpu/<run>/`). Each block is made by its own module's command line
+in `docs/spec-design.md` (`mutation/results.json`), the GPU runs' tables in `docs/gpu.md` (`conformance/gpu/<run>/`), Findings at a glance in `README.md` (the stored
+runs, the clauses' `symptom`s and the usage rules of `findings/advice.toml`). Each block is made by its own module's command line
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
 The findings pages `docs/findings/<target>-<release>.md` and the filterable page `docs/results.html` come from the
 stored runs too (spec_tests.harness.findings, spec_tests.harness.report --html). `--check` makes everything in a
@@ -28,13 +29,14 @@ from benchmarks import summary as benchmark_summary
 from fault_injection import matrix
 from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
-from spec_tests.harness import findings, report
+from spec_tests.harness import findings, glance, report
 
 ROOT = Path(__file__).resolve().parent
 RUNS = "conformance/all"
 RELEASES = ["impl", "nvrx-0.4.1", "nvrx-0.7.0", "mcore-0.16.1", "mcore-0.19.2"]
 PROTOCOL_ONLY = ["dcp-thread", "dcp-process", "dcp-staged", "torchtitan-0.3.0", "lightning-2.6.6", "lightning-2.5.3"]
 BENCHMARK_RUNS = ["cpu.json", "cpu-nvrx-0.7.0.json", "cpu-mcore-0.19.2.json", "goodput-cpu.json"]
+README = "README.md"
 RESULTS = "docs/results.md"
 BENCHMARKS = "docs/benchmarks.md"
 DESIGN = "docs/spec-design.md"
@@ -71,6 +73,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
     "mutation": (DESIGN, mutation_summary.main, []),
     "benchmarks-gpu": (BENCHMARKS, benchmark_summary.main, [*GPU_BENCHMARK_RUNS, "--block", "gpu"]),
     "gpu-results": (GPU, gpu_results.main, GPU_RUNS),
+    "glance": (README, glance.main, _runs(RELEASES + PROTOCOL_ONLY)),
 }
 # The other generated files: (what it is, the command's main, its arguments with the output path last).
 PAGES: dict[str, tuple[Callable[[list[str]], object], list[str]]] = {

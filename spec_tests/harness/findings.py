@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spec_tests.harness import advice, verdicts
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import verdicts
 from spec_tests.harness.report import clause_verdict
 from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, load_run, page_name
 
@@ -66,8 +66,30 @@ def _entry(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verd
     return [*lines, ""]
 
 
-def page(run: Run, registry: Mapping[str, Mapping[str, Any]], root: Path = REPO_ROOT) -> str:
-    """The Markdown page of one run (ends with a newline)."""
+def _what_to_do(
+    run: Run, registry: Mapping[str, Mapping[str, Any]], rules: Sequence[advice.Rule], root: Path
+) -> list[str]:
+    """The usage rules that apply to the run's release, each with its reason, safe way, clauses and reproducers."""
+    applying = advice.for_run(rules, run, registry)
+    if not applying:
+        return []
+    lines = [f"## What to do ({len(applying)})", ""]
+    for rule, cids in applying:
+        judged = ", ".join(f"{cid} ({clause_verdict(run, cid, registry).word})" for cid in cids)
+        repros = [Path(REPRO_DIR) / page_name(run) / f"{cid}.py" for cid in cids]
+        links = ", ".join(f"[`{p.name}`](../../{p})" for p in repros if (root / p).exists())
+        lines += [
+            f"- **{rule.rule}.** Otherwise {rule.because}. Instead: {rule.instead}. Clauses: {judged}."
+            + (f" Reproducer: {links}." if links else ""),
+        ]
+    return [*lines, ""]
+
+
+def page(
+    run: Run, registry: Mapping[str, Mapping[str, Any]], root: Path = REPO_ROOT, rules: Sequence[advice.Rule] = ()
+) -> str:
+    """The Markdown page of one run (ends with a newline); `rules`: the usage rules (findings/advice.toml) whose
+    applying ones open the page."""
     judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
     broken = [cid for cid, v in judged.items() if v.broken and v.word != verdicts.BROKEN_WORDS["decision"]]
     broken.sort(key=lambda cid: (_rank(registry[cid]), verdicts.basis_of(registry[cid]) != "documented"))
@@ -82,6 +104,7 @@ def page(run: Run, registry: Mapping[str, Mapping[str, Any]], root: Path = REPO_
         "Generated from the stored run `conformance/all/` by `python regenerate.py`: do not edit. Measured on a "
         f"2-core CPU machine with gloo and {run.tensor_device} tensors; clauses that need a GPU were not run.",
         "",
+        *_what_to_do(run, registry, rules, root),
         f"## Breaks: documented and implied clauses ({len(broken)})",
         "",
     ]
@@ -114,9 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1
     registry = clause_registry.load()
+    try:
+        rules = advice.load(registry)
+    except ReportError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
     args.out.mkdir(parents=True, exist_ok=True)
     for run in runs:
-        (args.out / f"{page_name(run)}.md").write_text(page(run, registry))
+        (args.out / f"{page_name(run)}.md").write_text(page(run, registry, rules=rules))
     return 0
 
 
