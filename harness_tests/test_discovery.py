@@ -1,5 +1,6 @@
 """A new target or clause area needs no change inside the harness: both are discovered (issue 14); every clause
-states its basis and severity (issue 30).
+states its basis and severity (issue 30) and its symptom: what a user sees when a target breaks it, the "what goes
+wrong" of a findings table (plain words, lowercase, no clause id, no trailing period).
 
 Targets: the adapter modules of `spec_tests.targets` (names not starting with `_`), entry points of the group
 `ckptspec.targets`, and dotted paths. Clause areas: the files of `spec_tests/clauses/`, in the order of its
@@ -88,6 +89,7 @@ def test_a_listed_area_without_its_file_is_an_error(tmp_path):
 _CLAUSE = {
     "id": '"X-1"',
     "statement": '"s"',
+    "symptom": '"a call waits forever"',
     "basis": '"documented"',
     "severity": '"hang"',
     "source": "\"002 AsyncCallsQueue.close: 'Finalize all calls upon closing.'\"",
@@ -108,6 +110,19 @@ def test_every_clause_states_its_basis_and_severity():
     assert all(c.get("decision", "").strip() for c in registry.values() if c["basis"] == "decision")
 
 
+def test_every_clause_states_a_short_plain_symptom():
+    registry = clauses.load()
+    bad = {
+        cid: c["symptom"]
+        for cid, c in registry.items()
+        if not c["symptom"][:1].islower()
+        or c["symptom"].endswith(".")
+        or len(c["symptom"].split()) > 15
+        or re.search(r"\b[A-Z]+(-[A-Z0-9]+)*-\d+[A-Za-z]?\b", c["symptom"])
+    }
+    assert not bad, f"symptoms that are not short plain lowercase phrases without clause ids: {bad}"
+
+
 def test_a_well_formed_clause_is_read_with_its_provenance(tmp_path):
     (entry,) = clauses.read_area(_area(tmp_path, basis='"decision"', decision='"why"', source='"torch DCP"'))
     assert (entry["basis"], entry["severity"], entry["decision"]) == ("decision", "hang", "why")
@@ -118,6 +133,9 @@ def test_a_well_formed_clause_is_read_with_its_provenance(tmp_path):
     [
         ({"basis": None}, "clause 'X-1' lacks the required field.s. basis"),
         ({"severity": None}, "clause 'X-1' lacks the required field.s. severity"),
+        ({"symptom": None}, "clause 'X-1' lacks the required field.s. symptom"),
+        ({"symptom": '" "'}, "clause 'X-1' has no `symptom` text"),
+        ({"symptom": "3"}, "clause 'X-1' has no `symptom` text"),
         ({"basis": '"folklore"'}, "clause 'X-1' has basis 'folklore'; it must be one of documented, implied, decision"),
         ({"severity": '"fatal"'}, "clause 'X-1' has severity 'fatal'; it must be one of data-loss, hang, leak, wrong"),
         ({"basis": '"decision"'}, "clause 'X-1' has basis 'decision' but no `decision` text"),
@@ -125,7 +143,7 @@ def test_a_well_formed_clause_is_read_with_its_provenance(tmp_path):
         ({"level": '"x"'}, "clause 'X-1' has unknown field.s. level"),
     ],
 )
-def test_a_missing_or_bad_basis_or_severity_names_file_and_clause(tmp_path, fields, problem):
+def test_a_missing_or_bad_field_names_file_and_clause(tmp_path, fields, problem):
     path = _area(tmp_path, **fields)
     with pytest.raises(clauses.ClauseError, match=f"^{re.escape(str(path))}: {problem}"):
         clauses.read_area(path)

@@ -1,11 +1,15 @@
-"""The clause registry: the TOML files of `spec_tests/clauses/` parsed into {id: {"statement", "basis", "severity",
-"source", "decision"?, "weakens"?}}.
+"""The clause registry: the TOML files of `spec_tests/clauses/` parsed into {id: {"statement", "symptom", "basis",
+"severity", "source", "decision"?, "weakens"?}}.
 
 Every `*.toml` file of that directory but `areas.toml` is one clause area, named by its stem (today: async_ckpt,
 the async core; storage, the writer, saver, metadata cache and MSC; local, local checkpointing; faults, the FI-*
 clauses of the fault-injection suite). A new area is a new file there: nothing here changes.
 
 Every clause states its provenance and what missing it costs (issue 30):
+
+- `symptom`: what a user sees or loses when a target breaks the clause, in a few plain words, starting lowercase and
+  without a trailing period (for a weak level: what even the weak level's miss costs). It is true of any target
+  that breaks the clause, not one release's mechanism; it is the "what goes wrong" of a findings table.
 
 - `basis`: "documented" (a document says it: `source` names the seed file, or a release's own docstring with its
   version, and quotes the sentence), "implied" (code or a docstring implies it: `source` names it and says how) or
@@ -19,7 +23,8 @@ Every clause states its provenance and what missing it costs (issue 30):
 
 - `snapshot = true`: the clause judges the values of tensors a save captured (the snapshot family); the report says
   which device those tensors were on (a CPU-tensor verdict is not a GPU one).
-A missing or unknown `basis` or `severity` is a ClauseError naming the file and the clause.
+A missing or unknown `basis` or `severity`, or a missing or empty `symptom`, is a ClauseError naming the file and
+the clause.
 
 A clause may state the weak level of another (`weakens = "AQ-7"`): what a target that misses the strict clause
 must still do. The report then gives the strict clause's level per target (strict, weak or fails).
@@ -51,8 +56,8 @@ __all__ = [
 
 DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
 INDEX = "areas.toml"
-_FIELDS = {"id", "statement", "basis", "severity", "source", "decision", "weakens", "snapshot"}
-_REQUIRED = {"id", "statement", "basis", "severity", "source"}
+_FIELDS = {"id", "statement", "symptom", "basis", "severity", "source", "decision", "weakens", "snapshot"}
+_REQUIRED = {"id", "statement", "symptom", "basis", "severity", "source"}
 BASES = ("documented", "implied", "decision")
 SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
 
@@ -103,13 +108,16 @@ def _check(path: Path, entry: object) -> dict[str, str]:
         raise ClauseError(
             f"{path}: clause {cid!r} has snapshot {entry['snapshot']!r}; only `snapshot = true` is allowed"
         )
+    if not isinstance(entry["symptom"], str) or not entry["symptom"].strip():
+        raise ClauseError(f"{path}: clause {cid!r} has no `symptom` text; say what a user sees when a target breaks it")
     if entry["basis"] == "decision" and not str(entry.get("decision", "")).strip():
         raise ClauseError(f"{path}: clause {cid!r} has basis 'decision' but no `decision` text giving the reason")
     return entry
 
 
 def read_area(path: Path) -> list[dict[str, str]]:
-    """The clauses of one area file, each checked (fields, basis, severity). Raises ClauseError naming file and clause."""
+    """The clauses of one area file, each checked (fields, symptom, basis, severity). Raises ClauseError naming file
+    and clause."""
     return [_check(path, entry) for entry in _read(path).get("clause", [])]
 
 
