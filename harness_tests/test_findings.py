@@ -62,3 +62,29 @@ def test_a_documented_clause_judged_as_a_decision_for_this_target_is_not_a_break
     text = findings.page(load_run(path), REGISTRY, root=tmp_path)
     assert "## Breaks: documented and implied clauses (0)" in text
     assert "- D-2 (data-loss): no data loss" in text.split("## Stricter")[1]
+
+
+def test_a_data_loss_or_hang_break_says_what_the_release_still_keeps(tmp_path):
+    registry = {
+        **REGISTRY,
+        "D-2w": {
+            "statement": "weak",
+            "source": "s",
+            "basis": "decision",
+            "decision": "w",
+            "severity": "data-loss",
+            "weakens": "D-2",
+        },
+        "I-1": {**REGISTRY["I-1"], "no_weak_level": "nothing weaker to promise"},
+        "D-3": {"statement": "bare", "source": "000", "basis": "documented", "severity": "hang"},
+    }
+    tests = [_xfail("t.py::lost", "D-2", "m"), _xfail("t.py::weak", "D-2w", "m"), _xfail("t.py::hang", "I-1", "m")]
+    tests += [_xfail("t.py::bare", "D-3", "m"), _xfail("t.py::cosmetic", "D-1", "m")]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"target": "lib", "version": "1.0", "clauses": registry, "tests": tests}))
+    text = findings.page(load_run(path), registry, root=tmp_path)
+    entries = {part.split()[0]: part for part in text.split("## Stricter")[0].split("### ")[1:]}
+    assert "- **Weak level**: D-2w: stricter than documented" in entries["D-2"]
+    assert "- **Weak level**: none applies: nothing weaker to promise" in entries["I-1"]
+    assert "- **Weak level**: none yet" in entries["D-3"]
+    assert "Weak level" not in entries["D-1"]  # cosmetic: no weak level asked

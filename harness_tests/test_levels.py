@@ -73,3 +73,18 @@ def test_a_run_narrowed_to_node_ids_does_not_judge_a_weak_level(tmp_path):
     cited = lambda item: item.cited  # noqa: E731
     assert expectations.apply("x.toml", entries, items, cited, None)  # the whole file: every weak test is listed
     assert expectations.apply("x.toml", entries, items, cited, None, narrowed=[weak_file]) == []
+
+
+@pytest.mark.parametrize(
+    ("registry", "problem"),
+    [
+        ({"A-1": {"no_weak_level": "why"}, "A-1w": {"weakens": "A-1"}}, "says why it has no weak level"),
+        ({"A-1": {}, "A-1w": {"weakens": "A-1", "no_weak_level": "why"}}, "`no_weak_level` is a strict clause's"),
+        ({"A-1": {"no_weak_level": "  "}}, "`no_weak_level` is a strict clause's"),
+        ({"A-1w": {"weakens": "A-9"}}, "not a strict clause"),
+    ],
+)
+def test_a_clause_has_a_weak_level_or_says_why_none_applies_never_both(registry, problem):
+    with pytest.raises(clauses.ClauseError, match=problem):
+        clauses.check_levels(registry)
+    clauses.check_levels({"A-1": {"no_weak_level": "one observable"}, "B-1": {}, "B-1w": {"weakens": "B-1"}})

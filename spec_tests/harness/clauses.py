@@ -27,7 +27,9 @@ A missing or unknown `basis` or `severity`, or a missing or empty `symptom`, is 
 the clause.
 
 A clause may state the weak level of another (`weakens = "AQ-7"`): what a target that misses the strict clause
-must still do. The report then gives the strict clause's level per target (strict, weak or fails).
+must still do. The report then gives the strict clause's level per target (strict, weak or fails). A strict clause
+of severity data-loss or hang that a judged release breaks has a weak level, or says in `no_weak_level` why none
+applies (the findings pages show which, and "none yet" otherwise): an expected failure must not hide a worse one.
 
 Order (the order of the conformance table): the areas listed in `areas.toml` (`areas = [...]`) first, in that
 order, then any area file it does not list, by name. A listed area without its file is an error.
@@ -48,6 +50,7 @@ __all__ = [
     "FILES",
     "SEVERITIES",
     "ClauseError",
+    "check_levels",
     "discover",
     "load",
     "read_area",
@@ -56,7 +59,7 @@ __all__ = [
 
 DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
 INDEX = "areas.toml"
-_FIELDS = {"id", "statement", "symptom", "basis", "severity", "source", "decision", "weakens", "snapshot"}
+_FIELDS = {"id", "statement", "symptom", "basis", "severity", "source", "decision", "weakens", "snapshot", "no_weak_level"}
 _REQUIRED = {"id", "statement", "symptom", "basis", "severity", "source"}
 BASES = ("documented", "implied", "decision")
 SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
@@ -121,6 +124,19 @@ def read_area(path: Path) -> list[dict[str, str]]:
     return [_check(path, entry) for entry in _read(path).get("clause", [])]
 
 
+def check_levels(registry: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse (ClauseError) a weak level of no strict clause of `registry`, and `no_weak_level` on a weak level or on
+    a strict clause that has one."""
+    for cid, clause in registry.items():
+        strict = clause.get("weakens")
+        if strict is not None and (strict not in registry or "weakens" in registry[strict]):
+            raise ClauseError(f"clause {cid!r} weakens {strict!r}, which is not a strict clause of the same areas")
+        if strict is not None and "no_weak_level" in registry[strict]:
+            raise ClauseError(f"clause {strict!r} says why it has no weak level (no_weak_level), but {cid!r} is one")
+        if "no_weak_level" in clause and (strict is not None or not str(clause["no_weak_level"]).strip()):
+            raise ClauseError(f"clause {cid!r}: `no_weak_level` is a strict clause's reason why no weak level applies")
+
+
 @functools.cache
 def load(areas: tuple[str, ...] = AREAS) -> dict[str, dict[str, str]]:
     """The clauses of `areas` (all by default), in table order. Raises ClauseError on a malformed file."""
@@ -133,10 +149,7 @@ def load(areas: tuple[str, ...] = AREAS) -> dict[str, dict[str, str]]:
             if entry["id"] in registry:
                 raise ClauseError(f"{path}: duplicate clause id {entry['id']!r}")
             registry[entry["id"]] = {k: v for k, v in entry.items() if k != "id"}
-    for cid, clause in registry.items():
-        strict = clause.get("weakens")
-        if strict is not None and (strict not in registry or "weakens" in registry[strict]):
-            raise ClauseError(f"clause {cid!r} weakens {strict!r}, which is not a strict clause of the same areas")
+    check_levels(registry)
     return registry
 
 

@@ -47,7 +47,23 @@ def _tests(run: Run, clause_id: str) -> list[str]:
     return sorted(n for n, r in run.tests.items() if r.outcome == "xfail" and clause_id in r.charged)
 
 
-def _entry(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, root: Path) -> list[str]:
+def _weak_level(run: Run, cid: str, clause: Mapping[str, Any], registry: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the release still keeps of a strict data-loss or hang clause it breaks: its weak level's verdict, or
+    why none applies, or that none is written yet (an expected failure could then hide a worse one)."""
+    if clause.get("severity") not in ("data-loss", "hang") or clause.get("weakens"):
+        return []
+    weak = clause_registry.weak_levels(registry).get(cid)
+    if weak is not None:
+        return [f"- **Weak level**: {weak}: {clause_verdict(run, weak, registry)}"]
+    if clause.get("no_weak_level"):
+        return [f"- **Weak level**: none applies: {clause['no_weak_level']}"]
+    return ["- **Weak level**: none yet (what the release still keeps here is not judged)"]
+
+
+def _entry(
+    run: Run, cid: str, registry: Mapping[str, Mapping[str, Any]], verdict: verdicts.Verdict, root: Path
+) -> list[str]:
+    clause = registry[cid]
     repro = Path(REPRO_DIR) / page_name(run) / f"{cid}.py"
     lines = [
         f"### {cid} ({clause.get('severity', 'severity not yet assessed')}): {verdict}",
@@ -57,6 +73,7 @@ def _entry(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verd
     ]
     if clause.get("decision"):
         lines.append(f"- **Decision**: {clause['decision']}")
+    lines += _weak_level(run, cid, clause, registry)
     lines += [f"- **Mechanism**: {m}" for m in _mechanisms(run, cid)]
     lines += [f"- **Test**: `{t}`" for t in _tests(run, cid)]
     if (root / repro).exists():
@@ -109,11 +126,18 @@ def page(
         "",
     ]
     for cid in broken:
-        lines += _entry(run, cid, registry[cid], judged[cid], root)
+        lines += _entry(run, cid, registry, judged[cid], root)
     if not broken:
         lines += ["None.", ""]
     lines += [f"## Stricter than documented: decisions of this spec it does not meet ({len(stricter)})", ""]
-    lines += [f"- {cid} ({registry[cid].get('severity', '?')}): {registry[cid]['statement']}" for cid in stricter]
+    for cid in stricter:
+        weak = " ".join(
+            line.removeprefix("- **Weak level**:").strip() for line in _weak_level(run, cid, registry[cid], registry)
+        )
+        lines.append(
+            f"- {cid} ({registry[cid].get('severity', '?')}): {registry[cid]['statement']}"
+            + (f" Weak level: {weak}" if weak else "")
+        )
     lines += ["", f"## Weak level only ({len(weak_only)})", ""]
     lines += [f"- {cid}: misses the strict clause, meets its weak level" for cid in weak_only]
     lines += ["", f"## Judged by the release's own documents or changed API ({len(otherwise)})", ""]

@@ -1,5 +1,6 @@
-"""What a save holds: the state dict as it was when start() returned (P-SNAP-*), or when staged() returned
-(P-STAGED-1), read back with stock dcp.load without a process group (P-LOAD-1)."""
+"""What a save holds: the state dict as it was when start() returned (P-SNAP-*; at the weak level P-SNAP-1w, each
+element as it was then or as the trainer changed it), or when staged() returned (P-STAGED-1), read back with stock
+dcp.load without a process group (P-LOAD-1)."""
 
 import uuid
 
@@ -52,6 +53,56 @@ def test_checkpoint_holds_the_state_when_start_returned(rank_pool, tmp_path_fact
     problems = [p for p in rank_pool(2).run(_save_then_change, path, state_dict) if p]
     remove(path)
     assert not problems, problems[0]
+
+
+# A fixed state dict for the weak level: float, integer and half tensors whose elements +1 are exact.
+WEAK_STATE = {"w": torch.arange(64.0), "n": 3, "deep": {"i": torch.arange(5), "h": torch.full((4,), 0.5).half()}}
+
+
+def _neither_old_nor_new(got, old, where: str) -> list[str]:
+    """Where `got` holds something other than `old` or `old` after mutate_in_place (tensors +1, the rest unchanged)."""
+    if isinstance(old, dict):
+        if not isinstance(got, dict) or set(got) != set(old):
+            return [
+                f"{where or 'the state dict'}: keys {sorted(got) if isinstance(got, dict) else got!r}, saved {sorted(old)}"
+            ]
+        return [p for key in old for p in _neither_old_nor_new(got[key], old[key], f"{where}[{key!r}]")]
+    if not isinstance(old, torch.Tensor):
+        return [] if got == old else [f"{where}: {got!r}, saved {old!r}"]
+    if not isinstance(got, torch.Tensor) or got.shape != old.shape or got.dtype != old.dtype:
+        return [f"{where}: {got!r} where a {old.dtype} tensor of shape {tuple(old.shape)} was saved"]
+    got = got.cpu()
+    bad = ~((got == old) | (got == old + 1)).flatten()
+    if not bad.any():
+        return []
+    i = int(bad.nonzero()[0])
+    seen, before = got.flatten()[i].item(), old.flatten()[i].item()
+    return [
+        f"{where}: {int(bad.sum())} of {old.numel()} elements neither old nor changed, first [{i}] = {seen} ({before} or {before + 1} saved)"
+    ]
+
+
+def _elements_old_or_new(path):
+    rank, world_size = world()
+    mine = _own(rank, WEAK_STATE, devices.current())
+    if "saver" not in rank_state:
+        rank_state["saver"] = warm_saver(path)
+    handle = start(rank_state["saver"], mine, path)
+    strategies.mutate_in_place(mine)  # the training step, right after start() returned
+    wait(handle)
+    old: dict = {}
+    for r in range(world_size):
+        old.update(_own(r, WEAK_STATE))
+    return _neither_old_nor_new(load(old, path), old, "")
+
+
+@pytest.mark.spec("P-SNAP-1w")
+@pytest.mark.tensor_device
+def test_every_element_is_as_it_was_at_start_or_as_the_trainer_changed_it(rank_pool, tmp_path):
+    problems = [
+        p for rank_problems in rank_pool(2).run(_elements_old_or_new, str(tmp_path / "c")) for p in rank_problems
+    ]
+    assert not problems, f"{loader()} of a save whose tensors changed after start() returned: " + "; ".join(problems)
 
 
 @pytest.mark.spec("P-STAGED-1")
