@@ -139,11 +139,12 @@ def data_file(path: str, rank: int) -> str:
     return checkpoint_format().data_file(path, rank)
 
 
-def save_outcome(path):
-    """What a whole save (start, then wait) of a warm saver did on this rank, within BOUND."""
+def save_outcome(path, version: int = 1):
+    """What a whole save (start, then wait) of checkpoint `version` by a warm saver did on this rank, within BOUND."""
     rank, _ = world()
     saver = warm_saver(path)
-    outcome = attempt(lambda: start(saver, rank_state(rank, 1), path).wait(), bound=BOUND, what="start() and wait()")
+    state = rank_state(rank, version)
+    outcome = attempt(lambda: start(saver, state, path).wait(), bound=BOUND, what="start() and wait()")
     attempt(saver.close, bound=BOUND, what="close()")
     return outcome
 

@@ -59,7 +59,18 @@ __all__ = [
 
 DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
 INDEX = "areas.toml"
-_FIELDS = {"id", "statement", "symptom", "basis", "severity", "source", "decision", "weakens", "snapshot", "no_weak_level"}
+_FIELDS = {
+    "id",
+    "statement",
+    "symptom",
+    "basis",
+    "severity",
+    "source",
+    "decision",
+    "weakens",
+    "snapshot",
+    "no_weak_level",
+}
 _REQUIRED = {"id", "statement", "symptom", "basis", "severity", "source"}
 BASES = ("documented", "implied", "decision")
 SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")

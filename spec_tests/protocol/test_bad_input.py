@@ -1,6 +1,7 @@
 """Bad input through the protocol interface (P-INPUT-1): a location that is a file, a directory that already
 holds a checkpoint, a state dict with a value that cannot be saved. Every rank gets an error, and the location
-is left exactly as it was."""
+is left exactly as it was. At the weak level (P-INPUT-1w) the ranks agree, and nothing is left half-done: an
+existing checkpoint loads as it was or as the new save, and a save that failed commits nothing."""
 
 import os
 
@@ -25,10 +26,10 @@ from spec_tests.harness.ranks import run_on_ranks, world
 pytestmark = pytest.mark.needs("protocol")
 
 
-def _unsaveable(path):
+def _unsaveable(path, version: int = 1):
     """Rank 1's state dict holds a lambda, which no checkpoint format can save (pickle refuses it)."""
     rank, _ = world()
-    state = rank_state(rank, 1)
+    state = rank_state(rank, version)
     if rank == 1:
         state["r1"]["hook"] = lambda: None
     saver = warm_saver(path)
@@ -75,3 +76,33 @@ def test_bad_input_fails_on_every_rank_and_leaves_the_location_as_it_was(tmp_pat
     assert after == before, f"a refused save ({case}) changed the location: {changed or 'its contents'}"
     if case == "checkpoint":
         assert_loads(path, expected(2, 1), call=f"{loader()} of the checkpoint a refused save would have overwritten")
+
+
+def _whole(path: str, case: str, returned: bool) -> str | None:
+    """What P-INPUT-1w finds wrong with the location after a bad-input save of checkpoint 2 that every rank agreed on."""
+    if case == "checkpoint":
+        problems = []
+        for version in (1, 2):  # as it was, or overwritten whole by the new save
+            try:
+                assert_loads(path, expected(2, version))
+                return None
+            except Exception as exc:  # any failure to load is what the clause judges
+                problems.append(f"as checkpoint {version}: {type(exc).__name__}: {exc}")
+        return f"the checkpoint at the location loads neither as it was nor as the new save ({'; '.join(problems)})"
+    if returned:
+        return f"a save with bad input ({case}) reported success on every rank"
+    return f"a save that failed ({case}) left a committed checkpoint" if committed(path, 2) else None
+
+
+@pytest.mark.spec("P-INPUT-1w")
+@pytest.mark.parametrize("case", ["file", "checkpoint", "unsaveable"])
+def test_bad_input_leaves_the_ranks_agreeing_and_nothing_half_done(tmp_path, case):
+    path = _before(str(tmp_path), case)
+    body = _unsaveable if case == "unsaveable" else save_outcome
+    outcomes = run_on_ranks(body, 2, (path, 2), timeout=240)
+    hung = [r for r, o in enumerate(outcomes) if o.text == HUNG]
+    assert not hung, f"a save with bad input ({case}) hung on ranks {hung}: {[str(o) for o in outcomes]}"
+    said = {r: "returned" if o.returned else "raised" for r, o in enumerate(outcomes)}
+    assert len(set(said.values())) == 1, f"the ranks disagree on a save with bad input ({case}): {said}"
+    problem = _whole(path, case, outcomes[0].returned)
+    assert problem is None, problem
