@@ -1,6 +1,8 @@
 """Several saves in flight at once never mix (P-ISO-1): each through the real DCP write path, each committing
 exactly its own data, whether the second comes from the same saver (the tensors changed in place in between,
-as a training step does) or from a second saver with a state dict of its own."""
+as a training step does) or from a second saver with a state dict of its own. At the weak level (P-ISO-1w) the
+saves may fail or time out, but what is committed is exactly its own save, and a save every rank saw succeed is
+committed."""
 
 import pytest
 import torch
@@ -8,6 +10,7 @@ import torch
 from spec_tests.drivers.protocol_saves import (
     BOUND,
     assert_loads,
+    committed,
     expected,
     loader,
     rank_state,
@@ -63,3 +66,30 @@ def test_saves_in_flight_together_each_commit_their_own_data(tmp_path, same_save
     run_on_ranks(_two_in_flight, 2, (str(tmp_path), same_saver), timeout=400)
     for version in (1, 2):
         assert_loads(f"{tmp_path}/v{version}", expected(2, version, NUMEL), call=f"{loader()} of save v{version}")
+
+
+def _two_in_flight_outcome(tmp, same_saver) -> str:
+    """What `_two_in_flight` did on this rank: "returned", or the exception (a bound exceeded included)."""
+    try:
+        _two_in_flight(tmp, same_saver)
+    except Exception as exc:  # any failure is allowed at the weak level; what was committed is judged
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    return "returned"
+
+
+@pytest.mark.spec("P-ISO-1w")
+@pytest.mark.tensor_device
+@pytest.mark.parametrize("same_saver", [True, False], ids=["one-saver", "two-savers"])
+def test_saves_in_flight_together_never_commit_the_other_saves_data(tmp_path, same_saver):
+    outcomes = run_on_ranks(_two_in_flight_outcome, 2, (str(tmp_path), same_saver), timeout=400)
+    problems = []
+    for version in (1, 2):
+        path = f"{tmp_path}/v{version}"
+        if committed(path, 2):
+            try:
+                assert_loads(path, expected(2, version, NUMEL), call=f"{loader()} of save v{version}")
+            except Exception as exc:  # a committed checkpoint that does not load as its own save is the failure
+                problems.append(f"save v{version} is committed but is not its own data: {type(exc).__name__}: {exc}")
+        elif all(outcome == "returned" for outcome in outcomes):
+            problems.append(f"every rank's wait() returned, but save v{version} is not committed")
+    assert not problems, f"{'; '.join(problems)} (the ranks: {outcomes})"
