@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 __all__ = [
     "DTYPES",
+    "WEAK_STATE",
     "dcp_state_dicts",
     "mutate_in_place",
+    "neither_old_nor_mutated",
     "private_copy",
     "replication_layouts",
     "replication_params",
@@ -80,6 +82,35 @@ def mutate_in_place(obj: object) -> None:
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             mutate_in_place(value)
+
+
+# A fixed state dict for the weak snapshot levels: float, integer and half tensors whose elements +1 are exact.
+WEAK_STATE = {"w": torch.arange(64.0), "n": 3, "deep": {"i": torch.arange(5), "h": torch.full((4,), 0.5).half()}}
+
+
+def neither_old_nor_mutated(got: Any, old: Any, where: str = "") -> list[str]:
+    """Where `got` (a loaded state dict) holds something other than `old` or `old` after mutate_in_place (tensors +1,
+    the rest unchanged), element by element: what a weak snapshot level forbids. Bool tensors are not judged
+    (mutate_in_place negates them: every value is old or new)."""
+    if isinstance(old, dict):
+        if not isinstance(got, dict) or set(got) != set(old):
+            return [
+                f"{where or 'the state dict'}: keys {sorted(got) if isinstance(got, dict) else got!r}, saved {sorted(old)}"
+            ]
+        return [p for key in old for p in neither_old_nor_mutated(got[key], old[key], f"{where}[{key!r}]")]
+    if not isinstance(old, torch.Tensor):
+        return [] if got == old else [f"{where}: {got!r}, saved {old!r}"]
+    if not isinstance(got, torch.Tensor) or got.shape != old.shape or got.dtype != old.dtype:
+        return [f"{where}: {got!r} where a {old.dtype} tensor of shape {tuple(old.shape)} was saved"]
+    got = got.cpu()
+    bad = ~((got == old) | (got == old + 1)).flatten()
+    if not bad.any():
+        return []
+    i = int(bad.nonzero()[0])
+    seen, before = got.flatten()[i].item(), old.flatten()[i].item()
+    return [
+        f"{where}: {int(bad.sum())} of {old.numel()} elements neither old nor changed, first [{i}] = {seen} ({before} or {before + 1} saved)"
+    ]
 
 
 def private_copy(obj: Any, device: str | None = None) -> Any:

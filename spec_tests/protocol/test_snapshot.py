@@ -55,36 +55,9 @@ def test_checkpoint_holds_the_state_when_start_returned(rank_pool, tmp_path_fact
     assert not problems, problems[0]
 
 
-# A fixed state dict for the weak level: float, integer and half tensors whose elements +1 are exact.
-WEAK_STATE = {"w": torch.arange(64.0), "n": 3, "deep": {"i": torch.arange(5), "h": torch.full((4,), 0.5).half()}}
-
-
-def _neither_old_nor_new(got, old, where: str) -> list[str]:
-    """Where `got` holds something other than `old` or `old` after mutate_in_place (tensors +1, the rest unchanged)."""
-    if isinstance(old, dict):
-        if not isinstance(got, dict) or set(got) != set(old):
-            return [
-                f"{where or 'the state dict'}: keys {sorted(got) if isinstance(got, dict) else got!r}, saved {sorted(old)}"
-            ]
-        return [p for key in old for p in _neither_old_nor_new(got[key], old[key], f"{where}[{key!r}]")]
-    if not isinstance(old, torch.Tensor):
-        return [] if got == old else [f"{where}: {got!r}, saved {old!r}"]
-    if not isinstance(got, torch.Tensor) or got.shape != old.shape or got.dtype != old.dtype:
-        return [f"{where}: {got!r} where a {old.dtype} tensor of shape {tuple(old.shape)} was saved"]
-    got = got.cpu()
-    bad = ~((got == old) | (got == old + 1)).flatten()
-    if not bad.any():
-        return []
-    i = int(bad.nonzero()[0])
-    seen, before = got.flatten()[i].item(), old.flatten()[i].item()
-    return [
-        f"{where}: {int(bad.sum())} of {old.numel()} elements neither old nor changed, first [{i}] = {seen} ({before} or {before + 1} saved)"
-    ]
-
-
 def _elements_old_or_new(path):
     rank, world_size = world()
-    mine = _own(rank, WEAK_STATE, devices.current())
+    mine = _own(rank, strategies.WEAK_STATE, devices.current())
     if "saver" not in rank_state:
         rank_state["saver"] = warm_saver(path)
     handle = start(rank_state["saver"], mine, path)
@@ -92,8 +65,8 @@ def _elements_old_or_new(path):
     wait(handle)
     old: dict = {}
     for r in range(world_size):
-        old.update(_own(r, WEAK_STATE))
-    return _neither_old_nor_new(load(old, path), old, "")
+        old.update(_own(r, strategies.WEAK_STATE))
+    return strategies.neither_old_nor_mutated(load(old, path), old)
 
 
 @pytest.mark.spec("P-SNAP-1w")

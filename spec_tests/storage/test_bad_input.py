@@ -1,4 +1,5 @@
-"""Bad input is refused with a clear error before anything is written."""
+"""Bad input is refused with a clear error before anything is written (at FS-13's weak level FS-13w, a save into
+a checkpoint directory may overwrite it, but whole)."""
 
 import os
 from typing import NamedTuple
@@ -59,6 +60,26 @@ def test_a_directory_holding_a_checkpoint_is_refused_and_kept(rank_pool, tmp_pat
         f"planning a save into a checkpoint directory changed it: files {sorted(trees.before)} "
         f"became {sorted(trees.after)} (or their contents changed)"
     )
+
+
+OLD, NEW = {"w": torch.arange(4.0)}, {"w": torch.full((4,), 7.0), "extra": torch.ones(1)}
+
+
+def _save_over(path) -> str | None:
+    """Save NEW into a directory holding OLD: what FS-13w finds wrong with the directory afterwards, or None."""
+    saving.async_save(OLD, path, persistent=None, thread_count=2)
+    before = saving.tree(path)
+    try:
+        saving.async_save(NEW, path, persistent=None, thread_count=2)
+    except CheckpointException:
+        return None if saving.tree(path) == before else "a refused save into a checkpoint directory changed it"
+    return saving.mismatch(saving.load(NEW, path), NEW, "dcp.load of a checkpoint directory saved over")
+
+
+@pytest.mark.spec("FS-13w")
+def test_a_save_over_a_checkpoint_is_refused_or_overwrites_it_whole(rank_pool, tmp_path):
+    problem = rank_pool(1).run(_save_over, str(tmp_path / "ckpt"))[0]
+    assert problem is None, problem
 
 
 class Construction(NamedTuple):

@@ -1,4 +1,5 @@
-"""What the async path saves is what stock DCP loads: values, views, the snapshot point, empty state dicts."""
+"""What the async path saves is what stock DCP loads: values, views, the snapshot point (at its weak level FS-4w, each
+element as scheduled or as updated), empty state dicts."""
 
 import os
 import uuid
@@ -90,6 +91,26 @@ def _snapshot(tmp, state_dict, persistent):
 def test_the_checkpoint_holds_the_state_when_scheduling_returned(rank_pool, tmp_path_factory, persistent, state_dict):
     problem = rank_pool(1).run(_snapshot, str(tmp_path_factory.mktemp("snap")), state_dict, persistent)[0]
     assert problem is None, problem
+
+
+def _snapshot_weak(tmp, persistent) -> list[str]:
+    path, gate = _fresh_dir(tmp), os.path.join(tmp, uuid.uuid4().hex)
+    state_dict = strategies.private_copy(strategies.WEAK_STATE, devices.current())
+    writer = saving.module("filesystem_async").FileSystemWriterAsync(path, thread_count=2)
+    queue = saving.queue(persistent)
+    queue.schedule_async_request(saving.request(writer, saving.plan(state_dict, writer), gate=gate))
+    strategies.mutate_in_place(state_dict)
+    workloads.open_gate(gate)
+    saving.finalize(queue)
+    return strategies.neither_old_nor_mutated(saving.load(strategies.WEAK_STATE, path), strategies.WEAK_STATE)
+
+
+@pytest.mark.spec("FS-4w")
+@pytest.mark.tensor_device
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_each_element_is_saved_as_scheduled_or_as_updated(rank_pool, tmp_path, persistent):
+    problems = rank_pool(1).run(_snapshot_weak, str(tmp_path), persistent)[0]
+    assert not problems, "dcp.load of a save whose tensors were updated after scheduling: " + "; ".join(problems)
 
 
 def _empty(tmp, persistent):
