@@ -115,6 +115,8 @@ def _execute_sync_effects(tmp):
         workloads.append_line(log, "preload")
         return "async"  # becomes argument 1 of async_fn: the text it appends
 
+    # Two arguments, not the three of Megatron's writer: the queue's callers run a request of any layout, and
+    # execute_sync is to do what they do.
     req = async_core().AsyncRequest(
         workloads.append_line,
         (log, "placeholder"),
@@ -127,6 +129,8 @@ def _execute_sync_effects(tmp):
 
 @pytest.mark.spec("AR-6", "AR-7")
 def test_execute_sync_runs_preload_then_async_fn_then_finalize(rank_pool, tmp_path):
+    """AR-6: execute_sync has the async path's effects, in order, for a request the async path runs; AR-7: the
+    preloaded value reaches async_fn as argument 1. A target failing it names the clause it broke (its entry)."""
     assert_equal(
         "effects in order",
         rank_pool(1).run(_execute_sync_effects, str(tmp_path))[0],

@@ -3,14 +3,20 @@ killed with a save in flight (P-BOUND-1), storage that stops answering (P-BOUND-
 
 The faults are placed in the checkpoint directory itself, so they reach a writer in any process (a thread, a
 forked or a spawned worker): a directory where a rank's data file `__<rank>_0.distcp` is to be created makes
-its open fail; a FIFO there makes its open block until someone reads it (storage that hangs).
+its open fail; a FIFO there makes its open block until someone reads it (storage that hangs). A format without a
+commit marker moves each data file in whole from elsewhere, and a move onto a directory puts the file inside it:
+there the write is failed instead by the injected file-system layer (fault_injection.faultfs: EIO on the move
+into place and on the copy a failed move falls back to), in the failing rank's process and its threads; where
+that layer never fired, the test skips saying so.
 """
 
+import errno
 import os
 import signal
 
 import pytest
 
+from fault_injection import faultfs
 from spec_tests.drivers.protocol_saves import (
     BOUND,
     EXIT_BOUND,
@@ -25,17 +31,39 @@ from spec_tests.drivers.protocol_saves import (
     warm_saver,
 )
 from spec_tests.harness.asserts import HUNG, attempt
+from spec_tests.harness.formats import checkpoint_format
 from spec_tests.harness.ranks import run_on_ranks, world
 
 pytestmark = pytest.mark.needs("protocol")
 
 
+def _moved_in() -> bool:
+    """Whether the target's format moves each data file in whole (no commit marker): see the module docstring."""
+    return checkpoint_format().marker is None
+
+
+def _outcome_with_failing_move(path, failing_rank, log):
+    """save_outcome; on `failing_rank`, the move of its data file into place and the copy fallback raise EIO."""
+    if world()[0] != failing_rank:
+        return save_outcome(path)
+    name = "*" + os.path.basename(data_file(path, failing_rank))  # a move is logged as "<from>-><to>"
+    faults = tuple(faultfs.Fault("raise", errno=errno.EIO, op=op, name=name) for op in ("rename", "open"))
+    with faultfs.installed(faultfs.Plan(root=path, log=log, faults=faults)):
+        return save_outcome(path)
+
+
 @pytest.mark.spec("P-ERROR-1")
 @pytest.mark.parametrize("failing_rank", [0, 1])
 def test_a_write_failing_on_one_rank_fails_the_save_on_every_rank(tmp_path, failing_rank):
-    path = str(tmp_path / "c")
-    os.makedirs(data_file(path, failing_rank))  # that rank's data file cannot be created
-    outcomes = run_on_ranks(save_outcome, 2, (path,), timeout=120)
+    path, log = str(tmp_path / "c"), str(tmp_path / "faultfs.log")
+    if _moved_in():
+        os.makedirs(path)
+        outcomes = run_on_ranks(_outcome_with_failing_move, 2, (path, failing_rank, log), timeout=120)
+        if not (os.path.exists(log) and faultfs.fired(log, "raise")):
+            pytest.skip("the injected layer saw no move of the rank's data file into place: no write failed")
+    else:
+        os.makedirs(data_file(path, failing_rank))  # that rank's data file cannot be created
+        outcomes = run_on_ranks(save_outcome, 2, (path,), timeout=120)
     listing = sorted(os.listdir(path))
     wrong = {r: str(o) for r, o in enumerate(outcomes) if o.returned or o.text == HUNG}
     assert not wrong, (
