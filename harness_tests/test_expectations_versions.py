@@ -86,6 +86,7 @@ def test_an_entry_keeps_its_specifier(tmp_path):
         ('match = "(unclosed"', "match '(unclosed' is not a regular expression"),
         ('verdict = "fine"', "verdict 'fine' is not one of api-changed, decision, documented-otherwise"),
         ('tensor_device = "gpu"', "tensor_device 'gpu' is not 'cpu' or 'cuda'"),
+        ('severity = "bad"', "severity 'bad' is not one of data-loss, hang, leak, wrong-error, cosmetic"),
     ],
 )
 def test_a_bad_versions_field_is_one_clear_error(tmp_path, extra, message):

@@ -88,3 +88,13 @@ def test_a_data_loss_or_hang_break_says_what_the_release_still_keeps(tmp_path):
     assert "- **Weak level**: none applies: nothing weaker to promise" in entries["I-1"]
     assert "- **Weak level**: none yet" in entries["D-3"]
     assert "Weak level" not in entries["D-1"]  # cosmetic: no weak level asked
+
+
+def test_a_target_whose_entry_says_its_own_severity_is_judged_by_it(tmp_path):
+    lost = _xfail("t.py::lost", "D-2", "a loud assertion, nothing written")
+    lost["entry"]["severity"] = "wrong-error"
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"target": "lib", "version": "1.0", "clauses": REGISTRY, "tests": [lost]}))
+    text = findings.page(load_run(path), REGISTRY, root=tmp_path)
+    assert "### D-2 (wrong-error): breaks its documentation" in text
+    assert "Weak level" not in text.split("## Stricter")[0]  # asked only of a data-loss or hang break

@@ -33,6 +33,10 @@ The file (named by the adapter's EXPECTATIONS) is TOML:
     intermittent = "failed 2 of 3 runs"          optional: the failure does not happen on every run (a race
                                                  in the target); the xfail is then not strict, and the
                                                  value says how often it was seen
+    severity = "wrong-error"                     optional: what a user of this target suffers, where it is less
+                                                 (or more) than the clause's severity says (e.g. a loud
+                                                 assertion where the clause fears silent data loss); the
+                                                 reason says why. The findings pages use it for this target
     tensor_device = "cuda"                       optional: only when the snapshot family's tensors live on
                                                  this device (--tensor-device; devices.py); without it the
                                                  entry applies on either
@@ -68,6 +72,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness.clauses import SEVERITIES
 
 __all__ = [
     "VERDICTS",
@@ -85,7 +90,7 @@ __all__ = [
 # An entry's `verdict`: what its failure means when it is not the target breaking the clause.
 VERDICTS = frozenset({"api-changed", "documented-otherwise", "decision"})
 _REQUIRED = {"test", "clause", "reason"}
-_OPTIONAL = {"versions", "level", "intermittent", "raises", "match", "verdict", "tensor_device"}
+_OPTIONAL = {"versions", "level", "intermittent", "raises", "match", "verdict", "tensor_device", "severity"}
 
 # Functions that run a hypothesis state machine: a test calling one draws examples too.
 _MACHINE_RUNNERS = frozenset({"run_machine", "run_state_machine_as_test"})
@@ -107,6 +112,7 @@ class Entry:
     match: str | None = None  # a regular expression the failure's text contains
     verdict: str | None = None  # one of VERDICTS, or None: the target breaks the clause
     tensor_device: str | None = None  # "cpu" or "cuda": only for runs with the trainer's tensors there
+    severity: str | None = None  # this target's severity where it differs from the clause's; None: the clause's
 
     @property
     def label(self) -> str:
@@ -185,6 +191,8 @@ def _entry(path: str, index: int, entry: object) -> Entry:
         )
     if entry.get("verdict", "api-changed") not in VERDICTS:
         raise ExpectationsError(f"{where}: verdict {entry['verdict']!r} is not one of {', '.join(sorted(VERDICTS))}")
+    if entry.get("severity", "data-loss") not in SEVERITIES:
+        raise ExpectationsError(f"{where}: severity {entry['severity']!r} is not one of {', '.join(SEVERITIES)}")
     if "raises" in entry and not entry["raises"].isidentifier():
         raise ExpectationsError(f"{where}: raises {entry['raises']!r} is not an exception class name")
     if "match" in entry:

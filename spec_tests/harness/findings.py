@@ -50,7 +50,7 @@ def _tests(run: Run, clause_id: str) -> list[str]:
 def _weak_level(run: Run, cid: str, clause: Mapping[str, Any], registry: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """What the release still keeps of a strict data-loss or hang clause it breaks: its weak level's verdict, or
     why none applies, or that none is written yet (an expected failure could then hide a worse one)."""
-    if clause.get("severity") not in ("data-loss", "hang") or clause.get("weakens"):
+    if _severity(run, cid, clause) not in ("data-loss", "hang") or clause.get("weakens"):
         return []
     weak = clause_registry.weak_levels(registry).get(cid)
     if weak is not None:
@@ -66,7 +66,7 @@ def _entry(
     clause = registry[cid]
     repro = Path(REPRO_DIR) / page_name(run) / f"{cid}.py"
     lines = [
-        f"### {cid} ({clause.get('severity', 'severity not yet assessed')}): {verdict}",
+        f"### {cid} ({_severity(run, cid, clause)}): {verdict}",
         "",
         f"- **Clause**: {clause.get('statement', '')}",
         f"- **Basis**: {verdicts.basis_of(clause)}; source: {clause.get('source', '')}",
@@ -109,7 +109,9 @@ def page(
     applying ones open the page."""
     judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
     broken = [cid for cid, v in judged.items() if v.broken and v.word != verdicts.BROKEN_WORDS["decision"]]
-    broken.sort(key=lambda cid: (_rank(registry[cid]), verdicts.basis_of(registry[cid]) != "documented"))
+    broken.sort(
+        key=lambda cid: (_rank(_severity(run, cid, registry[cid])), verdicts.basis_of(registry[cid]) != "documented")
+    )
     stricter = [cid for cid, v in judged.items() if v.word == verdicts.BROKEN_WORDS["decision"]]
     weak_only = [cid for cid, v in judged.items() if v.word == "weak level only"]
     otherwise = [
@@ -135,7 +137,7 @@ def page(
             line.removeprefix("- **Weak level**:").strip() for line in _weak_level(run, cid, registry[cid], registry)
         )
         lines.append(
-            f"- {cid} ({registry[cid].get('severity', '?')}): {registry[cid]['statement']}"
+            f"- {cid} ({_severity(run, cid, registry[cid])}): {registry[cid]['statement']}"
             + (f" Weak level: {weak}" if weak else "")
         )
     lines += ["", f"## Weak level only ({len(weak_only)})", ""]
@@ -145,8 +147,12 @@ def page(
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _rank(clause: Mapping[str, Any]) -> int:
-    severity = clause.get("severity")
+def _severity(run: Run, cid: str, clause: Mapping[str, Any]) -> str:
+    """The clause's severity for the run's target: its expectations entry's where it says one, else the clause's."""
+    return str(run.severity(cid, clause.get("severity", "severity not yet assessed")))
+
+
+def _rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 

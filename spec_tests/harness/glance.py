@@ -57,8 +57,12 @@ def release_of(run: Run) -> str:
     return target.removeprefix(f"{key}-")
 
 
-def _severity_rank(clause: Mapping[str, Any]) -> int:
-    severity = clause.get("severity")
+def _severity(runs: Sequence[Run], cid: str, clause: Mapping[str, Any]) -> str:
+    """The worst severity of the clause among `runs` (each run's expectations entry may say its own)."""
+    return min((str(run.severity(cid, clause.get("severity", ""))) for run in runs), key=_rank)
+
+
+def _rank(severity: str) -> int:
     return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
@@ -84,9 +88,14 @@ def _library(
     version = f"; torch {', '.join(shared)}" if shared else ""
     lines = [f"**{name}** (findings: {pages}{version}). Clauses judged on each release: "]
     lines[0] += "; ".join(_counts(run, judged[run.label]) for run in runs) + "."
+    broken_on = {cid: [run for run in runs if judged[run.label][cid].word in _BREAKS] for cid in registry}
     breaks = sorted(
-        {cid for run in runs for cid, v in judged[run.label].items() if v.word in _BREAKS},
-        key=lambda cid: (_severity_rank(registry[cid]), verdicts.basis_of(registry[cid]) != "documented", cid),
+        (cid for cid, on in broken_on.items() if on),
+        key=lambda cid: (
+            _rank(_severity(broken_on[cid], cid, registry[cid])),
+            verdicts.basis_of(registry[cid]) != "documented",
+            cid,
+        ),
     )
     lines += [
         "",
@@ -94,15 +103,14 @@ def _library(
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for cid in breaks:
-        broken_on = [run for run in runs if judged[run.label][cid].word in _BREAKS]
-        repros = [(run, path) for run in broken_on if (path := repro_path(run, cid, root))]
+        repros = [(run, path) for run in broken_on[cid] if (path := repro_path(run, cid, root))]
         repro = ", ".join(f"[{release_of(run)}]({path})" for run, path in repros) or "not yet written"
         cells = [
-            str(registry[cid].get("severity", "")),
+            _severity(broken_on[cid], cid, registry[cid]),
             symptom(registry[cid]),
             cid,
             verdicts.basis_of(registry[cid]),
-            ", ".join(release_of(run) for run in broken_on),
+            ", ".join(release_of(run) for run in broken_on[cid]),
             repro,
         ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")

@@ -219,6 +219,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         entry = item.stash.get(expectations.ENTRY, None)
         if entry is not None:  # recorded with the outcome: the report charges the failure to these clauses only
             fields = {"clauses": list(entry.clauses), "verdict": entry.verdict, "intermittent": entry.intermittent}
+            fields |= {"severity": entry.severity} if entry.severity else {}
             item.user_properties.append(("spec_entry", fields))
     stale = [
         f"{path}: {e.test} [{e.label}] matches no collected test"

@@ -3,7 +3,7 @@ the command that makes one (a target here, or one release of it in its nox sessi
 
 A file is {"target", "version", "capabilities", "clauses": {id: {...}}, "tests": [record, ...]} (written by
 spec_tests.harness.plugin); a record is {"nodeid", "outcome", "when", "clauses" (cited), "duration", "message"}
-and, for an expected failure, "entry" {"clauses" (charged), "verdict", "intermittent"} and "failure" {"type",
+and, for an expected failure, "entry" {"clauses" (charged), "verdict", "intermittent", "severity"?} and "failure" {"type",
 "text"}. Files written before entries were recorded carry the charged clauses only as the reason's prefix
 (`[AQ-1] ...` or `[AQ-1, AQ-2] ...`); `load_run` reads them from there.
 
@@ -69,6 +69,7 @@ class Record(NamedTuple):
     verdict: str | None = None  # the entry's verdict ("api-changed", "documented-otherwise", "decision") or None
     intermittent: str | None = None  # the entry's "failed k of n runs", for a non-strict entry
     message: str = ""
+    severity: str | None = None  # the entry's severity for this target, where it differs from the clause's
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,12 @@ class Run:
 
     def citing(self, clause_id: str) -> list[Record]:
         return [record for record in self.tests.values() if clause_id in record.cited]
+
+    def severity(self, clause_id: str, default: Any) -> Any:
+        """The clause's severity for this target: what an expected failure's entry says (its `severity`), else
+        `default` (the clause's own)."""
+        own = [r.severity for r in self.citing(clause_id) if r.severity and clause_id in r.charged]
+        return own[0] if own else default
 
     def outcomes(self, clause_id: str) -> list[str]:
         return [record.outcome for record in self.citing(clause_id)]
@@ -134,9 +141,8 @@ def _record(path: Path, index: int, test: Any) -> Record:
         path,
         f"{where}.entry.clauses must list clauses the test cites",
     )
-    return Record(
-        test["outcome"], frozenset(cited), frozenset(charged), entry.get("verdict"), entry.get("intermittent"), message
-    )
+    verdict, intermittent, severity = entry.get("verdict"), entry.get("intermittent"), entry.get("severity")
+    return Record(test["outcome"], frozenset(cited), frozenset(charged), verdict, intermittent, message, severity)
 
 
 def load_run(path: Path | str) -> Run:
