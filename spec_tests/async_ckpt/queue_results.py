@@ -90,7 +90,7 @@ class Aborted:
 class BadInput:
     schedule_non_requests: list  # what schedule_async_request did with an object() and a plain tuple
     pending: int
-    schedule_after_close: str
+    second_close: str  # "returned" or the class name of what close() raised the second time
 
 
 @dataclass(frozen=True)

@@ -350,19 +350,18 @@ def _bad_input():
     queue = core.AsyncCallsQueue(persistent=False)
     errors = [attempt(queue.schedule_async_request, bad).text for bad in (object(), ("not", "a", "request"))]
     pending = queue.get_num_unfinalized_calls()
-    queue.close()
-    queue.close()
-    closed = attempt(queue.schedule_async_request, core.AsyncRequest(None, (), [])).text
-    return BadInput(errors, pending, closed)
+    bounded(60, "close()", queue.close)
+    return BadInput(errors, pending, attempt(queue.close, bound=60, what="close() a second time").text)
 
 
 @pytest.mark.spec("AQ-12")
 def test_bad_input_gets_a_clear_error(rank_pool):
+    # Scheduling on a closed queue is the next test's (NVRx 0.7.0 documents a restart there).
     assert_equal(
         "queue",
         rank_pool(1).run(_bad_input)[0],
-        BadInput(schedule_non_requests=["TypeError", "TypeError"], pending=0, schedule_after_close="RuntimeError"),
-        call="schedule_async_request(object()), (a tuple); close() twice; schedule_async_request(request)",
+        BadInput(schedule_non_requests=["TypeError", "TypeError"], pending=0, second_close="returned"),
+        call="schedule_async_request(object()), (a tuple); close() twice",
     )
 
 

@@ -4,6 +4,12 @@ Rules interleave schedule (some calls fail on the last rank), opening a call's g
 finish), non-blocking polls, blocking finalizes and close. The model knows which calls may be finalized:
 a poll may return any prefix of the pending calls whose gates are open (completion is asynchronous), a
 blocking finalize must return all of them up to the first failed call, and every rank must agree.
+
+After close() the machine schedules one more call. It must be refused with RuntimeError (AQ-12), or start the
+queue afresh (index 0, the call then finalized like any other): the restart that AQ-12's decision records as
+NVRx 0.7.0's intended behaviour (abort_nvrx_checkpoint relies on it), so that the machine explores past close()
+on that release too. RuntimeError alone is required by test_queue_after_close.py, whose expectations say which
+releases document the restart.
 """
 
 import contextlib
@@ -41,6 +47,7 @@ class Finalized:
 class Closed:
     finalize_fns_run: list
     schedule_after_close: str  # "returned" or the class name of what it raised
+    index_after_close: int | None  # what it returned
 
 
 def _open_queue(persistent):
@@ -77,12 +84,13 @@ def _finalize(blocking, no_dist):
     return Finalized(done.text, done.value, log[before:], queue.get_num_unfinalized_calls())
 
 
-def _close():
+def _close(k):
     queue, log = rank_state["queue"], rank_state["log"]
     before = len(log)
     bounded(60, "close()", queue.close)
-    after = attempt(queue.schedule_async_request, async_core().AsyncRequest(None, (), [])).text
-    return Closed(log[before:], after)
+    # Ungated: a call that a queue takes after close() finishes by itself, whatever the machine concludes.
+    after = attempt(_schedule, None, k, False, bound=60, what="schedule_async_request() after close()")
+    return Closed(log[before:], after.text, after.value)
 
 
 def _pending():
@@ -214,16 +222,28 @@ class QueueMachine(RuleBasedStateMachine):
         self._open_all()
         while any(c.fails for c in self.model.pending):  # failed calls first: close() would raise on them
             self._finalize(True, False, exact=True)
-        closed = agreed("close()", self.pool.run(_close))
-        note(f"close(): finalize fns of calls {closed.finalize_fns_run}; then schedule: {closed.schedule_after_close}")
-        want = [c.k for c in self.model.pending]
+        model = self.model
+        model.scheduled += 1
+        k = model.scheduled
+        closed = agreed("close()", self.pool.run(_close, k))
+        note(
+            f"close(): finalize fns of calls {closed.finalize_fns_run}; then schedule call {k}: "
+            f"{closed.schedule_after_close} {closed.index_after_close}"
+        )
+        want = [c.k for c in model.pending]
         assert closed.finalize_fns_run == want, (
             f"close() finalized calls {closed.finalize_fns_run}, but should finalize {want} [AQ-10]"
         )
+        model.pending = []
+        if closed.schedule_after_close == "returned" and closed.index_after_close == 0:
+            model.pending.append(Call(k, 0, fails=False, gate_open=True))  # a restarted queue counts afresh
+            model.next_index = 1
+            return
         assert closed.schedule_after_close == "RuntimeError", (
-            f"schedule_async_request() after close()={closed.schedule_after_close}, but should be RuntimeError [AQ-12]"
+            f"schedule_async_request() after close()={closed.schedule_after_close}, but should be RuntimeError "
+            f"(or index 0 of a restarted queue; it returned {closed.index_after_close}) [AQ-12]"
         )
-        self.model.pending, self.model.closed = [], True
+        model.closed = True
 
     @invariant()
     def counts_agree(self):
