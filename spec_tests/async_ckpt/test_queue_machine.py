@@ -4,12 +4,6 @@ Rules interleave schedule (some calls fail on the last rank), opening a call's g
 finish), non-blocking polls, blocking finalizes and close. The model knows which calls may be finalized:
 a poll may return any prefix of the pending calls whose gates are open (completion is asynchronous), a
 blocking finalize must return all of them up to the first failed call, and every rank must agree.
-
-After close() the machine schedules one more call. It must be refused with RuntimeError (AQ-12), or start the
-queue afresh (index 0, the call then finalized like any other): the restart that AQ-12's decision records as
-NVRx 0.7.0's intended behaviour (abort_nvrx_checkpoint relies on it), so that the machine explores past close()
-on that release too. RuntimeError alone is required by test_queue_after_close.py, whose expectations say which
-releases document the restart.
 """
 
 import contextlib
@@ -47,7 +41,6 @@ class Finalized:
 class Closed:
     finalize_fns_run: list
     schedule_after_close: str  # "returned" or the class name of what it raised
-    index_after_close: int | None  # what it returned
 
 
 def _open_queue(persistent):
@@ -84,13 +77,12 @@ def _finalize(blocking, no_dist):
     return Finalized(done.text, done.value, log[before:], queue.get_num_unfinalized_calls())
 
 
-def _close(k):
+def _close():
     queue, log = rank_state["queue"], rank_state["log"]
     before = len(log)
     bounded(60, "close()", queue.close)
-    # Ungated: a call that a queue takes after close() finishes by itself, whatever the machine concludes.
-    after = attempt(_schedule, None, k, False, bound=60, what="schedule_async_request() after close()")
-    return Closed(log[before:], after.text, after.value)
+    after = attempt(queue.schedule_async_request, async_core().AsyncRequest(None, (), [])).text
+    return Closed(log[before:], after)
 
 
 def _pending():
@@ -222,28 +214,16 @@ class QueueMachine(RuleBasedStateMachine):
         self._open_all()
         while any(c.fails for c in self.model.pending):  # failed calls first: close() would raise on them
             self._finalize(True, False, exact=True)
-        model = self.model
-        model.scheduled += 1
-        k = model.scheduled
-        closed = agreed("close()", self.pool.run(_close, k))
-        note(
-            f"close(): finalize fns of calls {closed.finalize_fns_run}; then schedule call {k}: "
-            f"{closed.schedule_after_close} {closed.index_after_close}"
-        )
-        want = [c.k for c in model.pending]
+        closed = agreed("close()", self.pool.run(_close))
+        note(f"close(): finalize fns of calls {closed.finalize_fns_run}; then schedule: {closed.schedule_after_close}")
+        want = [c.k for c in self.model.pending]
         assert closed.finalize_fns_run == want, (
             f"close() finalized calls {closed.finalize_fns_run}, but should finalize {want} [AQ-10]"
         )
-        model.pending = []
-        if closed.schedule_after_close == "returned" and closed.index_after_close == 0:
-            model.pending.append(Call(k, 0, fails=False, gate_open=True))  # a restarted queue counts afresh
-            model.next_index = 1
-            return
         assert closed.schedule_after_close == "RuntimeError", (
-            f"schedule_async_request() after close()={closed.schedule_after_close}, but should be RuntimeError "
-            f"(or index 0 of a restarted queue; it returned {closed.index_after_close}) [AQ-12]"
+            f"schedule_async_request() after close()={closed.schedule_after_close}, but should be RuntimeError [AQ-12]"
         )
-        model.closed = True
+        self.model.pending, self.model.closed = [], True
 
     @invariant()
     def counts_agree(self):
