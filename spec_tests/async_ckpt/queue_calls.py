@@ -13,11 +13,12 @@ from pathlib import Path
 
 import torch
 
+from spec_tests.async_ckpt.queue_results import HeadOfLine
 from spec_tests.harness import workloads
 from spec_tests.harness.asserts import bounded
 from spec_tests.harness.processes import async_core, wait_for_file
 
-__all__ = ["descriptors_left_by_an_abort", "finalize_queue", "lines", "request"]
+__all__ = ["descriptors_left_by_an_abort", "finalize_queue", "head_of_line", "lines", "request"]
 
 
 def request(gate=None, fail_with=None, log=None, tag=None):
@@ -41,6 +42,36 @@ def finalize_queue(queue, blocking=True, no_dist=False, bound=60):
 def lines(path):
     """The tags appended to the finalize log at `path` so far (none before the first)."""
     return Path(path).read_text().split() if os.path.exists(path) else []
+
+
+def head_of_line(tmp, persistent):
+    """Rank body: calls a (held by its gate) and b on one queue; a non-blocking poll; a's gate opened; a blocking
+    finalize. Records the indices each step returned, whose finalize functions it ran, and the pending count."""
+    log, gate = os.path.join(tmp, "log"), os.path.join(tmp, "gate_a")
+    queue = async_core().AsyncCallsQueue(persistent=persistent)
+    scheduled = {
+        "a": queue.schedule_async_request(request(gate, log=log, tag="a")),
+        "b": queue.schedule_async_request(request(None, log=log, tag="b")),
+    }
+    pending_scheduled = queue.get_num_unfinalized_calls()
+    poll_returned = finalize_queue(queue, blocking=False)
+    by_poll = lines(log)
+    pending_after_poll = queue.get_num_unfinalized_calls()
+    workloads.open_gate(gate)
+    blocking_returned = finalize_queue(queue)
+    by_blocking = lines(log)[len(by_poll) :]
+    result = HeadOfLine(
+        scheduled,
+        pending_scheduled,
+        poll_returned,
+        by_poll,
+        pending_after_poll,
+        blocking_returned,
+        by_blocking,
+        queue.get_num_unfinalized_calls(),
+    )
+    queue.close()
+    return result
 
 
 def descriptors_left_by_an_abort(tmp):

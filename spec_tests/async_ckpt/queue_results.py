@@ -30,11 +30,17 @@ class DefaultQueue:
 
 @dataclass(frozen=True)
 class HeadOfLine:
-    poll_with_call0_unfinished: list
-    pending_then: int
-    blocking_finalize: list
+    """What one queue showed for calls a (held by its gate) and b: a non-blocking poll, a's gate opened, a
+    blocking finalize. Each test of the sequence judges only its own clause's fields."""
+
+    scheduled: dict  # tag -> the index schedule_async_request returned
+    pending_scheduled: int  # get_num_unfinalized_calls() right after both were scheduled
+    poll_returned: list
+    fns_run_by_poll: list  # tags whose finalize functions ran during the poll
+    pending_after_poll: int
+    blocking_returned: list
+    fns_run_by_blocking: list
     pending_after: int
-    finalize_fns_run: list
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ class Aborted:
 class BadInput:
     schedule_non_requests: list  # what schedule_async_request did with an object() and a plain tuple
     pending: int
-    schedule_after_close: str
+    second_close: str  # "returned" or the class name of what close() raised the second time
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,13 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.async_ckpt.collective_counter import CollectiveCounter
-from spec_tests.async_ckpt.queue_calls import descriptors_left_by_an_abort, finalize_queue, lines, request
+from spec_tests.async_ckpt.queue_calls import (
+    descriptors_left_by_an_abort,
+    finalize_queue,
+    head_of_line,
+    lines,
+    request,
+)
 from spec_tests.async_ckpt.queue_results import (
     Aborted,
     BadInput,
@@ -21,7 +27,6 @@ from spec_tests.async_ckpt.queue_results import (
     DefaultQueue,
     EveryRankFinished,
     FailedCallDropped,
-    HeadOfLine,
     PollCosts,
     Unpicklable,
 )
@@ -67,33 +72,20 @@ def test_default_queue_is_persistent_and_counts_from_zero(rank_pool, tmp_path):
     )
 
 
-def _head_of_line(tmp, persistent):
-    log, gate0 = os.path.join(tmp, "log"), os.path.join(tmp, "gate0")
-    queue = async_core().AsyncCallsQueue(persistent=persistent)
-    queue.schedule_async_request(request(gate0, log=log, tag="a"))
-    queue.schedule_async_request(request(None, log=log, tag="b"))
-    early = finalize_queue(queue, blocking=False)
-    pending = queue.get_num_unfinalized_calls()
-    workloads.open_gate(gate0)
-    done = finalize_queue(queue)
-    result = HeadOfLine(early, pending, done, queue.get_num_unfinalized_calls(), lines(log))
-    queue.close()
-    return result
-
-
-@pytest.mark.spec("AQ-3", "AQ-5", "AQ-6")
+@pytest.mark.spec("AQ-3")
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_finalize_keeps_schedule_order_and_returns_what_it_finalized(rank_pool, tmp_path, persistent):
+    # The expected indices follow from whose finalize functions each step ran, so that this test judges only
+    # the returned indices (which calls each step finalizes is AQ-5's matter, the counts AQ-6's).
+    seen = rank_pool(1).run(head_of_line, str(tmp_path), persistent)[0]
+
+    def indices_of(tags):
+        return [seen.scheduled[tag] for tag in ("a", "b") if tag in tags]
+
     assert_equal(
-        "queue",
-        rank_pool(1).run(_head_of_line, str(tmp_path), persistent)[0],
-        HeadOfLine(
-            poll_with_call0_unfinished=[],
-            pending_then=2,
-            blocking_finalize=[0, 1],
-            pending_after=0,
-            finalize_fns_run=["a", "b"],
-        ),
+        "returned",
+        {"poll": seen.poll_returned, "blocking": seen.blocking_returned},
+        {"poll": indices_of(seen.fns_run_by_poll), "blocking": indices_of(seen.fns_run_by_blocking)},
         call="calls a (held by its gate), b; poll; open a's gate; blocking finalize",
     )
 
@@ -358,19 +350,18 @@ def _bad_input():
     queue = core.AsyncCallsQueue(persistent=False)
     errors = [attempt(queue.schedule_async_request, bad).text for bad in (object(), ("not", "a", "request"))]
     pending = queue.get_num_unfinalized_calls()
-    queue.close()
-    queue.close()
-    closed = attempt(queue.schedule_async_request, core.AsyncRequest(None, (), [])).text
-    return BadInput(errors, pending, closed)
+    bounded(60, "close()", queue.close)
+    return BadInput(errors, pending, attempt(queue.close, bound=60, what="close() a second time").text)
 
 
 @pytest.mark.spec("AQ-12")
 def test_bad_input_gets_a_clear_error(rank_pool):
+    # Scheduling on a closed queue is the next test's (NVRx 0.7.0 documents a restart there).
     assert_equal(
         "queue",
         rank_pool(1).run(_bad_input)[0],
-        BadInput(schedule_non_requests=["TypeError", "TypeError"], pending=0, schedule_after_close="RuntimeError"),
-        call="schedule_async_request(object()), (a tuple); close() twice; schedule_async_request(request)",
+        BadInput(schedule_non_requests=["TypeError", "TypeError"], pending=0, second_close="returned"),
+        call="schedule_async_request(object()), (a tuple); close() twice",
     )
 
 

@@ -1,6 +1,7 @@
 """TorchAsyncCheckpoint: torch.save in the background, finalized in a training loop."""
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -55,7 +56,21 @@ def test_async_save_writes_the_state_as_it_was(rank_pool, tmp_path_factory, pers
     )
 
 
+@dataclass(frozen=True)
+class LoopSave:
+    """One save of the training loop: the step it was made at, w when async_save returned, and the file read back
+    after the loop's last finalize."""
+
+    step: int
+    w_at_save: torch.Tensor
+    loaded_keys: list
+    loaded_step: object
+    loaded_w: object
+
+
 def _training_loop(tmp, persistent):
+    """Rank body: six steps, async_save every second one (each write held by its gate until the next step),
+    finalize_async_save(blocking=False) every step, then a blocking finalize; returns each save as read back."""
     ckpt = _checkpointer(persistent)
     model: dict[str, Any] = {"w": torch.zeros(8, device=devices.current()), "step": 0}
     saved = {}
@@ -68,27 +83,46 @@ def _training_loop(tmp, persistent):
         if step % 2 == 0:
             path = os.path.join(tmp, f"step{step}.pt")
             ckpt.async_save({"0gate": workloads.PickleGate(gate), **model}, path)
-            saved[path] = {"w": model["w"].clone(), "step": step}
+            saved[step] = (path, model["w"].clone())
         if step >= 1:
             workloads.open_gate(os.path.join(tmp, f"gate{step - 1}"))
     workloads.open_gate(os.path.join(tmp, "gate5"))
     bounded(60, "finalize_async_save(blocking=True, terminate=True)", ckpt.finalize_async_save, True, True, True)
-    for path, expected in saved.items():
-        loaded = torch.load(path, weights_only=False)
-        assert_state_dict_equal({"w": loaded["w"], "step": loaded["step"]}, expected, call=f"torch.load({path})")
-    return len(saved)
+    saves = []
+    for step, (path, w) in saved.items():
+        loaded = torch.load(path, weights_only=False) if os.path.exists(path) else {}
+        saves.append(LoopSave(step, w.cpu(), sorted(loaded), loaded.get("step"), loaded.get("w")))
+    return saves
+
+
+LOOP = "six steps, async_save every second one, finalize_async_save(blocking=False) every step"
 
 
 @pytest.mark.spec("TAC-2")
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
 def test_non_blocking_finalize_in_a_training_loop(rank_pool, tmp_path, persistent):
+    # Judges that the polls never wait (bounded in the loop) and that every save was finalized: its file holds
+    # the save of its own step. The tensor values are AQ-14's matter (the next test).
+    saves = rank_pool(1).run(_training_loop, str(tmp_path), persistent)[0]
     assert_equal(
-        "checkpoints saved and checked",
-        rank_pool(1).run(_training_loop, str(tmp_path), persistent)[0],
-        3,
-        call="six steps, async_save every second one, finalize_async_save(blocking=False) every step",
+        "saves (keys, step) as read back",
+        {s.step: (s.loaded_keys, s.loaded_step) for s in saves},
+        {step: (["0gate", "step", "w"], step) for step in (0, 2, 4)},
+        call=LOOP,
     )
+
+
+@pytest.mark.spec("AQ-14")
+@pytest.mark.tensor_device
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_saves_in_a_training_loop_hold_the_values_of_their_step(rank_pool, tmp_path, persistent):
+    # The trainer updates w in place at the next step, while the save is still held by its gate.
+    saves = rank_pool(1).run(_training_loop, str(tmp_path), persistent)[0]
+    assert [s.step for s in saves] == [0, 2, 4], f"saves made: {[s.step for s in saves]} [{LOOP}]"
+    for s in saves:
+        assert s.loaded_w is not None, f"step{s.step}.pt has no 'w' [{LOOP}]"
+        assert_state_dict_equal(s.loaded_w.cpu(), s.w_at_save, call=f"torch.load(step{s.step}.pt) [{LOOP}]", path="w")
 
 
 def _two_instances(tmp):
