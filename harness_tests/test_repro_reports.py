@@ -180,3 +180,29 @@ def test_a_script_s_usage_line_gives_its_package_arguments(tmp_path):
     script = tmp_path / "X-1.py"
     script.write_text('"""X-1: what.\n\nMore.\n\n    python X-1.py nvidia_resiliency_ext | megatron.core | impl\n"""\n')
     assert repro_capture.package_arguments(script) == ["nvidia_resiliency_ext", "megatron.core", "impl"]
+
+
+def test_a_capture_records_status_and_tail_without_warnings(tmp_path):
+    script = tmp_path / "noisy.py"
+    script.write_text(
+        "import sys, warnings\n"
+        "warnings.warn('import-time noise')\n"
+        "print('rank 0 at 127.0.0.1:29500')\n"
+        "print('BROKEN: seen', file=sys.stderr)\n"
+        "sys.exit(1)\n"
+    )
+    captured = repro_capture.capture(sys.executable, script, "lib", bound_s=60, root=tmp_path)
+    assert captured.command == "python noisy.py lib"
+    assert captured.status == "1"
+    assert captured.duration == "under 10 s"
+    assert captured.stdout == ["rank 0 at 127.0.0.1:<port>"]
+    assert captured.stderr == ["BROKEN: seen"]
+
+
+def test_a_capture_past_its_bound_is_killed(tmp_path):
+    script = tmp_path / "hangs.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    captured = repro_capture.capture(sys.executable, script, "lib", bound_s=2, root=tmp_path)
+    assert captured.status == "none: killed after the 2 s bound"
+    assert captured.exit_code is None
+    assert captured.stdout == ["started"]

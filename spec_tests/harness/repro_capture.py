@@ -1,13 +1,13 @@
 """Captured reproducer outputs: each reproducer of a release run once, on the release and on impl, and recorded.
 
     python -m spec_tests.harness.repro_capture --release nvrx-0.7.0 --python /work/main/.nox/spec-nvrx-0-7-0/bin/python
-        [--impl-python PYTHON] [--clauses AQ-7 AR-8 ...] [--bound 600]
+        [--impl-python PYTHON] [--no-impl] [--clauses AQ-7 AR-8 ...] [--bound 600]
 
 For each clause whose maintainer report exists (spec_tests.harness.findings.reportable: a documented or implied
 data-loss or hang break of the stored run `conformance/all/<release>.json` with a reproducer), or each of
 `--clauses`, runs `findings/repro/<release>/<CLAUSE>.py` from the repository root, as a user types it: with the
 release's package (`--python`: an environment where that release is installed) and, where the script takes `impl`
-(its docstring's usage line lists it), with `impl` (`--impl-python`, by default this Python). Each run gets at most
+(its docstring's usage line lists it), with `impl` (`--impl-python`, by default this Python; `--no-impl`: not). Each run gets at most
 `--bound` seconds; its whole process group is then killed. Run it under the heavy lock: a reproducer starts ranks.
 
 Each run is written to `findings/repro/<release>/<CLAUSE>.out` (the release) or `<CLAUSE>.impl.out` (impl), as
@@ -23,7 +23,8 @@ committed data the reports (spec_tests.harness.repro_reports) quote:
 
 The output is normalised so that reruns on another machine give the same text: the repository root, Python's
 installation and site-packages, temporary directories, process ids, ports, addresses and timestamps become
-placeholders. `read(path)` parses a file back into a Captured.
+placeholders, and warnings (Python's, with their source line, and glog's `W` lines: import-time noise of the
+libraries) are left out. `read(path)` parses a file back into a Captured.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ _NORMALISE = [
     (re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"), "<time>"),
     (re.compile(r"^([IWEF])\d{4} \d{2}:\d{2}:\d{2}\.\d+\s+\d+ ", re.M), r"\1<time> <pid> "),  # glog's prefix
 ]
+# A warning line: Python's (`path:line: SomeWarning: text`) or glog's (`W<time> <pid> path:line] text`).
+_WARNING = re.compile(r"^(?:\S+:\d+: [A-Za-z]*Warning: |W<time> <pid> )")
 _HEADER = re.compile(r"^\$ (?P<command>.*)\nexit status: (?P<status>.*)\nduration: (?P<duration>.*)\n", re.M)
 _USAGE = re.compile(r"^\s*python \S+\.py (?P<choices>.+)$", re.M)
 
@@ -123,8 +126,16 @@ def normalise(text: str, root: Path = REPO_ROOT) -> str:
 
 
 def _tail(text: str) -> list[str]:
-    lines = [line.rstrip()[:LINE_WIDTH] for line in normalise(text).splitlines()]
-    return [line for line in lines if line][-TAIL_LINES:]
+    kept: list[str] = []
+    skip_source_line = False
+    for line in normalise(text).splitlines():
+        if skip_source_line and line.startswith(" "):  # the source line a Python warning shows below itself
+            skip_source_line = False
+            continue
+        skip_source_line = bool(_WARNING.match(line))
+        if line.strip() and not skip_source_line:
+            kept.append(line.rstrip()[:LINE_WIDTH])
+    return kept[-TAIL_LINES:]
 
 
 def _bucket(seconds: float) -> str:
@@ -190,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", required=True, help="a Python where that release is installed")
     parser.add_argument("--impl-python", default=sys.executable, help="a Python where impl is importable")
     parser.add_argument("--clauses", nargs="+", metavar="ID", help="only these (default: every reported break)")
+    parser.add_argument("--no-impl", action="store_true", help="run on the release only (keep the impl captures)")
     parser.add_argument("--bound", type=float, default=600.0, metavar="S", help="seconds per run (default 600)")
     args = parser.parse_args(argv)
     label = RELEASE_LABEL.match(args.release)
@@ -202,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not script.exists():
                 raise ReportError(f"{script.relative_to(REPO_ROOT)}: no such reproducer")
             choices = package_arguments(script)
-            runs = [(args.python, PACKAGES[label["target"]])] + ([(args.impl_python, IMPL)] if IMPL in choices else [])
+            runs = [(args.python, PACKAGES[label["target"]])] + (
+                [(args.impl_python, IMPL)] if IMPL in choices and not args.no_impl else []
+            )
             for python, package in runs:
                 if package not in choices:
                     raise ReportError(f"{script.name} does not take {package} (its usage: {' | '.join(choices)})")
