@@ -24,6 +24,7 @@ expectations, the runs, the titles or the captures, never a report. The text dep
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,11 @@ _BASES = {
 
 def _target(run: Run) -> str:
     return run.label.split(" ", 1)[0]  # "nvrx" of "nvrx 0.7.0", "impl" of "impl (source tree)"
+
+
+def _release_order(run: Run) -> list[tuple[int, str]]:
+    """Runs by label, release numbers compared as numbers (0.16.1 before 0.19.2), whatever order they came in."""
+    return [(int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", run.label)]
 
 
 def _title(titles: Mapping[str, Mapping[str, str]], run: Run, cid: str) -> str:
@@ -82,7 +88,7 @@ def _captured(root: Path, path: Path) -> Captured | None:
 def _releases(run: Run, cid: str, runs: Sequence[Run], registry: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The affected and known-good lines: the same target's runs, then impl."""
     affected, good = [], []
-    for other in runs:
+    for other in sorted(runs, key=_release_order):
         if _target(other) == _target(run):
             verdict = clause_verdict(other, cid, {**other.clauses, **registry})
             this = " (this report)" if other is run else ""
