@@ -190,6 +190,7 @@ def test_a_capture_records_status_and_tail_without_warnings(tmp_path):
     script.write_text(
         "import sys, warnings\n"
         "warnings.warn('import-time noise')\n"
+        "print('[rank1]:W1127 04:39:09.158000 16480 torch/utils/cpp_extension.py:178] No CUDA', file=sys.stderr)\n"
         "print('rank 0 at 127.0.0.1:29500')\n"
         "print('BROKEN: seen', file=sys.stderr)\n"
         "sys.exit(1)\n"

@@ -80,10 +80,11 @@ _NORMALISE = [
     (re.compile(r"\b(127\.0\.0\.1|localhost|0\.0\.0\.0):\d+"), r"\1:<port>"),
     (re.compile(r"\b0x[0-9a-fA-F]{6,}\b"), "0x<addr>"),
     (re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"), "<time>"),
-    (re.compile(r"^([IWEF])\d{4} \d{2}:\d{2}:\d{2}\.\d+\s+\d+ ", re.M), r"\1<time> <pid> "),  # glog's prefix
+    # glog's prefix, after torch's rank tag where it adds one: "[rank0]:W1127 04:39:09.099000 16477 "
+    (re.compile(r"^((?:\[rank\d+\]:)?[IWEF])\d{4} \d{2}:\d{2}:\d{2}\.\d+\s+\d+ ", re.M), r"\1<time> <pid> "),
 ]
 # A warning line: Python's (`path:line: SomeWarning: text`) or glog's (`W<time> <pid> path:line] text`).
-_WARNING = re.compile(r"^(?:\S+:\d+: [A-Za-z]*Warning: |W<time> <pid> )")
+_WARNING = re.compile(r"^(?:\S+:\d+: [A-Za-z]*Warning: |(?:\[rank\d+\]:)?W<time> <pid> )")
 _HEADER = re.compile(r"^\$ (?P<command>.*)\nexit status: (?P<status>.*)\nduration: (?P<duration>.*)\n", re.M)
 _USAGE = re.compile(r"^\s*python \S+\.py (?P<choices>.+)$", re.M)
 
