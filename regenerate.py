@@ -10,8 +10,9 @@ fault_injection), the benchmark summaries in `docs/benchmarks.md` (`benchmarks/r
 in `docs/spec-design.md` (`mutation/results.json`), the GPU runs' tables in `docs/gpu.md` (`conformance/gpu/<run>/`), Findings at a glance in `README.md` (the stored
 runs, the clauses' `symptom`s and the usage rules of `findings/advice.toml`). Each block is made by its own module's command line
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
-The findings pages `docs/findings/<target>-<release>.md` and the filterable page `docs/results.html` come from the
-stored runs too (spec_tests.harness.findings, spec_tests.harness.report --html). `--check` makes everything in a
+The findings pages `docs/findings/<target>-<release>.md`, the maintainer reports `findings/repro/<target>-<release>/
+<CLAUSE>.md` (with the reproducers' captured outputs) and the filterable page `docs/results.html` come from the
+stored runs too (spec_tests.harness.findings, spec_tests.harness.repro_reports, spec_tests.harness.report --html). `--check` makes everything in a
 temporary directory and compares. Run it from the repository root.
 """
 
@@ -29,7 +30,7 @@ from benchmarks import summary as benchmark_summary
 from fault_injection import matrix
 from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
-from spec_tests.harness import findings, glance, report
+from spec_tests.harness import findings, glance, report, repro_reports
 
 ROOT = Path(__file__).resolve().parent
 RUNS = "conformance/all"
@@ -49,6 +50,7 @@ GPU_BENCHMARK_RUNS = [
 ]
 RESULTS_PAGE = "docs/results.html"
 FINDINGS = "docs/findings"
+REPORTS = "findings/repro"  # the maintainer reports, <release>/<CLAUSE>.md beside each reproducer
 
 
 def _runs(names: Sequence[str]) -> list[str]:
@@ -78,6 +80,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
 # The other generated files: (what it is, the command's main, its arguments with the output path last).
 PAGES: dict[str, tuple[Callable[[list[str]], object], list[str]]] = {
     FINDINGS: (findings.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--out"]),
+    REPORTS: (repro_reports.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--out"]),
     RESULTS_PAGE: (report.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--html"]),
 }
 FILES = sorted({file for file, _, _ in BLOCKS.values()})
@@ -108,6 +111,7 @@ def regenerate(base: Path) -> None:
 def _generated(base: Path) -> list[Path]:
     """The generated files below `base`, relative to it."""
     pages = sorted(p.relative_to(base) for p in (base / FINDINGS).glob("*.md"))
+    pages += sorted(p.relative_to(base) for p in (base / REPORTS).glob("*/*.md"))
     return [Path(f) for f in FILES] + [Path(RESULTS_PAGE)] + pages
 
 
@@ -144,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(diff[:80]), file=sys.stderr)
         print("regenerate: generated text differs from its data; run: python regenerate.py, and commit the result")
         return 1
-    print(f"regenerate: the blocks ({', '.join(BLOCKS)}), {FINDINGS}/ and {RESULTS_PAGE} match their data")
+    pages = f"{FINDINGS}/, {REPORTS}/*/*.md and {RESULTS_PAGE}"
+    print(f"regenerate: the blocks ({', '.join(BLOCKS)}), {pages} match their data")
     return 0
 
 

@@ -6,7 +6,8 @@ writes docs/findings/<target>-<release>.md per run (the file name is the run's l
 the clauses the run breaks, documented and implied first, each group ordered by severity (data-loss, hang, leak,
 wrong-error, cosmetic): the clause's statement, its basis and quoted source, the mechanism (the reason of the
 target's expectations entry, read in the release's source), the tests that show it, and the standalone reproducer
-`findings/repro/<target>-<release>/<clause>.py` where one exists. Then, in one short list, the clauses where the
+`findings/repro/<target>-<release>/<clause>.py` where one exists, and beside it, for a data-loss or hang break,
+the maintainer report `<clause>.md` (spec_tests.harness.repro_reports; `reportable` says which breaks get one). Then, in one short list, the clauses where the
 target meets less than a decision of this spec asks (not promises of the library), and the clauses judged with
 the release's own documents or changed API. Pages are generated (python regenerate.py); edit the clauses, the
 expectations files or the runs, never the pages.
@@ -26,15 +27,28 @@ from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness.report import clause_verdict
 from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, load_run, page_name
 
-__all__ = ["SEVERITIES", "main", "page", "page_name"]
+__all__ = [
+    "REPORTED_SEVERITIES",
+    "SEVERITIES",
+    "main",
+    "mechanisms",
+    "page",
+    "page_name",
+    "report_path",
+    "reportable",
+    "repro_path",
+    "tests_showing",
+]
 
 SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
+REPORTED_SEVERITIES = ("data-loss", "hang")  # the breaks that get a maintainer report beside their reproducer
 REPRO_DIR = "findings/repro"
 _PREFIX = re.compile(r"^\[[^\]]*\]\s*")
 _NOT_STRICT = re.compile(r"\s*\(not strict: [^)]*\)$")
 
 
-def _mechanisms(run: Run, clause_id: str) -> list[str]:
+def mechanisms(run: Run, clause_id: str) -> list[str]:
+    """The reasons of the expectations entries charged with `clause_id` in `run` (read in the release's code)."""
     reasons = (
         _NOT_STRICT.sub("", _PREFIX.sub("", record.message)).strip()
         for record in run.citing(clause_id)
@@ -43,7 +57,8 @@ def _mechanisms(run: Run, clause_id: str) -> list[str]:
     return list(dict.fromkeys(reason for reason in reasons if reason))
 
 
-def _tests(run: Run, clause_id: str) -> list[str]:
+def tests_showing(run: Run, clause_id: str) -> list[str]:
+    """The node ids of `run`'s expected failures charged with `clause_id`."""
     return sorted(n for n, r in run.tests.items() if r.outcome == "xfail" and clause_id in r.charged)
 
 
@@ -60,11 +75,34 @@ def _weak_level(run: Run, cid: str, clause: Mapping[str, Any], registry: Mapping
     return ["- **Weak level**: none yet (what the release still keeps here is not judged)"]
 
 
+def repro_path(run: Run, clause_id: str) -> Path:
+    """The standalone reproducer of `clause_id` on `run`'s release, relative to the repository root."""
+    return Path(REPRO_DIR) / page_name(run) / f"{clause_id}.py"
+
+
+def report_path(run: Run, clause_id: str) -> Path:
+    """The maintainer report beside that reproducer, relative to the repository root."""
+    return repro_path(run, clause_id).with_suffix(".md")
+
+
+def reportable(
+    run: Run, clause_id: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, root: Path = REPO_ROOT
+) -> bool:
+    """Whether `run`'s break of a clause gets a maintainer report: a documented or implied clause (not a decision
+    of this spec) of severity data-loss or hang that the run breaks, with a reproducer."""
+    return (
+        verdict.broken
+        and verdict.word != verdicts.BROKEN_WORDS["decision"]
+        and _severity(run, clause_id, clause) in REPORTED_SEVERITIES
+        and (root / repro_path(run, clause_id)).exists()
+    )
+
+
 def _entry(
     run: Run, cid: str, registry: Mapping[str, Mapping[str, Any]], verdict: verdicts.Verdict, root: Path
 ) -> list[str]:
     clause = registry[cid]
-    repro = Path(REPRO_DIR) / page_name(run) / f"{cid}.py"
+    repro = repro_path(run, cid)
     lines = [
         f"### {cid} ({_severity(run, cid, clause)}): {verdict}",
         "",
@@ -74,12 +112,15 @@ def _entry(
     if clause.get("decision"):
         lines.append(f"- **Decision**: {clause['decision']}")
     lines += _weak_level(run, cid, clause, registry)
-    lines += [f"- **Mechanism**: {m}" for m in _mechanisms(run, cid)]
-    lines += [f"- **Test**: `{t}`" for t in _tests(run, cid)]
-    if (root / repro).exists():
-        lines.append(f"- **Reproducer**: [`{repro}`](../../{repro}) (needs only torch and the library)")
-    else:
+    lines += [f"- **Mechanism**: {m}" for m in mechanisms(run, cid)]
+    lines += [f"- **Test**: `{t}`" for t in tests_showing(run, cid)]
+    if not (root / repro).exists():
         lines.append("- **Reproducer**: not yet written")
+        return [*lines, ""]
+    lines.append(f"- **Reproducer**: [`{repro}`](../../{repro}) (needs only torch and the library)")
+    if reportable(run, cid, clause, verdict, root):
+        report = report_path(run, cid)
+        lines.append(f"- **Report**: [`{report}`](../../{report}) (ready to file: the promise, the output, the code)")
     return [*lines, ""]
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness import advice, verdicts
+from spec_tests.harness import advice, findings, verdicts
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness.blocks import markers, write_block
 from spec_tests.harness.report import clause_verdict
@@ -30,7 +30,6 @@ from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, load_run, page_
 __all__ = ["SEVERITIES", "main", "render", "repro_path", "symptom"]
 
 SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
-REPRO_DIR = "findings/repro"
 FINDINGS_DIR = "docs/findings"
 _BREAKS = (verdicts.BROKEN_WORDS["documented"], verdicts.BROKEN_WORDS["implied"])
 _STRICTER = verdicts.BROKEN_WORDS["decision"]
@@ -43,8 +42,8 @@ def symptom(clause: Mapping[str, Any]) -> str:
 
 def repro_path(run: Run, clause_id: str, root: Path = REPO_ROOT) -> str | None:
     """The standalone reproducer of a clause on a run's release, relative to the repository root, if it exists."""
-    path = f"{REPRO_DIR}/{page_name(run)}/{clause_id}.py"
-    return path if (root / path).exists() else None
+    path = findings.repro_path(run, clause_id)
+    return str(path) if (root / path).exists() else None
 
 
 def release_of(run: Run) -> str:
