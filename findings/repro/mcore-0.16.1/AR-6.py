@@ -1,12 +1,15 @@
-"""AR-7: execute_sync() refuses a preload_fn unless the request has exactly three positional arguments.
+"""AR-6: execute_sync() is not what the async call does: with a preload_fn it refuses a request that has not exactly
+three positional arguments, where both of the queue's callers run it.
 
 AsyncRequest documents preload_fn as "self-contained with a proper list of arguments with partial" (so it is called
 with no arguments), and NVRx's execute_sync passes its result as argument 1 of async_fn ("the 2nd arg is state
 dict"). In Megatron-Core 0.16.1 and 0.19.2, AsyncRequest.execute_sync with a preload_fn first asserts
 `len(async_fn_args) == 3` (the layout of Megatron's own FileSystemWriterAsync), so a request with another number of
-arguments fails with AssertionError instead of async_fn getting the preloaded data as argument 1.
+arguments fails with AssertionError instead of async_fn getting the preloaded data as argument 1, while the temporal
+and persistent callers run the same request with the preloaded value as argument 1 (no such check). The assertion is
+raised before anything is written: a wrong error, no data lost.
 
-    python AR-7.py nvidia_resiliency_ext | megatron.core | impl
+    python AR-6.py nvidia_resiliency_ext | megatron.core | impl
 """
 
 import sys
