@@ -119,9 +119,12 @@ def package_arguments(script: Path) -> list[str]:
 
 
 def normalise(text: str, root: Path = REPO_ROOT) -> str:
-    """`text` with the machine-specific parts replaced (see the module's docstring)."""
+    """`text` with the machine-specific parts replaced (see the module's docstring). The installation's paths go
+    first: a virtual environment inside the repository is still the installation, not a file of the repository."""
+    for pattern, placeholder in _NORMALISE[:2]:
+        text = pattern.sub(placeholder, text)
     text = text.replace(f"{root}/", "")
-    for pattern, placeholder in _NORMALISE:
+    for pattern, placeholder in _NORMALISE[2:]:
         text = pattern.sub(placeholder, text)
     return text.replace(str(Path.home()), "~")
 
