@@ -68,17 +68,24 @@ def test_only_the_elements_of_a_view_are_saved(rank_pool, tmp_path):
     )
 
 
-def _snapshot(tmp, state_dict, persistent):
+def _save_updated_while_waiting(tmp, state_dict, persistent) -> str:
+    """Schedule a save of `state_dict` whose write waits at a gate, update its tensors in place, let the write go
+    and finalize: the checkpoint's path."""
     path, gate = _fresh_dir(tmp), os.path.join(tmp, uuid.uuid4().hex)
-    device = devices.current()
-    state_dict = {"anchor": torch.arange(6.0, device=device), **strategies.private_copy(state_dict, device)}
-    expected = strategies.private_copy(state_dict, "cpu")  # dcp.load reads into CPU tensors
     writer = saving.module("filesystem_async").FileSystemWriterAsync(path, thread_count=2)
     queue = saving.queue(persistent)
     queue.schedule_async_request(saving.request(writer, saving.plan(state_dict, writer), gate=gate))
     strategies.mutate_in_place(state_dict)
     workloads.open_gate(gate)
     saving.finalize(queue)
+    return path
+
+
+def _snapshot(tmp, state_dict, persistent):
+    device = devices.current()
+    state_dict = {"anchor": torch.arange(6.0, device=device), **strategies.private_copy(state_dict, device)}
+    expected = strategies.private_copy(state_dict, "cpu")  # dcp.load reads into CPU tensors
+    path = _save_updated_while_waiting(tmp, state_dict, persistent)
     return saving.mismatch(
         saving.load(expected, path), expected, "dcp.load of a save whose tensors were updated in place after scheduling"
     )
@@ -94,14 +101,8 @@ def test_the_checkpoint_holds_the_state_when_scheduling_returned(rank_pool, tmp_
 
 
 def _snapshot_weak(tmp, persistent) -> list[str]:
-    path, gate = _fresh_dir(tmp), os.path.join(tmp, uuid.uuid4().hex)
     state_dict = strategies.private_copy(strategies.WEAK_STATE, devices.current())
-    writer = saving.module("filesystem_async").FileSystemWriterAsync(path, thread_count=2)
-    queue = saving.queue(persistent)
-    queue.schedule_async_request(saving.request(writer, saving.plan(state_dict, writer), gate=gate))
-    strategies.mutate_in_place(state_dict)
-    workloads.open_gate(gate)
-    saving.finalize(queue)
+    path = _save_updated_while_waiting(tmp, state_dict, persistent)
     return strategies.neither_old_nor_mutated(saving.load(strategies.WEAK_STATE, path), strategies.WEAK_STATE)
 
 
