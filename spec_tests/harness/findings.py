@@ -37,6 +37,7 @@ __all__ = [
     "report_path",
     "reportable",
     "repro_path",
+    "severity_rank",
     "tests_showing",
 ]
 
@@ -151,7 +152,10 @@ def page(
     judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
     broken = [cid for cid, v in judged.items() if v.broken and v.word != verdicts.BROKEN_WORDS["decision"]]
     broken.sort(
-        key=lambda cid: (_rank(_severity(run, cid, registry[cid])), verdicts.basis_of(registry[cid]) != "documented")
+        key=lambda cid: (
+            severity_rank(_severity(run, cid, registry[cid])),
+            verdicts.basis_of(registry[cid]) != "documented",
+        )
     )
     stricter = [cid for cid, v in judged.items() if v.word == verdicts.BROKEN_WORDS["decision"]]
     weak_only = [cid for cid, v in judged.items() if v.word == "weak level only"]
@@ -193,7 +197,8 @@ def _severity(run: Run, cid: str, clause: Mapping[str, Any]) -> str:
     return str(run.severity(cid, clause.get("severity", "severity not yet assessed")))
 
 
-def _rank(severity: str) -> int:
+def severity_rank(severity: str) -> int:
+    """Where a severity sorts: data-loss first, an unknown one last."""
     return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
 
 
@@ -202,13 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", type=Path, metavar="JSON", help="stored runs (conformance/all/*.json)")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the pages go")
     args = parser.parse_args(argv)
-    try:
-        runs = [load_run(path) for path in args.files]
-    except ReportError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 1
     registry = clause_registry.load()
     try:
+        runs = [load_run(path) for path in args.files]
         rules = advice.load(registry)
     except ReportError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -27,9 +27,9 @@ from spec_tests.harness.blocks import markers, write_block
 from spec_tests.harness.report import clause_verdict
 from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, load_run, page_name
 
-__all__ = ["SEVERITIES", "main", "render", "repro_path", "symptom"]
+__all__ = ["main", "render", "repro_path", "symptom"]
 
-SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
+SEVERITIES = findings.SEVERITIES
 FINDINGS_DIR = "docs/findings"
 _BREAKS = (verdicts.BROKEN_WORDS["documented"], verdicts.BROKEN_WORDS["implied"])
 _STRICTER = verdicts.BROKEN_WORDS["decision"]
@@ -58,11 +58,7 @@ def release_of(run: Run) -> str:
 
 def _severity(runs: Sequence[Run], cid: str, clause: Mapping[str, Any]) -> str:
     """The worst severity of the clause among `runs` (each run's expectations entry may say its own)."""
-    return min((str(run.severity(cid, clause.get("severity", ""))) for run in runs), key=_rank)
-
-
-def _rank(severity: str) -> int:
-    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
+    return min((str(run.severity(cid, clause.get("severity", ""))) for run in runs), key=findings.severity_rank)
 
 
 def _counts(run: Run, judged: Mapping[str, verdicts.Verdict]) -> str:
@@ -91,7 +87,7 @@ def _library(
     breaks = sorted(
         (cid for cid, on in broken_on.items() if on),
         key=lambda cid: (
-            _rank(_severity(broken_on[cid], cid, registry[cid])),
+            findings.severity_rank(_severity(broken_on[cid], cid, registry[cid])),
             verdicts.basis_of(registry[cid]) != "documented",
             cid,
         ),
