@@ -10,7 +10,7 @@ fault_injection), the benchmark summaries in `docs/benchmarks.md` (`benchmarks/r
 in `docs/spec-design.md` (`mutation/results.json`), the GPU runs' tables in `docs/gpu.md` (`conformance/gpu/<run>/`), Findings at a glance in `README.md` (the stored
 runs, the clauses' `symptom`s and the usage rules of `findings/advice.toml`). Each block is made by its own module's command line
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
-The findings pages `docs/findings/<target>-<release>.md`, the maintainer reports `findings/repro/<target>-<release>/
+The findings pages `docs/findings/<target>-<release>.md` (and their HTML copies, which the results page links to), the maintainer reports `findings/repro/<target>-<release>/
 <CLAUSE>.md` (with the reproducers' captured outputs) and the filterable page `docs/results.html` come from the
 stored runs too (spec_tests.harness.findings, spec_tests.harness.repro_reports, spec_tests.harness.report --html). `--check` makes everything in a
 temporary directory and compares. Run it from the repository root.
@@ -110,7 +110,7 @@ def regenerate(base: Path) -> None:
 
 def _generated(base: Path) -> list[Path]:
     """The generated files below `base`, relative to it."""
-    pages = sorted(p.relative_to(base) for p in (base / FINDINGS).glob("*.md"))
+    pages = sorted(p.relative_to(base) for p in (base / FINDINGS).glob("*.*"))
     pages += sorted(p.relative_to(base) for p in (base / REPORTS).glob("*/*.md"))
     return [Path(f) for f in FILES] + [Path(RESULTS_PAGE)] + pages
 

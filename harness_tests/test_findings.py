@@ -50,7 +50,7 @@ def test_a_page_lists_the_breaks_by_basis_and_severity(tmp_path):
     assert "- **Test**: `t.py::lost`" in breaks
     assert "[`findings/repro/lib-1.0/D-2.py`]" in breaks
     assert "- **Reproducer**: not yet written" in breaks
-    assert "- C-1 (leak): a choice" in text.split("## Stricter")[1]
+    assert '- <a id="clause-c-1"></a>C-1 (leak): a choice' in text.split("## Stricter")[1]
     assert "P-1" not in text
 
 
@@ -61,7 +61,7 @@ def test_a_documented_clause_judged_as_a_decision_for_this_target_is_not_a_break
     path.write_text(json.dumps({"target": "lib", "version": "1.0", "clauses": REGISTRY, "tests": [record]}))
     text = findings.page(load_run(path), REGISTRY, root=tmp_path)
     assert "## Breaks: documented and implied clauses (0)" in text
-    assert "- D-2 (data-loss): no data loss" in text.split("## Stricter")[1]
+    assert '- <a id="clause-d-2"></a>D-2 (data-loss): no data loss' in text.split("## Stricter")[1]
 
 
 def test_a_data_loss_or_hang_break_says_what_the_release_still_keeps(tmp_path):

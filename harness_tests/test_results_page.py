@@ -7,6 +7,7 @@ rows and columns the page's own script left shown. It skips, saying why, where n
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import results_page
+from spec_tests.harness import results_page, verdicts
 from spec_tests.harness.report import clause_verdict, main
 from spec_tests.harness.runs import REPO_ROOT, load_run
 
@@ -54,10 +55,88 @@ def test_every_clause_is_a_row_and_a_broken_cell_links_to_its_finding(tmp_path):
     page = results_page.render([run], clause_verdict)
     rows = re.findall(r'<tr data-clause="([^"]+)"', page)
     assert rows == list(clause_registry.load()), "one row per clause, in registry order"
-    link = 'href="findings/impl-source-tree.md#ar-5-data-loss-misses-an-implied-rule"'
-    assert link in page, "the broken AR-5 cell links to its section of the findings page"
+    link = 'href="findings/impl-source-tree.html#clause-ar-5"'
+    assert link in page, "the broken AR-5 cell links to its place on the findings page"
     assert 'data-word="passes">passes</td>' in page
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page), "self-contained: nothing loaded from elsewhere"
+
+
+class _Links(HTMLParser):
+    """Every href of a page and every id it defines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("href"):
+            self.hrefs.append(a["href"])
+        if a.get("id"):
+            self.ids.add(a["id"])
+
+
+def _links(path: Path) -> _Links:
+    parser = _Links()
+    parser.feed(path.read_text())
+    return parser
+
+
+def test_every_link_of_the_results_page_and_its_findings_pages_reaches_what_it_names():
+    """Each cell's link names a findings page that exists and a place on it that exists (the committed pages, kept
+    equal to their data by regenerate.py --check), and so does every link of those pages into the repository."""
+    pages = [PAGE, *sorted((PAGE.parent / "findings").glob("*.html"))]
+    broken, checked = [], 0
+    for page in pages:
+        for href in _links(page).hrefs:
+            if href.startswith(("http://", "https://")):
+                continue
+            file, _, fragment = href.partition("#")
+            target = (page.parent / file).resolve() if file else page
+            checked += 1
+            if not target.exists():
+                broken.append(f"{page.name}: {href} (no such file)")
+            elif fragment and target.suffix == ".html" and fragment not in _links(target).ids:
+                broken.append(f"{page.name}: {href} (no such place on the page)")
+    assert checked > 100, "the pages link to their findings"
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_every_verdict_word_has_a_colour_in_the_legend():
+    words = [
+        *verdicts.BROKEN_WORDS.values(),
+        verdicts.PASSES,
+        verdicts.WEAK_ONLY,
+        verdicts.API_CHANGED,
+        verdicts.DOCUMENTED_OTHERWISE,
+        verdicts.UNEXPECTED,
+        verdicts.NOT_RUN_GPU,
+        "not applicable (lacks storage_writer)",
+        verdicts.SKIPPED,
+        verdicts.NOT_JUDGED,
+        verdicts.NOT_COVERED,
+    ]
+    legend = PAGE.read_text().split('<ul id="legend">', 1)[1].split("</ul>", 1)[0]
+    for word in words:
+        colour = results_page.colour(word)
+        shown = word if not word.startswith("not applicable (lacks") else "not applicable (lacks"
+        assert f'class="swatch {colour}"' in legend, f"no swatch of the colour of {word!r}"
+        assert html.escape(shown) in legend, f"{word!r} is not in the legend"
+
+
+def test_an_intermittent_pass_looks_different_from_a_pass(tmp_path):
+    path = _run_file(tmp_path)
+    data = json.loads(path.read_text())
+    data["tests"][0] = {
+        **data["tests"][0],
+        "outcome": "xpass",
+        "entry": {"clauses": ["AR-1"], "verdict": None, "intermittent": "failed 1 of 3 runs"},
+    }
+    path.write_text(json.dumps(data))
+    page = results_page.render([load_run(path)], clause_verdict)
+    row = page.split('<tr data-clause="AR-1"', 1)[1].split("</tr>", 1)[0]
+    assert 'class="pass intermittent"' in row, row
 
 
 def test_the_report_command_writes_the_page(tmp_path):

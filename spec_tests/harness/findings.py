@@ -24,8 +24,9 @@ from typing import Any
 
 from spec_tests.harness import advice, verdicts
 from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness.findings_html import to_html
 from spec_tests.harness.report import clause_verdict
-from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, load_run, page_name
+from spec_tests.harness.runs import REPO_ROOT, ReportError, Run, clause_anchor, load_run, page_name
 
 __all__ = [
     "REPORTED_SEVERITIES",
@@ -46,6 +47,10 @@ REPORTED_SEVERITIES = ("data-loss", "hang")  # the breaks that get a maintainer 
 REPRO_DIR = "findings/repro"
 _PREFIX = re.compile(r"^\[[^\]]*\]\s*")
 _NOT_STRICT = re.compile(r"\s*\(not strict: [^)]*\)$")
+
+
+def _anchored(clause_id: str) -> str:
+    return f'<a id="{clause_anchor(clause_id)}"></a>'
 
 
 def mechanisms(run: Run, clause_id: str) -> list[str]:
@@ -105,6 +110,8 @@ def _entry(
     clause = registry[cid]
     repro = repro_path(run, cid)
     lines = [
+        _anchored(cid),
+        "",
         f"### {cid} ({_severity(run, cid, clause)}): {verdict}",
         "",
         f"- **Clause**: {clause.get('statement', '')}",
@@ -182,13 +189,13 @@ def page(
             line.removeprefix("- **Weak level**:").strip() for line in _weak_level(run, cid, registry[cid], registry)
         )
         lines.append(
-            f"- {cid} ({_severity(run, cid, registry[cid])}): {registry[cid]['statement']}"
+            f"- {_anchored(cid)}{cid} ({_severity(run, cid, registry[cid])}): {registry[cid]['statement']}"
             + (f" Weak level: {weak}" if weak else "")
         )
     lines += ["", f"## Weak level only ({len(weak_only)})", ""]
-    lines += [f"- {cid}: misses the strict clause, meets its weak level" for cid in weak_only]
+    lines += [f"- {_anchored(cid)}{cid}: misses the strict clause, meets its weak level" for cid in weak_only]
     lines += ["", f"## Judged by the release's own documents or changed API ({len(otherwise)})", ""]
-    lines += [f"- {cid}: {judged[cid]}" for cid in otherwise]
+    lines += [f"- {_anchored(cid)}{cid}: {judged[cid]}" for cid in otherwise]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -216,7 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     for run in runs:
-        (args.out / f"{page_name(run)}.md").write_text(page(run, registry, rules=rules))
+        text = page(run, registry, rules=rules)
+        (args.out / f"{page_name(run)}.md").write_text(text)
+        (args.out / f"{page_name(run)}.html").write_text(to_html(text))
     return 0
 
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import html
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import verdicts
-from spec_tests.harness.runs import Run, page_name
+from spec_tests.harness.runs import Run, clause_anchor, page_name
 
 __all__ = ["render", "slug"]
 
@@ -37,22 +38,48 @@ def slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def _link(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, stricter: int) -> str:
-    """Where a broken cell points: the clause's own section of the findings page, or the page's list of decisions."""
-    page = f"{FINDINGS_DIR}/{page_name(run)}.md"
-    if verdicts.basis_of(clause) == "decision":
-        heading = f"Stricter than documented: decisions of this spec it does not meet ({stricter})"
-    else:
-        heading = f"{cid} ({clause.get('severity', 'severity not yet assessed')}): {verdict}"
-    return f"{page}#{slug(heading)}"
+# Where each verdict word is listed on a findings page (findings.page): the cells saying one of these link there.
+LISTED = (*verdicts.BROKEN_WORDS.values(), verdicts.WEAK_ONLY, verdicts.API_CHANGED, verdicts.DOCUMENTED_OTHERWISE)
+# Every verdict word's colour class: the legend shows each, and a cell's class is its word's (first matching prefix).
+COLOURS = (
+    ("pass", "passes", (verdicts.PASSES,)),
+    (
+        "break",
+        "breaks a documented or implied promise",
+        (verdicts.BROKEN_WORDS["documented"], verdicts.BROKEN_WORDS["implied"]),
+    ),
+    (
+        "stricter",
+        "meets less than this spec's decision, or only the weak level",
+        (verdicts.BROKEN_WORDS["decision"], verdicts.WEAK_ONLY),
+    ),
+    (
+        "otherwise",
+        "judged by the release's own documents or changed API",
+        (verdicts.API_CHANGED, verdicts.DOCUMENTED_OTHERWISE),
+    ),
+    ("unexpected", "fails, and no expectation says so (a regression to look at)", (verdicts.UNEXPECTED,)),
+    (
+        "unjudged",
+        "not judged here",
+        (verdicts.NOT_RUN_GPU, "not applicable (lacks", verdicts.SKIPPED, verdicts.NOT_JUDGED, verdicts.NOT_COVERED),
+    ),
+)
 
 
-def _cell(run: Run, cid: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, stricter: int) -> str:
+def colour(word: str) -> str:
+    """The colour class of a verdict word (COLOURS)."""
+    return next(name for name, _, words in COLOURS if word.startswith(words))
+
+
+def _cell(run: Run, cid: str, verdict: verdicts.Verdict) -> str:
     text = html.escape(str(verdict))
-    if verdict.broken:
-        text = f'<a href="{html.escape(_link(run, cid, clause, verdict, stricter))}">{text}</a>'
+    if verdict.word in LISTED:
+        href = f"{FINDINGS_DIR}/{page_name(run)}.html#{clause_anchor(cid)}"
+        text = f'<a href="{html.escape(href)}">{text}</a>'
+    classes = colour(verdict.word) + (" intermittent" if "intermittent" in verdict.note else "")
     word = html.escape(verdict.word)
-    return f'<td data-target="{html.escape(page_name(run))}" data-word="{word}">{text}</td>'
+    return f'<td class="{classes}" data-target="{html.escape(page_name(run))}" data-word="{word}">{text}</td>'
 
 
 def _statement(clause: Mapping[str, Any]) -> str:
@@ -71,6 +98,34 @@ def _options(name: str, label: str, values: Sequence[str]) -> str:
     return f'<label>{label} <select id="{name}"><option value="">all</option>{options}</select></label>'
 
 
+def _legend() -> str:
+    """Every colour with the verdict words it stands for (COLOURS), then how intermittent passes look."""
+    items = "".join(
+        f'<li><span class="swatch {name}"></span> {html.escape(meaning)}: '
+        + ", ".join(f"<i>{html.escape(word)}{'…' if word.endswith('(lacks') else ''}</i>" for word in words)
+        + "</li>"
+        for name, meaning, words in COLOURS
+    )
+    items += (
+        '<li><span class="swatch pass intermittent"></span> hatched: the verdict holds on some runs only '
+        "(an intermittent race: <i>intermittent: failed k of n runs</i>)</li>"
+    )
+    return f'<ul id="legend">{items}</ul>'
+
+
+def _summary(runs: Sequence[Run], counts: Mapping[str, Counter[str]]) -> str:
+    """One row per target: how many clauses it says each colour of verdict for, and its findings page."""
+    heads = "".join(f'<th><span class="swatch {name}"></span> {name}</th>' for name, _, _ in COLOURS)
+    rows = "".join(
+        f'<tr data-target="{html.escape(page_name(r))}"><th scope="row">'
+        f'<a href="{FINDINGS_DIR}/{html.escape(page_name(r))}.html">{html.escape(r.label)}</a></th>'
+        + "".join(f"<td>{counts[r.label][name]}</td>" for name, _, _ in COLOURS)
+        + "</tr>"
+        for r in runs
+    )
+    return f'<table id="summary"><thead><tr><th>target</th>{heads}</tr></thead><tbody>{rows}</tbody></table>'
+
+
 Judge = Callable[[Run, str, Mapping[str, Mapping[str, Any]]], verdicts.Verdict]
 
 
@@ -79,17 +134,16 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
     this module)."""
     registry = clause_registry.load()
     known = {**{c: e for r in runs for c, e in r.clauses.items()}, **registry}
-    stricter = {
-        r.label: sum(clause_verdict(r, c, known).word == verdicts.BROKEN_WORDS["decision"] for c in registry)
-        for r in runs
-    }
     rows: list[str] = []
     words: set[str] = set()
+    counts: dict[str, Counter[str]] = {r.label: Counter() for r in runs}
     for area in clause_registry.AREAS:
         for cid, clause in clause_registry.load((area,)).items():
             judged = [clause_verdict(run, cid, known) for run in runs]
             words.update(v.word for v in judged)
-            cells = "".join(_cell(r, cid, clause, v, stricter[r.label]) for r, v in zip(runs, judged, strict=True))
+            for run, verdict in zip(runs, judged, strict=True):
+                counts[run.label][colour(verdict.word)] += 1
+            cells = "".join(_cell(r, cid, v) for r, v in zip(runs, judged, strict=True))
             basis, severity = verdicts.basis_of(clause), str(clause.get("severity", ""))
             rows.append(
                 f'<tr data-clause="{html.escape(cid)}" data-area="{area}" data-severity="{html.escape(severity)}" '
@@ -111,7 +165,8 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
         filters=filters,
         heads=heads,
         rows="\n".join(rows),
-        legend=html.escape(verdicts.LEGEND).replace("**", ""),
+        legend=_legend(),
+        summary=_summary(runs, counts),
         devices=devices,
         total=len(rows),
         script=_SCRIPT,
@@ -129,18 +184,35 @@ body {{ font: 14px/1.4 system-ui, sans-serif; margin: 1em; }}
 #filters label {{ margin-right: 1em; }}
 table {{ border-collapse: collapse; margin-top: 1em; }}
 th, td {{ border: 1px solid #ccc; padding: 3px 6px; vertical-align: top; text-align: left; }}
-thead th {{ position: sticky; top: 0; background: #eee; }}
-td[data-word="passes"] {{ background: #e6f4e6; }}
-td[data-word="breaks its documentation"], td[data-word="misses an implied rule"] {{ background: #fbe3e3; }}
-td[data-word="stricter than documented"], td[data-word="weak level only"] {{ background: #fff3d6; }}
+thead th {{ position: sticky; top: 0; background: #eee; z-index: 2; }}
+#results tbody th {{ position: sticky; left: 0; background: #fafafa; z-index: 1; }}
+#results thead th:first-child {{ left: 0; z-index: 3; }}
+.pass {{ background: #e6f4e6; }}
+.break {{ background: #fbe3e3; }}
+.stricter {{ background: #fff3d6; }}
+.otherwise {{ background: #e3ecfb; }}
+.unexpected {{ background: #d9534f; color: #fff; font-weight: bold; }}
+.unjudged {{ background: #fff; color: #666; }}
+.intermittent {{ background-image: repeating-linear-gradient(45deg, transparent 0 6px, #f0a0a0 6px 8px); }}
+.swatch {{ display: inline-block; width: 1.2em; height: 0.9em; border: 1px solid #999; vertical-align: middle; }}
+#legend {{ columns: 2; max-width: 80em; }}
 details summary {{ cursor: pointer; }}
 details p {{ max-width: 40em; margin: 0.3em 0; }}
 </style>
 </head>
 <body>
 <h1>ckptspec: every clause against every stored run</h1>
-<p>{legend} Measured with {devices} tensors (gloo) on a 2-core CPU machine; no verdict here was measured on a GPU.
-Click a statement for its source; a red or yellow cell links to the finding.</p>
+<p>Measured with {devices} tensors (gloo) on a 2-core CPU machine; no verdict here was measured on a GPU.
+Click a statement for its source and the decision behind it; a coloured cell that names a break, a decision, a weak
+level or another document links to the clause on the target's findings page. "(k of n tests)": only k of the n
+tests judging the clause say so; a failure counts only against the clauses its expectations entry names.</p>
+{legend}
+<h2>By target</h2>
+{summary}
+<h2>By clause</h2>
+<p>The filters below can be set from the address, and each change writes it back, so a filtered view is a link
+to share: <code>results.html#target=nvrx-0.7.0&amp;verdict=breaks+its+documentation</code>, or
+<code>#area=protocol&amp;severity=hang</code> (keys: target, area, verdict, severity, basis).</p>
 <form id="filters">{filters} <span id="shown">{total} of {total} clauses shown</span></form>
 <table id="results">
 <thead><tr><th>clause</th><th>statement</th><th>area</th><th>basis</th><th>severity</th>{heads}</tr></thead>

@@ -36,6 +36,7 @@ __all__ = [
     "Record",
     "ReportError",
     "Run",
+    "clause_anchor",
     "cli",
     "load_run",
     "page_name",
@@ -97,6 +98,12 @@ class Run:
 def page_name(run: Run) -> str:
     """The file name stem of a run's pages: `nvrx-0.7.0` for the run labelled "nvrx 0.7.0"."""
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", run.label.replace("(", "").replace(")", "")).strip("-")
+
+
+def clause_anchor(clause_id: str) -> str:
+    """The id of the place a run's findings page lists `clause_id` (at most once per page); the results page's
+    cells link to it, in the Markdown page and its HTML copy alike."""
+    return f"clause-{clause_id.lower()}"
 
 
 def _check(ok: bool, path: Path, problem: str) -> None:
