@@ -44,6 +44,7 @@ PAGES = [
     "docs/adding-a-target.md",
     "docs/spec-design.md",
     "docs/impl.md",
+    "docs/hypothesis.md",
 ]
 
 

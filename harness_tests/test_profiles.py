@@ -42,6 +42,8 @@ def test_each_profile_is_as_documented_whatever_was_loaded_before(reloaded_under
     assert settings.get_profile("explore").max_examples == settings.get_profile("ci").max_examples
     assert settings.get_profile("nightly").max_examples == 300
     assert settings.get_profile("ci").database is None
+    blobs = {name: settings.get_profile(name).print_blob for name in profiles.PROFILES}
+    assert blobs == dict.fromkeys(profiles.PROFILES, True), "every profile prints the blob that replays a failure"
 
 
 class _Options:

@@ -3,7 +3,8 @@
 `ci`: derandomized, 10 examples per property test, the default of every run: without a choice, a run draws the
 examples CI draws, on any machine, $CI set or not (a user's `pytest -n auto` is the run CI saw). `explore`:
 randomized, as many examples (new ones each run, at CI's cost). `nightly`: randomized, 300 examples, no deadline
-(the broad search). Chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci`.
+(the broad search). Every profile prints the blob that replays a failure (`@reproduce_failure`, docs/hypothesis.md).
+Chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci`.
 """
 
 from __future__ import annotations
@@ -41,9 +42,16 @@ settings.register_profile(
     stateful_step_count=10,
     deadline=timedelta(seconds=60),
     suppress_health_check=_SUPPRESS,
+    print_blob=True,
 )
 settings.register_profile(
-    "nightly", parent=_BASE, max_examples=300, stateful_step_count=40, deadline=None, suppress_health_check=_SUPPRESS
+    "nightly",
+    parent=_BASE,
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=_SUPPRESS,
+    print_blob=True,
 )
 PROFILES = ("ci", "explore", "nightly")
 DEFAULT = "ci"
