@@ -66,3 +66,36 @@ def test_proposals_are_the_targets_exception_and_stable_words(tmp_path):
     (abort,) = (e for e in expectations.load(str(path)) if e.test == "t.py::test_abort")
     assert expectations.failure_problem(abort, ["RankFailures"], _ABORT) is None
     assert json.dumps(by_test)  # plain strings only
+
+
+def test_new_stubs_one_entry_per_uncovered_failure_that_loads_and_fits_it(tmp_path, capsys):
+    path = tmp_path / "mine.expectations.toml"
+    path.write_text("# Known failures of mine.\nxfail = []\n")
+    failed = {**_record("t.py::test_abort[persistent]", "AQ-11", "RankFailures", _ABORT), "outcome": "failed"}
+    several = {
+        **_record("t.py::test_two", "AQ-5", "ValueError", "ValueError: the request was refused at close"),
+        "outcome": "error",
+        "clauses": ["AQ-5", "AQ-6"],
+    }
+    run = {
+        "version": "1.0",
+        "tests": [failed, several, {**failed, "nodeid": "t.py::test_ok", "outcome": "passed"}],
+    }
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps(run))
+    assert record_failures.main([str(run_file), str(path), "--new", "--write"]) == 0
+    expectations.load.cache_clear()
+    entries = {e.test: e for e in expectations.load(str(path))}
+    assert sorted(entries) == ["t.py::test_abort[persistent]", "t.py::test_two"], "one stub per failed test"
+    abort, two = entries["t.py::test_abort[persistent]"], entries["t.py::test_two"]
+    assert (abort.clauses, abort.raises) == (("AQ-11",), "TypeError")
+    assert two.clauses == ("AQ-5", "AQ-6"), "every cited clause, to be narrowed by hand"
+    assert abort.reason == record_failures.FILL_IN
+    assert expectations.failure_problem(abort, ["RankFailures"], _ABORT) is None, "the stub fits its failure"
+    assert "# Known failures of mine." in path.read_text()
+    # Run again on the same run: the failures are covered now, so nothing more is stubbed.
+    capsys.readouterr()
+    assert record_failures.main([str(run_file), str(path), "--new"]) == 0
+    out = capsys.readouterr()
+    assert "[[xfail]]" not in out.out
+    assert out.err.count("not stubbed") == 2

@@ -11,6 +11,13 @@ AssertionError), `match` the longest run of whole words of that exception's mess
 quotes (which change from run to run). A proposal is kept only if every recorded failure of the entry fits it
 (expectations.failure_problem); an entry whose failures disagree is listed, not recorded. --write adds the two lines
 after the entry's `reason` line, leaving the rest of the file as it is.
+
+    python -m spec_tests.harness.record_failures RUN.json EXPECTATIONS.toml --new [--write]
+
+starts a new target's file from its real failures: for every test of the run that failed with no entry (outcome
+failed or error), a stub entry with the test's node id, the clauses it cites (keep those that broke), the `raises`
+and `match` proposed as above, and a reason marked FILL IN, for you to replace with the mechanism read in the
+library's code. --write appends the stubs to the file (made if missing).
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from typing import Any
 
 from spec_tests.harness import expectations
 
-__all__ = ["main", "propose"]
+__all__ = ["FILL_IN", "main", "propose", "stubs"]
+
+FILL_IN = "FILL IN: what in the library makes this test fail (its code or documents, quoted)"
 
 _HARNESS = {"RankFailures", "BoundExceeded", "AssertionError", "Failed", "ExceptionGroup", "BaseExceptionGroup"}
 _LINE = re.compile(
@@ -94,6 +103,38 @@ def propose(
     return proposals, problems
 
 
+def stubs(run: dict[str, Any], entries: Sequence[expectations.Entry]) -> tuple[list[str], list[str]]:
+    """The `[[xfail]]` stubs of the run's failures that no entry covers, and the failures left out (a test an
+    entry names that failed otherwise: its entry is stale, fix it by hand)."""
+    blocks, left = [], []
+    for record in run["tests"]:
+        if record.get("outcome") not in ("failed", "error"):
+            continue
+        nodeid = record["nodeid"]
+        if any(entry.matches(nodeid) for entry in entries):
+            left.append(f"{nodeid}: an entry names it, yet it failed otherwise than the entry says")
+            continue
+        cited = list(dict.fromkeys(record.get("clauses", [])))
+        clause = _toml(cited[0]) if len(cited) == 1 else "[" + ", ".join(map(_toml, cited)) + "]"
+        lines = ["[[xfail]]", f"test = {_toml(nodeid)}"]
+        if len(cited) > 1:
+            lines.append("# the test cites several clauses: keep only those its failure breaks")
+        lines += [f"clause = {clause}", f"reason = {_toml(FILL_IN)}"]
+        fields = _proposal(record["failure"]) if "failure" in record else {}
+        lines += [f"{key} = {_toml(value)}" for key, value in fields.items()]
+        if "match" not in fields:
+            lines.append("# no stable words in the message: add a `match` that tells this failure from another")
+        blocks.append("\n".join(lines) + "\n")
+    return blocks, left
+
+
+def append(path: Path, blocks: Sequence[str]) -> None:
+    """Add the stubs at the end of the expectations file (made if missing; an empty `xfail = []` gives way)."""
+    text = path.read_text() if path.exists() else ""
+    text = re.sub(r"(?m)^xfail\s*=\s*\[\]\s*$\n?", "", text)
+    path.write_text(text + ("\n" if text and not text.endswith("\n\n") else "") + "\n".join(blocks))
+
+
 def _toml(value: str) -> str:
     return json.dumps(value)  # a JSON string is a TOML basic string
 
@@ -122,11 +163,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="a --conformance-json run of the target's release")
     parser.add_argument("expectations", type=Path, help="the target's expectations file")
     parser.add_argument("--write", action="store_true", help="record the proposals in the file")
+    parser.add_argument("--new", action="store_true", help="stub entries for the failures no entry covers")
     args = parser.parse_args(argv)
     run = json.loads(args.run.read_text())
-    entries = expectations.for_version(
-        expectations.load(str(args.expectations)), run["version"], run.get("tensor_device", "cpu")
-    )
+    loaded = expectations.load(str(args.expectations)) if args.expectations.exists() else ()
+    entries = expectations.for_version(loaded, run["version"], run.get("tensor_device", "cpu"))
+    if args.new:
+        blocks, left = stubs(run, entries)
+        print("\n".join(blocks), end="")
+        for problem in left:
+            print(f"not stubbed: {problem}", file=sys.stderr)
+        if args.write and blocks:
+            append(args.expectations, blocks)
+            print(f"{len(blocks)} stub entries added to {args.expectations}: replace each FILL IN reason")
+        return 0
     proposals, problems = propose(run, entries)
     for entry, fields in proposals.items():
         print(f"{entry.test} [{entry.label}]: {fields}")
