@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness import advice, verdicts
+from spec_tests.harness import advice, changes, verdicts
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness.findings_html import to_html
 from spec_tests.harness.report import clause_verdict
@@ -152,10 +152,15 @@ def _what_to_do(
 
 
 def page(
-    run: Run, registry: Mapping[str, Mapping[str, Any]], root: Path = REPO_ROOT, rules: Sequence[advice.Rule] = ()
+    run: Run,
+    registry: Mapping[str, Mapping[str, Any]],
+    root: Path = REPO_ROOT,
+    rules: Sequence[advice.Rule] = (),
+    previous: Run | None = None,
 ) -> str:
     """The Markdown page of one run (ends with a newline); `rules`: the usage rules (findings/advice.toml) whose
-    applying ones open the page."""
+    applying ones open the page; `previous`: the run of the target's next older release, whose comparison follows
+    them (spec_tests.harness.changes)."""
     judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
     broken = [cid for cid, v in judged.items() if v.broken and v.word != verdicts.BROKEN_WORDS["decision"]]
     broken.sort(
@@ -176,6 +181,7 @@ def page(
         f"2-core CPU machine with gloo and {run.tensor_device} tensors; clauses that need a GPU were not run.",
         "",
         *_what_to_do(run, registry, rules, root),
+        *(changes.section(previous, run, registry, clause_verdict) if previous is not None else []),
         f"## Breaks: documented and implied clauses ({len(broken)})",
         "",
     ]
@@ -222,8 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
+    older = changes.predecessors(runs)
     for run in runs:
-        text = page(run, registry, rules=rules)
+        text = page(run, registry, rules=rules, previous=older.get(run.label))
         (args.out / f"{page_name(run)}.md").write_text(text)
         (args.out / f"{page_name(run)}.html").write_text(to_html(text))
     return 0
