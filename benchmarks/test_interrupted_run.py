@@ -26,6 +26,9 @@ SESSION = textwrap.dedent(
 
     PLACE = os.environ["CKPTSPEC_INTERRUPT_AT"]
     calls = {"round": 0}
+    # A run started in the background (`cmd &`, nohup) inherits SIGINT ignored, and Python then leaves it ignored:
+    # the session must raise KeyboardInterrupt as a gpu_run stage's does, wherever the suite was started from.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def interrupt(place):
         if place == PLACE:
