@@ -37,7 +37,7 @@ ALIASES = {"dcp": ("dcp-thread", "dcp-process", "dcp-staged")}
 # --areas: a clause area runs its directory of spec_tests; `faults` the fault suite; `api` the API surface tests.
 AREA_PATHS = {
     **{area: (f"spec_tests/{area}",) for area in releases.ALL_AREAS},
-    "faults": ("fault_injection",),
+    "faults": ("fault_injection",),  # the clause area's tests are the fault suite
     "api": ("spec_tests/test_api_surface.py", "spec_tests/test_nvrx_helpers.py"),
 }
 _STRICTER = verdicts.BROKEN_WORDS["decision"]

@@ -36,8 +36,9 @@ __all__ = [
 
 TORCH = "2.13.0"  # the torch a library release is judged with (the README's pin; pyproject's torch>= agrees)
 SUITES = ("spec_tests", "fault_injection")  # what a recorded run runs, for every release (capabilities gate tests)
-ALL_AREAS = ("async_ckpt", "storage", "local", "integrity", "protocol")  # clause areas (spec_tests/clauses/*.toml)
-PROTOCOL_AREAS = ("protocol",)  # the areas of a target written against the adapter contract only
+# The clause areas (spec_tests/clauses/*.toml); `faults` is judged by the fault suite, fault_injection/.
+ALL_AREAS = ("async_ckpt", "storage", "local", "integrity", "protocol", "faults")
+PROTOCOL_AREAS = ("protocol", "faults")  # the areas of a target written against the adapter contract only
 REFERENCE = "impl"  # the reference implementation's stored run, conformance/all/impl.json (not a release)
 
 
