@@ -116,7 +116,9 @@ def summary(
             "failure is reported as it happened and charged to each clause its test cites (a failure may come from "
             "this environment rather than the library; the findings page lists the tests)."
         )
-    lines.append(f"Keeps {len(kept)} clauses (every test passed).")
+    rest = len(judged) - len(kept) - len(broken) - len(stricter)
+    lines.append(f"Keeps {len(kept)} clauses (every test passed); {rest} others are met at a weak level only, not")
+    lines.append("applicable to it, or skipped here (the findings page says which).")
     if not broken:
         lines.append("Breaks none of the library's documented or implied promises that were judged.")
     by_severity: dict[str, list[str]] = {}
