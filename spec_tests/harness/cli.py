@@ -41,6 +41,8 @@ AREA_PATHS = {
     "api": ("spec_tests/test_api_surface.py", "spec_tests/test_nvrx_helpers.py"),
 }
 _STRICTER = verdicts.BROKEN_WORDS["decision"]
+# The findings page's first words for a stored run; a judged run's page names its JSON instead.
+_STORED_HEADER = "Generated from the stored run `conformance/all/` by `python regenerate.py`: do not edit."
 
 
 def _installed_version(target: str) -> str:
@@ -87,7 +89,8 @@ def _judge_one(target: str, args: argparse.Namespace, out: Path) -> int:
     registry = clause_registry.load()
     rules = advice.load(registry)
     page = out / f"{page_name(run)}.md"
-    page.write_text(findings.page(run, registry, rules=rules))
+    text = findings.page(run, registry, rules=rules)
+    page.write_text(text.replace(_STORED_HEADER, f"Written by `ckptspec judge` from {json_path.name}.", 1))
     print(summary(run, registry, rules, recorded=recorded, wall_s=wall))
     print(f"Written: {page} (the findings page), {json_path} (the run)\n")
     return 0
