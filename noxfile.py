@@ -8,11 +8,14 @@
                                            cores): writes mutation/results.json, then `python -m mutation.summary
                                            --update docs/spec-design.md` (`-- --sample 0` runs every mutant, `-- --resume`
                                            goes on with a stopped run, `-- --rejudge` re-runs the survivors)
-    spec(nvrx-0.4.1) / spec(nvrx-0.7.0) /  spec_tests against one release of a target, on the Python that
-    spec(mcore-0.16.1) / spec(mcore-0.19.2) release needs; writes conformance/<target>-<release>.json
+    spec(NAME)                             spec_tests against one release of spec_tests/harness/releases.py (NAME:
+                                           nvrx-0.4.1, dcp-thread-2.13.0, ...), on the Python that release needs;
+                                           writes conformance/NAME.json
                                            `-- fault_injection` runs the fault suite instead (writes
-                                           conformance/faults-<target>-<release>.json), `-- benchmarks ...` the
+                                           conformance/faults-NAME.json), `-- benchmarks ...` the
                                            benchmarks; other posargs go to pytest (`-- -n 2`)
+    record(NAME)                           the release's recorded run: both suites into its stored run
+                                           conformance/all/NAME.json, then `python regenerate.py`
     launched                               spec_tests on two torchrun "nodes" of this machine (2 x 4 ranks, loopback)
                                            against impl, compared verdict by verdict with a forked run (issue 19)
 
@@ -23,14 +26,18 @@ stored runs: `python regenerate.py` (docs/results.md).
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))  # this tree's release list, whatever the Python that runs nox has installed
+from spec_tests.harness import releases  # noqa: E402
+
 RUN_OPTIONS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
-TORCH = "torch==2.13.0"  # the README's pin: pip must never resolve a newer, CUDA-sized torch
+TORCH = f"torch=={releases.TORCH}"  # the README's pin: pip must never resolve a newer, CUDA-sized torch
 nox.options.sessions = ["tests", "lint"]
 
 
@@ -83,64 +90,48 @@ def mutation(session: nox.Session) -> None:
     session.run("python", "-m", "mutation.summary")
 
 
-# target -> its pip distribution; (target, release, Python): the releases docs/results.md reports on.
-DISTRIBUTIONS = {
-    "nvrx": "nvidia-resiliency-ext",
-    "mcore": "megatron-core",
-    "lightning": "pytorch-lightning",
-    "torchtitan": "torchtitan",
-}
-RELEASES = [
-    ("nvrx", "0.4.1", "3.11"),
-    ("nvrx", "0.7.0", "3.12"),
-    ("mcore", "0.16.1", "3.11"),
-    ("mcore", "0.19.2", "3.12"),
-    # Protocol-only targets (run `-- spec_tests/protocol fault_injection --conformance-json ...`): Lightning's
-    # AsyncCheckpointIO, 2.6.6 and 2.5.3 (the last release before the clone of #21079), and torchtitan's
-    # CheckpointManager (async_mode "async"; "async_with_pinned_mem" needs an accelerator, spec_tests/targets/_torchtitan.py).
-    ("lightning", "2.6.6", "3.11"),
-    ("lightning", "2.5.3", "3.11"),
-    ("torchtitan", "0.3.0", "3.11"),
-]
-# NVRx 0.7.0 ships only manylinux_2_39 cp312 wheels (pip refuses them on an older glibc); its checkpointing package
-# needs none of its declared dependencies but these (torch and numpy come with the project).
-NVRX_070_WHEEL = ["--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_39_x86_64"]
-NVRX_070_NEEDS = ["psutil", "packaging", "pyyaml"]
+# The releases (spec_tests/harness/releases.py): one `spec(NAME)` and one `record(NAME)` session each.
+RELEASE_IDS = [nox.param(r.python, r.name, id=r.name) for r in releases.RELEASES]
 
 
-RELEASE_IDS = [nox.param(python, target, release, id=f"{target}-{release}") for target, release, python in RELEASES]
-
-
-def _install_release(session: nox.Session, target: str, release: str) -> None:
-    """The project, then `release` of `target`; fails unless that release is what `target` imports."""
-    session.install(TORCH, "-e", ".[test]")
-    dist = DISTRIBUTIONS[target]
-    if (target, release) == ("nvrx", "0.7.0"):
-        session.install(*NVRX_070_NEEDS)
+def _install_release(session: nox.Session, release: releases.Release) -> None:
+    """The project with the release's torch, then the release; fails unless that release is what its target imports."""
+    torch = f"torch=={release.torch}"
+    session.install(torch, "-e", ".[test]")
+    if release.wheel_only:
+        session.install(*release.needs)
         # run_install, not run: these are install steps, which --install-only must still take.
         site = session.run_install(
             "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
         )
         session.run_install(
-            "python", "-m", "pip", "install", *NVRX_070_WHEEL, "--target", str(site).strip(), f"{dist}=={release}"
+            "python",
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            *release.wheel_only,
+            "--target",
+            str(site).strip(),
+            release.requirement,
         )
-    else:
-        # A constraints file holds torch at the README's pin while pip resolves the release's own dependencies.
+    elif release.distribution != "torch":
+        # A constraints file holds torch at the release's pin while pip resolves the release's own dependencies.
         constraints = Path(session.create_tmp()) / "torch-constraints.txt"
-        constraints.write_text(TORCH + "\n")
-        session.install("-c", str(constraints), f"{dist}=={release}")
+        constraints.write_text(torch + "\n")
+        session.install("-c", str(constraints), release.requirement)
     # The report names the version the run imported; refuse to label a run with a release it did not test.
     imported = session.run(
         "python",
         "-c",
-        f"from spec_tests.harness.targets import load_target; print(load_target({target!r}).version)",
+        f"from spec_tests.harness.targets import load_target; print(load_target({release.target!r}).version)",
         silent=True,
     )
     if imported is None:  # --install-only: nothing was run
         return
     imported = str(imported).strip().splitlines()[-1]
-    if imported != release:
-        session.error(f"{target}: imported version {imported}, expected {release}")
+    if releases.base_version(imported) != release.version:
+        session.error(f"{release.target}: imported version {imported}, expected {release.version}")
 
 
 # The suites a release session can run, and the conformance JSON each writes by default ({} = target-release).
@@ -148,8 +139,8 @@ SUITES = {"spec_tests": "{}.json", "fault_injection": "faults-{}.json", "benchma
 
 
 @nox.session
-@nox.parametrize(("python", "target", "release"), RELEASE_IDS)
-def spec(session: nox.Session, target: str, release: str) -> None:
+@nox.parametrize(("python", "name"), RELEASE_IDS)
+def spec(session: nox.Session, name: str) -> None:
     """A suite (spec_tests unless the first posarg names another of SUITES, or a path inside one) against one
     release of a target.
 
@@ -157,13 +148,14 @@ def spec(session: nox.Session, target: str, release: str) -> None:
     the posargs give --conformance-json (a path records only there); the other posargs go to pytest, e.g.
     `nox -s "spec(nvrx-0.7.0)" -- fault_injection/test_node_faults.py --conformance-json conformance/rerun.json`.
     """
-    _install_release(session, target, release)
+    release = releases.by_name()[name]
+    _install_release(session, release)
     args = list(session.posargs)
     suite = args.pop(0) if args and args[0].split("/")[0] in SUITES else "spec_tests"
     json_name = SUITES.get(suite)
     record = []
     if json_name and "--conformance-json" not in args:
-        record = ["--conformance-json", str(ROOT / "conformance" / json_name.format(f"{target}-{release}"))]
+        record = ["--conformance-json", str(ROOT / "conformance" / json_name.format(name))]
     session.run(
         "python",
         "-m",
@@ -171,11 +163,39 @@ def spec(session: nox.Session, target: str, release: str) -> None:
         suite,
         *RUN_OPTIONS,
         "--impl",
-        target,
+        release.target,
         *record,
         *args,
         env={"HYPOTHESIS_PROFILE": "ci"},
     )
+
+
+@nox.session
+@nox.parametrize(("python", "name"), RELEASE_IDS)
+def record(session: nox.Session, name: str) -> None:
+    """Record a release's run (its suites, releases.SUITES) as its stored run conformance/all/NAME.json, then
+    regenerate every table and page from the stored runs (`python regenerate.py`).
+
+    What adding a release takes after its entry in spec_tests/harness/releases.py. Posargs go to pytest (`-- -n 2`).
+    """
+    release = releases.by_name()[name]
+    _install_release(session, release)
+    stored = ROOT / release.stored_run
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        *releases.SUITES,
+        *RUN_OPTIONS,
+        "--impl",
+        release.target,
+        "--conformance-json",
+        str(stored),
+        *session.posargs,
+        env={"HYPOTHESIS_PROFILE": "ci"},
+        success_codes=[0, 1],  # failures are verdicts; the run is stored either way
+    )
+    session.run("python", "regenerate.py")
 
 
 @nox.session(python="3.11")

@@ -30,12 +30,14 @@ from benchmarks import summary as benchmark_summary
 from fault_injection import matrix
 from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
-from spec_tests.harness import findings, glance, report, repro_reports
+from spec_tests.harness import findings, glance, releases, report, repro_reports
 
 ROOT = Path(__file__).resolve().parent
 RUNS = "conformance/all"
-RELEASES = ["impl", "nvrx-0.4.1", "nvrx-0.7.0", "mcore-0.16.1", "mcore-0.19.2"]
-PROTOCOL_ONLY = ["dcp-thread", "dcp-process", "dcp-staged", "torchtitan-0.3.0", "lightning-2.6.6", "lightning-2.5.3"]
+# The stored runs by the release list (spec_tests/harness/releases.py): impl and the releases judged on every
+# clause area, then those judged on the protocol area only.
+RELEASES = [releases.REFERENCE, *(r.name for r in releases.full_suite())]
+PROTOCOL_ONLY = [r.name for r in releases.protocol_only()]
 BENCHMARK_RUNS = ["cpu.json", "cpu-nvrx-0.7.0.json", "cpu-mcore-0.19.2.json", "goodput-cpu.json"]
 README = "README.md"
 RESULTS = "docs/results.md"

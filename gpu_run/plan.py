@@ -6,7 +6,8 @@ CUDA tensors on impl, then the same on every NVRx and Megatron-Core release and 
 benchmarks, then the full suites. A *call* is a group of stages that fits one command of a lent device machine
 (600 s, less `CALL_LIMIT_S`'s margin, with `SETUP_S` for the set-up every call repeats); calls 1 to 3 fit one
 30-minute session of device time, calls 4 to 7 (the releases' full suites) a later one. Nothing here needs more
-than the standard library: the driver runs on the GPU machine's own Python before anything is installed.
+than the standard library (the release list, spec_tests.harness.releases, included): the driver runs on the GPU
+machine's own Python before anything is installed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from spec_tests.harness import releases as release_list
+from spec_tests.harness.releases import Release
 
 ROOT = Path(__file__).resolve().parent.parent
 CALL_LIMIT_S = 570  # a device command runs at most 600 s; the rest is for packing the results
@@ -43,36 +47,12 @@ MACHINE_PROVIDES = (
 )
 
 
-@dataclass(frozen=True)
-class Release:
-    """One release of a target, installed from its wheel without its dependencies, plus `needs`."""
-
-    target: str
-    distribution: str
-    version: str
-    needs: tuple[str, ...]  # what its checkpointing modules import beyond torch, numpy and the project's own
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.distribution}=={self.version}"
-
-
-# The releases of noxfile.py's RELEASES (a harness test checks they agree). NVRx 0.4.1 gets its declared
-# dependencies (all small); 0.7.0 what its nox session installs; Megatron-Core declares only torch, numpy, packaging.
-RELEASES = {
-    "nvrx-0.4.1": Release(
-        "nvrx",
-        "nvidia-resiliency-ext",
-        "0.4.1",
-        ("defusedxml", "nvidia-ml-py>=12.570.86", "packaging", "psutil>=6.0.0", "pynvml>=12.0.0", "pyyaml"),
-    ),
-    "nvrx-0.7.0": Release("nvrx", "nvidia-resiliency-ext", "0.7.0", ("psutil", "packaging", "pyyaml")),
-    "mcore-0.16.1": Release("mcore", "megatron-core", "0.16.1", ("packaging>=24.2",)),
-    "mcore-0.19.2": Release("mcore", "megatron-core", "0.19.2", ("packaging>=24.2",)),
-}
-# noxfile.py's releases the GPU run does not install yet: the protocol-layer targets of issue 32 (their wheels and
-# dependencies are not in the set a GPU stage installs). The harness test keeps RELEASES, this and noxfile.py in step.
-NOT_YET_ON_GPU = ("lightning-2.6.6", "lightning-2.5.3", "torchtitan-0.3.0")
+# The library releases a GPU run installs from their wheels (spec_tests/harness/releases.py, `gpu`), by name, and the
+# listed releases it does not install yet; the DCP configurations run on the GPU machine's own torch.
+RELEASES: dict[str, Release] = {r.name: r for r in release_list.RELEASES if r.gpu and r.distribution != "torch"}
+NOT_YET_ON_GPU = tuple(r.name for r in release_list.RELEASES if not r.gpu)
+GPU_BUDGET_S = {"nvrx": 75}  # a release's GPU-selection stage, by target (60 s otherwise)
+DCP_TARGETS = tuple(dict.fromkeys(r.target for r in release_list.RELEASES if r.gpu and r.distribution == "torch"))
 # The releases the benchmarks' NVRx and Megatron-Core peers use.
 BENCH_RELEASES = ("nvrx-0.7.0", "mcore-0.19.2")
 
@@ -188,19 +168,14 @@ LEASE_STAGES: tuple[Stage, ...] = (
         for name, target, release in (
             ("impl", "impl", None),
             *((release, spec.target, release) for release, spec in RELEASES.items()),
-            *((t, t, None) for t in ("dcp-thread", "dcp-process", "dcp-staged")),
+            *((t, t, None) for t in DCP_TARGETS),
         )
     ),
 )
 STAGES: tuple[Stage, ...] = (
     _gpu_stage("impl-gpu", 120, "impl"),
-    _gpu_stage("nvrx-0.4.1-gpu", 75, "nvrx", "nvrx-0.4.1"),
-    _gpu_stage("nvrx-0.7.0-gpu", 75, "nvrx", "nvrx-0.7.0"),
-    _gpu_stage("mcore-0.16.1-gpu", 60, "mcore", "mcore-0.16.1"),
-    _gpu_stage("mcore-0.19.2-gpu", 60, "mcore", "mcore-0.19.2"),
-    _gpu_stage("dcp-thread-gpu", 30, "dcp-thread"),
-    _gpu_stage("dcp-process-gpu", 30, "dcp-process"),
-    _gpu_stage("dcp-staged-gpu", 30, "dcp-staged"),
+    *(_gpu_stage(f"{name}-gpu", GPU_BUDGET_S.get(r.target, 60), r.target, name) for name, r in RELEASES.items()),
+    *(_gpu_stage(f"{target}-gpu", 30, target) for target in DCP_TARGETS),
     _bench_d2h("bench-d2h", 200, "64,256,1024,4096,8192", 5),
     _bench_save("bench-save", 240, 1024, 3, 5),
     # The whole suite on impl; test_d2h.py is bench-d2h's (its NVRx and Megatron-Core peers need their releases).

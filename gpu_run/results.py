@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from gpu_run.plan import DCP_TARGETS, RELEASES
+
 START, END = "<!-- gpu-results:start -->", "<!-- gpu-results:end -->"
 # (a regular expression searched in a failure's text, what it means): failures of the harness, not of the target.
 HARNESS_CAUSES = (
@@ -33,7 +35,7 @@ HARNESS_CAUSES = (
         "the rank, forked from a server that had imported the target, could not build the test's CUDA state",
     ),
 )
-_ORDER = ("impl", "nvrx-0.4.1", "nvrx-0.7.0", "mcore-0.16.1", "mcore-0.19.2", "dcp-thread", "dcp-process", "dcp-staged")
+_ORDER = ("impl", *RELEASES, *DCP_TARGETS)  # the columns' order: the release list's
 
 
 def _column(stage: str) -> str:

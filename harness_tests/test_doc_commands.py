@@ -8,7 +8,8 @@ Each is checked without running it, since many run for minutes or need a release
 - `python regenerate.py --opt`: as above;
 - `pytest ... --opt` (also after `nox -s NAME --`): every option is in pytest's help with this project's plugin,
   and every path argument exists;
-- `nox -s NAME`: the noxfile defines the session (and the release, for `spec(TARGET-RELEASE)`), and the options
+- `ckptspec SUBCOMMAND ... --opt`: as `python -m spec_tests.harness.cli`;
+- `nox -s NAME`: the noxfile defines the session (the release list the release, for `spec(NAME)`), and the options
   after `--` are pytest's (spec sessions) or mutation.run's (mutation);
 - `pip install ... -e ".[extra,...]"`: every extra is declared in pyproject.toml.
 
@@ -32,6 +33,7 @@ import tomllib
 
 import pytest
 
+from spec_tests.harness import releases
 from spec_tests.harness.runs import REPO_ROOT
 
 PAGES = [
@@ -168,8 +170,7 @@ def _check_nox(words: list[str], help_text: str) -> None:
         name, _, release = session.partition("(")
         assert re.search(rf"def {re.escape(name)}\(", noxfile), f"noxfile has no session {name}"
         if release:
-            target, _, version = release.rstrip(")").partition("-")
-            assert f'"{target}", "{version}"' in noxfile, f"noxfile has no release {release.rstrip(')')}"
+            assert release.rstrip(")") in releases.by_name(), f"the release list has no release {release.rstrip(')')}"
     if "--" in words:  # the spec sessions hand what follows to pytest, mutation to mutation.run
         after = words[words.index("--") + 1 :]
         if sessions[0].startswith("spec("):
@@ -198,6 +199,8 @@ def test_a_shown_command_exists_as_shown(page, command, pytest_help):
         _check_python(words, pytest_help)
     elif program == "pytest":
         _check_pytest(words[1:], pytest_help)
+    elif program == "ckptspec":  # the console script of pyproject.toml's [project.scripts]
+        _check_python(["python", "-m", "spec_tests.harness.cli", *words[1:]], pytest_help)
     elif program == "nox":
         _check_nox(words, pytest_help)
     elif program == "pip":

@@ -1,5 +1,5 @@
 """The GPU run (gpu_run, docs/gpu.md) stays runnable without a GPU to try it on: its plan fits the device calls, its
-releases are noxfile.py's, and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
+releases are the release list's (spec_tests/harness/releases.py), and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from gpu_run import __main__ as cli
 from gpu_run import plan, runner
-from spec_tests.harness import clauses
+from spec_tests.harness import clauses, releases
 from spec_tests.harness.targets import builtin_targets
 
 
@@ -43,14 +43,11 @@ def test_together_stages_share_one_batch_and_the_others_run_alone():
     assert plan.call_seconds(lease) == plan.SETUP_S + sum(max(s.budget_s for s in b) for b in batches)
 
 
-def test_stages_name_known_targets_and_the_releases_of_the_noxfile():
-    tree = ast.parse((plan.ROOT / "noxfile.py").read_text())
-    assigned = next(
-        node.value for node in tree.body if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "RELEASES"
-    )
-    nox_releases = {f"{target}-{release}" for target, release, _ in ast.literal_eval(assigned)}
-    assert set(plan.RELEASES) | set(plan.NOT_YET_ON_GPU) == nox_releases
+def test_stages_name_known_targets_and_the_releases_of_the_release_list():
+    listed = {release.name for release in releases.RELEASES if release.distribution != "torch"}
+    assert set(plan.RELEASES) | set(plan.NOT_YET_ON_GPU) == listed
     assert not set(plan.RELEASES) & set(plan.NOT_YET_ON_GPU)
+    assert {f"{target}-gpu" for target in plan.DCP_TARGETS} <= set(plan.BY_NAME)
     known = builtin_targets()
     for stage in plan.STAGES:
         assert stage.target in known, stage

@@ -32,22 +32,26 @@ never a private (underscored) name of another package and never a test module. i
 pyproject.toml check the layers; harness_tests/test_import_rules.py checks the names.
 """
 
-from spec_tests.harness.asserts import (
-    HUNG,
-    BoundExceeded,
-    Outcome,
-    assert_each_rank,
-    assert_equal,
-    assert_state_dict_equal,
-    attempt,
-    bounded,
-    outcome_of,
-)
-from spec_tests.harness.blocks import update_file, write_block
-from spec_tests.harness.processes import CALLERS, alive, async_core, close_quietly, exists, remove, wait_for_file
-from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
-from spec_tests.harness.runs import Record, ReportError, load_run
-from spec_tests.harness.targets import MissingCapability, Target, current_target, load_target
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spec_tests.harness.asserts import (
+        HUNG,
+        BoundExceeded,
+        Outcome,
+        assert_each_rank,
+        assert_equal,
+        assert_state_dict_equal,
+        attempt,
+        bounded,
+        outcome_of,
+    )
+    from spec_tests.harness.blocks import update_file, write_block
+    from spec_tests.harness.processes import CALLERS, alive, async_core, close_quietly, exists, remove, wait_for_file
+    from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
+    from spec_tests.harness.runs import Record, ReportError, load_run
+    from spec_tests.harness.targets import MissingCapability, Target, current_target, load_target
 
 __all__ = [
     "CALLERS",
@@ -82,3 +86,37 @@ __all__ = [
     "world",
     "write_block",
 ]
+
+
+# Where each public name lives. The names are imported on first use (PEP 562), so that the modules that read stored
+# runs (report, findings, releases...) import without torch: `ckptspec report` in an environment without it.
+_HOMES = {
+    **dict.fromkeys(
+        (
+            "HUNG",
+            "BoundExceeded",
+            "Outcome",
+            "assert_each_rank",
+            "assert_equal",
+            "assert_state_dict_equal",
+            "attempt",
+            "bounded",
+            "outcome_of",
+        ),
+        "asserts",
+    ),
+    **dict.fromkeys(("update_file", "write_block"), "blocks"),
+    **dict.fromkeys(
+        ("CALLERS", "alive", "async_core", "close_quietly", "exists", "remove", "wait_for_file"), "processes"
+    ),
+    **dict.fromkeys(("RankFailures", "RankPool", "rank_state", "ranks", "run_on_ranks", "world"), "ranks"),
+    **dict.fromkeys(("Record", "ReportError", "load_run"), "runs"),
+    **dict.fromkeys(("MissingCapability", "Target", "current_target", "load_target"), "targets"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

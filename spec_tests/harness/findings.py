@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness import advice, changes, verdicts
+from spec_tests.harness import advice, changes, provenance, verdicts
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness.findings_html import to_html
 from spec_tests.harness.report import clause_verdict
@@ -179,6 +179,11 @@ def page(
         "",
         "Generated from the stored run `conformance/all/` by `python regenerate.py`: do not edit. Measured on a "
         f"2-core CPU machine with gloo and {run.tensor_device} tensors; clauses that need a GPU were not run.",
+        "",
+        "Provenance of the stored run (spec_tests.harness.provenance; one line per run merged into it):",
+        "",
+        *(f"- {provenance.describe(part)}" for part in run.provenance),
+        *([] if run.provenance else ["- not recorded"]),
         "",
         *_what_to_do(run, registry, rules, root),
         *(changes.section(previous, run, registry, clause_verdict) if previous is not None else []),

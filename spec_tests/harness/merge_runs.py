@@ -5,7 +5,8 @@
 For a full run completed by later runs of a few modules (a changed test, a new clause) without running the whole
 suite again. Every input must be a run of the same target and version (else an error naming both); a test recorded
 by a later file replaces every record of that nodeid in the earlier ones (all its phases), the clause registry is
-the union (the later file's entry wins), and the output says which files it came from ("merged_from"). The report
+the union (the later file's entry wins), the provenance is every input's parts in order (each part once), and the
+output says which files it came from ("merged_from"). The report
 and the fault matrix read the output like any run.
 """
 
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from spec_tests.harness import provenance
 from spec_tests.harness.runs import ReportError, load_run, read_json
 
 __all__ = ["main", "merge"]
@@ -39,8 +41,12 @@ def merge(paths: Sequence[Path | str]) -> dict[str, Any]:
         rerun = {test["nodeid"] for test in data["tests"]}
         merged["tests"] = [t for t in merged["tests"] if t["nodeid"] not in rerun] + list(data["tests"])
         merged["clauses"].update(data["clauses"])
+        earlier = provenance.parts(merged)
+        merged["provenance"] = earlier + [part for part in provenance.parts(data) if part not in earlier]
     assert merged is not None
     merged["merged_from"] = [str(p) for p in paths]
+    if merged.get("provenance"):
+        merged["format"] = provenance.FORMAT
     return merged
 
 

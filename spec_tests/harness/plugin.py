@@ -47,7 +47,7 @@ from _pytest.reports import CollectReport
 from hypothesis import settings
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import devices, expectations, launched, reaper
+from spec_tests.harness import devices, expectations, launched, provenance, reaper
 from spec_tests.harness.profiles import in_ci, load_profile
 from spec_tests.harness.ranks import RankPool, use_runner
 from spec_tests.harness.targets import (
@@ -411,6 +411,16 @@ class _Recorder:
             "tensor_device": self.config.stash[_TENSOR_DEVICE],
             "clauses": clause_registry.load(),
             "tests": self.records,
+            "format": provenance.FORMAT,
+            "provenance": [
+                provenance.of_session(
+                    target.name,
+                    target.version,
+                    self.config.stash[_TENSOR_DEVICE],
+                    self.config.invocation_params.args,
+                    target.expectations_path,
+                )
+            ],
         }
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(payload, indent=1, sort_keys=True))

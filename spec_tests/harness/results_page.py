@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import verdicts
+from spec_tests.harness import provenance, verdicts
 from spec_tests.harness.runs import Run, clause_anchor, page_name
 
 __all__ = ["render", "slug"]
@@ -169,8 +169,19 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
         summary=_summary(runs, counts),
         devices=devices,
         total=len(rows),
+        provenance=_provenance(runs),
         script=_SCRIPT,
     )
+
+
+def _provenance(runs: Sequence[Run]) -> str:
+    """Where each run came from: one list item per provenance part (spec_tests.harness.provenance)."""
+    items = [
+        f"<li>{html.escape(provenance.describe(part).replace('`', ''))}</li>"
+        for run in runs
+        for part in run.provenance or [{"target": run.label, "version": "(no provenance recorded)"}]
+    ]
+    return "<ul>\n" + "\n".join(items) + "\n</ul>"
 
 
 _PAGE = """<!DOCTYPE html>
@@ -220,6 +231,8 @@ to share: <code>results.html#target=nvrx-0.7.0&amp;verdict=breaks+its+documentat
 {rows}
 </tbody>
 </table>
+<h2>Where each run came from</h2>
+{provenance}
 <script>
 {script}
 </script>

@@ -1,8 +1,8 @@
 """Recorded runs: the conformance JSON that `pytest --conformance-json PATH` writes, read back and validated, and
 the command that makes one (a target here, or one release of it in its nox session).
 
-A file is {"target", "version", "capabilities", "clauses": {id: {...}}, "tests": [record, ...]} (written by
-spec_tests.harness.plugin); a record is {"nodeid", "outcome", "when", "clauses" (cited), "duration", "message"}
+A file is {"target", "version", "capabilities", "clauses": {id: {...}}, "tests": [record, ...], "format",
+"provenance": [part, ...]} (written by spec_tests.harness.plugin; the parts: spec_tests.harness.provenance); a record is {"nodeid", "outcome", "when", "clauses" (cited), "duration", "message"}
 and, for an expected failure, "entry" {"clauses" (charged), "verdict", "intermittent", "severity"?} and "failure" {"type",
 "text"}. Files written before entries were recorded carry the charged clauses only as the reason's prefix
 (`[AQ-1] ...` or `[AQ-1, AQ-2] ...`); `load_run` reads them from there.
@@ -81,6 +81,7 @@ class Run:
     clauses: Mapping[str, Mapping[str, Any]]  # the registry the run was recorded against
     tests: Mapping[str, Record]  # nodeid -> its record
     tensor_device: str = "cpu"  # the device of the tensors the snapshot tests built
+    provenance: tuple[Mapping[str, Any], ...] = ()  # where it came from, one part per run merged (provenance.py)
 
     def citing(self, clause_id: str) -> list[Record]:
         return [record for record in self.tests.values() if clause_id in record.cited]
@@ -172,7 +173,12 @@ def load_run(path: Path | str) -> Run:
             worse = max(previous, record, key=lambda r: OUTCOMES.index(r.outcome))
             record = worse._replace(cited=previous.cited | record.cited)
         tests[test["nodeid"]] = record
-    return Run(f"{data['target']} {data['version']}", data["clauses"], tests, str(data.get("tensor_device", "cpu")))
+    parts = data.get("provenance", [])
+    _check(
+        isinstance(parts, list) and all(isinstance(p, dict) for p in parts), path, "field 'provenance' is not a list"
+    )
+    label = f"{data['target']} {data['version']}"
+    return Run(label, data["clauses"], tests, str(data.get("tensor_device", "cpu")), tuple(parts))
 
 
 # ---------------------------------------------------------------------------------- making a run

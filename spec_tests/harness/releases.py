@@ -1,0 +1,151 @@
+"""The release list: every target release this project judges and records, in one place.
+
+Every tool that needs the matrix imports it from here: noxfile.py (one `spec(NAME)` and one `record(NAME)` session
+per release), gpu_run (which releases a GPU run installs), regenerate.py (which stored runs make which table and
+page), `ckptspec judge` (whether the installed version has a recorded run and expectations), and
+harness_tests/test_releases.py checks pyproject.toml's extras against it. Standard library only: gpu_run imports it
+on a GPU machine before anything is installed, and `ckptspec report` without torch.
+
+A release's NAME is `<target>-<version>`: its stored run is `conformance/all/<NAME>.json`, its nox sessions
+`spec(<NAME>)` and `record(<NAME>)`. For torch's DCP the target is one configuration of `dcp.async_save`
+(dcp-thread, dcp-process, dcp-staged) and the version is torch's, so judging a new torch is one entry per
+configuration (`_dcp("2.15.0", "3.12")`).
+
+Adding a release: one entry below, then `nox -s "record(<NAME>)"` (CONTRIBUTING.md, "Adding a release"), which
+runs its suites in a virtual environment of its own, writes conformance/all/<NAME>.json and regenerates the pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ALL_AREAS",
+    "PROTOCOL_AREAS",
+    "REFERENCE",
+    "RELEASES",
+    "SUITES",
+    "TORCH",
+    "Release",
+    "base_version",
+    "by_name",
+    "find",
+    "full_suite",
+    "protocol_only",
+]
+
+TORCH = "2.13.0"  # the torch a library release is judged with (the README's pin; pyproject's torch>= agrees)
+SUITES = ("spec_tests", "fault_injection")  # what a recorded run runs, for every release (capabilities gate tests)
+# The clause areas (spec_tests/clauses/*.toml); `faults` is judged by the fault suite, fault_injection/.
+ALL_AREAS = ("async_ckpt", "storage", "local", "integrity", "protocol", "faults")
+PROTOCOL_AREAS = ("protocol", "faults")  # the areas of a target written against the adapter contract only
+REFERENCE = "impl"  # the reference implementation's stored run, conformance/all/impl.json (not a release)
+
+
+@dataclass(frozen=True)
+class Release:
+    """One judged release of a target.
+
+    `needs`: what its checkpointing modules import beyond torch, numpy and this project's dependencies (installed
+    beside its wheel where that wheel is installed without dependencies: on a GPU machine, and NVRx 0.7.0 in nox).
+    `wheel_only`: pip options that fetch its wheel for another platform tag, where pip refuses it on this machine
+    (NVRx 0.7.0's manylinux_2_39 wheel on glibc 2.36): installed without dependencies, then `needs`.
+    `gpu`: whether the GPU run (gpu_run) judges it: a library release from its wheel, a DCP configuration on the
+    GPU machine's own torch.
+    """
+
+    target: str  # the adapter (--impl)
+    version: str  # the release judged; for DCP, torch's version
+    python: str  # the Python its nox sessions use
+    distribution: str  # the pip distribution whose installed version is the run's version
+    areas: tuple[str, ...]  # the clause areas whose tables judge it
+    gpu: bool
+    needs: tuple[str, ...] = ()
+    wheel_only: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.target}-{self.version}"
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+    @property
+    def torch(self) -> str:
+        """The torch version its environment holds: its own for DCP, else TORCH."""
+        return self.version if self.distribution == "torch" else TORCH
+
+    @property
+    def stored_run(self) -> str:
+        """Its stored run, relative to the repository root."""
+        return f"conformance/all/{self.name}.json"
+
+
+_FULL = ALL_AREAS
+_NVRX_070_WHEEL = ("--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_39_x86_64")
+
+
+def _dcp(torch: str, python: str) -> list[Release]:
+    """The three configurations of `dcp.async_save` on one torch release."""
+    return [
+        Release(t, torch, python, "torch", PROTOCOL_AREAS, True) for t in ("dcp-thread", "dcp-process", "dcp-staged")
+    ]
+
+
+RELEASES: tuple[Release, ...] = (
+    # NVRx 0.4.1 gets its declared dependencies (all small) on a GPU machine; 0.7.0 only what its checkpointing
+    # package imports. Megatron-Core declares only torch, numpy and packaging.
+    Release(
+        "nvrx",
+        "0.4.1",
+        "3.11",
+        "nvidia-resiliency-ext",
+        _FULL,
+        True,
+        ("defusedxml", "nvidia-ml-py>=12.570.86", "packaging", "psutil>=6.0.0", "pynvml>=12.0.0", "pyyaml"),
+    ),
+    Release(
+        "nvrx",
+        "0.7.0",
+        "3.12",
+        "nvidia-resiliency-ext",
+        _FULL,
+        True,
+        ("psutil", "packaging", "pyyaml"),
+        _NVRX_070_WHEEL,
+    ),
+    Release("mcore", "0.16.1", "3.11", "megatron-core", _FULL, True, ("packaging>=24.2",)),
+    Release("mcore", "0.19.2", "3.12", "megatron-core", _FULL, True, ("packaging>=24.2",)),
+    *_dcp(TORCH, "3.11"),
+    # Protocol-layer targets, written against the adapter contract only. Lightning 2.5.3: the last release before
+    # the clone of #21079. torchtitan's async_mode "async" ("async_with_pinned_mem" needs an accelerator). Their
+    # wheels and dependencies are not in the set a GPU stage installs yet.
+    Release("torchtitan", "0.3.0", "3.11", "torchtitan", PROTOCOL_AREAS, False),
+    Release("lightning", "2.6.6", "3.11", "pytorch-lightning", PROTOCOL_AREAS, False),
+    Release("lightning", "2.5.3", "3.11", "pytorch-lightning", PROTOCOL_AREAS, False),
+)
+
+
+def by_name() -> dict[str, Release]:
+    return {release.name: release for release in RELEASES}
+
+
+def full_suite() -> list[Release]:
+    """The releases judged on every clause area (the conformance table's columns after impl)."""
+    return [r for r in RELEASES if r.areas == ALL_AREAS]
+
+
+def protocol_only() -> list[Release]:
+    """The releases judged on the protocol area only."""
+    return [r for r in RELEASES if r.areas != ALL_AREAS]
+
+
+def base_version(version: str) -> str:
+    """A version without its local label: torch's "2.13.0+cpu" is release 2.13.0."""
+    return version.split("+", 1)[0]
+
+
+def find(target: str, version: str) -> Release | None:
+    """The listed release of `target` at an installed `version`, or None (no recorded run of it)."""
+    return by_name().get(f"{target}-{base_version(version)}")
