@@ -118,6 +118,7 @@ RELEASES: tuple[Release, ...] = (
     Release("mcore", "0.16.1", "3.11", "megatron-core", _FULL, True, ("packaging>=24.2",)),
     Release("mcore", "0.19.2", "3.12", "megatron-core", _FULL, True, ("packaging>=24.2",)),
     *_dcp(TORCH, "3.11"),
+    *_dcp("2.15.0", "3.11"),  # PyPI has only its CUDA wheel (about 3 GB with its dependencies); it runs on a CPU too
     # Protocol-layer targets, written against the adapter contract only. Lightning 2.5.3: the last release before
     # the clone of #21079. torchtitan's async_mode "async" ("async_with_pinned_mem" needs an accelerator). Their
     # wheels and dependencies are not in the set a GPU stage installs yet.
