@@ -14,7 +14,7 @@ import pytest
 
 from fault_injection import saves
 from fault_injection.faults import BOUND, EXIT_BOUND, on_ranks
-from spec_tests.harness import async_core, close_quietly, current_target, outcome_of, world
+from spec_tests.harness import HUNG, async_core, close_quietly, current_target, outcome_of, world
 
 WORLD = 2
 FAULTS = {  # test id (phase first) -> (what the proxy does, in words); 5xx on data objects alone: MSC-3
@@ -43,19 +43,46 @@ def _save_old_then_faulty(config, prefix):
     return outcome
 
 
-@pytest.mark.spec("FI-S3-1")
-@pytest.mark.needs("storage_writer", "msc", "persistent_caller")
-@pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_object_store_fault_fails_the_save_on_every_rank(s3, tmp_path, fault, monkeypatch):
-    inject, words = FAULTS[fault]
-    prefix = uuid.uuid4().hex
-    inject(s3.proxy)
-    try:
-        outcomes = on_ranks(WORLD, _save_old_then_faulty, s3.config_path, prefix, timeout=120)
-    finally:
-        s3.proxy.heal()
-    assert outcomes == ["CheckpointException"] * WORLD, f"S3 endpoint {words}: outcome per rank {outcomes}"
+_FAULTY: dict[str, tuple[str, list]] = {}  # fault -> (its prefix, each rank's outcome): one run per process
+
+
+def _faulty_save(s3, fault: str) -> tuple[str, list]:
+    """The run of a save hit by `fault`, made once per process for FI-S3-1 and its weak level."""
+    if fault not in _FAULTY:
+        prefix = uuid.uuid4().hex
+        FAULTS[fault][0](s3.proxy)
+        try:
+            _FAULTY[fault] = (prefix, on_ranks(WORLD, _save_old_then_faulty, s3.config_path, prefix, timeout=120))
+        finally:
+            s3.proxy.heal()
+    return _FAULTY[fault]
+
+
+def _assert_nothing_committed_and_the_old_loads(s3, prefix, words, monkeypatch):
     committed = [k for k in s3.keys(f"{prefix}/new/") if k.endswith(".metadata")]
     assert not committed, f"S3 endpoint {words}: the failed save wrote {committed}"
     monkeypatch.setenv("MSC_CONFIG", s3.config_path)
     saves.DcpSave(current_target(), use_msc=True).assert_loads(f"msc://s3/{prefix}/old", 0, WORLD)
+
+
+@pytest.mark.spec("FI-S3-1")
+@pytest.mark.needs("storage_writer", "msc", "persistent_caller")
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_object_store_fault_fails_the_save_on_every_rank(s3, fault, monkeypatch):
+    words = FAULTS[fault][1]
+    prefix, outcomes = _faulty_save(s3, fault)
+    assert outcomes == ["CheckpointException"] * WORLD, f"S3 endpoint {words}: outcome per rank {outcomes}"
+    _assert_nothing_committed_and_the_old_loads(s3, prefix, words, monkeypatch)
+
+
+@pytest.mark.spec("FI-S3-1w")
+@pytest.mark.needs("storage_writer", "msc", "persistent_caller")
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_object_store_fault_never_passes_for_saved(s3, fault, monkeypatch):
+    words = FAULTS[fault][1]
+    prefix, outcomes = _faulty_save(s3, fault)
+    assert "returned" not in outcomes, f"S3 endpoint {words}: outcome per rank {outcomes}, but no rank may return"
+    assert any(o != HUNG for o in outcomes), (
+        f"S3 endpoint {words}: outcome per rank {outcomes}, but a rank should raise within {BOUND:g}s"
+    )
+    _assert_nothing_committed_and_the_old_loads(s3, prefix, words, monkeypatch)
