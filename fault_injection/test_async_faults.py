@@ -28,6 +28,7 @@ from fault_injection.faults import (
     on_ranks,
     wait_for_pids,
 )
+from fault_injection.shared_runs import shared_run
 from spec_tests.harness import (
     HUNG,
     RankFailures,
@@ -205,16 +206,14 @@ def _victim_log(tmp):
     return os.path.join(tmp, f"fs{VICTIM}.log")
 
 
-_KILLED: dict[str, tuple[str, list]] = {}  # phase -> (its directory, each rank's WorkerKilled): one run per process
-
-
 def _worker_killed(tmp_path_factory, phase: str) -> tuple[str, list]:
-    """The run of a save whose worker (or writer process) is killed in `phase`, made once per process for
-    FI-WORKER-1 and its weak level."""
-    if phase not in _KILLED:
-        tmp = str(tmp_path_factory.mktemp(f"worker-{phase}"))
-        _KILLED[phase] = (tmp, on_ranks(WORLD, _killed_worker, tmp, phase, timeout=180))
-    return _KILLED[phase]
+    """The run of a save whose worker (or writer process) is killed in `phase`: (its directory, each rank's
+    WorkerKilled), made once per session for FI-WORKER-1 and its weak level."""
+
+    def make(tmp):
+        return tmp, on_ranks(WORLD, _killed_worker, tmp, phase, timeout=180)
+
+    return shared_run(tmp_path_factory, f"worker-killed-{phase}", make)
 
 
 def _skip_unless_the_writer_died(tmp, phase):

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from fault_injection import faultfs, saves
 from fault_injection.crash_points import crash_points, durability_problems, in_child, report_crashes, run_phases
 from fault_injection.faults import on_ranks
+from fault_injection.shared_runs import shared_run
 from spec_tests.harness import assert_state_dict_equal, current_target, remove
 
 
@@ -206,14 +207,14 @@ def test_local_save_killed_after_any_point_never_yields_a_torn_iteration(tmp_pat
     )
 
 
-_SAVED_AGAIN: dict[str, tuple] = {}  # phase -> crash_points' result: one run per process for FI-CRASH-4 and 4w
-
-
 def _saved_again(tmp_path_factory, phase: str) -> tuple:
-    if phase not in _SAVED_AGAIN:
-        tmp = str(tmp_path_factory.mktemp(f"again-{phase}"))
-        _SAVED_AGAIN[phase] = on_ranks(1, _local_crashes, tmp, phase, _restart_and_save, timeout=240, backend="gloo")[0]
-    return _SAVED_AGAIN[phase]
+    """crash_points' result for the restart of `_restart_and_save`, made once per session for FI-CRASH-4 and its
+    weak level."""
+
+    def make(tmp):
+        return on_ranks(1, _local_crashes, tmp, phase, _restart_and_save, timeout=240, backend="gloo")[0]
+
+    return shared_run(tmp_path_factory, f"saved-again-{phase}", make)
 
 
 def _counting_against(problems: list[str], level: str) -> list[str]:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from fault_injection import faultfs
 from fault_injection.crash_points import in_child
 from fault_injection.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, on_ranks
+from fault_injection.shared_runs import shared_run
 from spec_tests.drivers.damage import Damage, apply, files_under
 from spec_tests.drivers.protocol_saves import (
     WARM_BOUND,
@@ -120,17 +121,15 @@ def _storage_errors(tmp: str, phase: str) -> dict:
     return results
 
 
-_ERRORS: dict[str, tuple[str, list]] = {}  # phase -> (its directory, each rank's _storage_errors): one run per process
-
-
 def _storage_errors_run(tmp_path_factory, phase: str) -> tuple[str, list]:
-    """The run of `_storage_errors` in `phase`, made once per process for FI-STORAGE-1/2 and FI-STORAGE-2w; skips
-    a phase the format does not have, or where no fault fired."""
+    """The run of `_storage_errors` in `phase` (its directory, each rank's result), made once per session for
+    FI-STORAGE-1/2 and FI-STORAGE-2w; skips a phase the format does not have, or where no fault fired."""
     _in_format(STORAGE_FAULTS[phase, ERRNOS[0]][1])
-    if phase not in _ERRORS:
-        tmp = str(tmp_path_factory.mktemp(f"errors-{phase}"))
-        _ERRORS[phase] = (tmp, on_ranks(WORLD, _storage_errors, tmp, phase, timeout=200))
-    tmp, results = _ERRORS[phase]
+
+    def make(tmp):
+        return tmp, on_ranks(WORLD, _storage_errors, tmp, phase, timeout=200)
+
+    tmp, results = shared_run(tmp_path_factory, f"storage-errors-{phase}", make)
     if not any(r[e][1] for r in results for e in r):
         pytest.skip(NOT_REACHED)
     return tmp, results
