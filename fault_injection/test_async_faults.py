@@ -28,6 +28,7 @@ from fault_injection.faults import (
     on_ranks,
     wait_for_pids,
 )
+from fault_injection.shared_runs import shared_run
 from spec_tests.harness import (
     HUNG,
     RankFailures,
@@ -205,25 +206,39 @@ def _victim_log(tmp):
     return os.path.join(tmp, f"fs{VICTIM}.log")
 
 
+def _worker_killed(tmp_path_factory, phase: str) -> tuple[str, list]:
+    """The run of a save whose worker (or writer process) is killed in `phase`: (its directory, each rank's
+    WorkerKilled), made once per session for FI-WORKER-1 and its weak level."""
+
+    def make(tmp):
+        return tmp, on_ranks(WORLD, _killed_worker, tmp, phase, timeout=180)
+
+    return shared_run(tmp_path_factory, f"worker-killed-{phase}", make)
+
+
+def _skip_unless_the_writer_died(tmp, phase):
+    if phase == "writer" and not faultfs.fired(_victim_log(tmp), "die"):
+        pytest.skip("the target wrote the data without a writer process of its own to kill")
+
+
 @pytest.mark.spec("FI-WORKER-1")
 @pytest.mark.needs("persistent_caller")
 @pytest.mark.parametrize("phase", ["staging", pytest.param("writer", id="write-child")])
-def test_killed_worker(target, tmp_path, phase):
-    _check_killed_worker(target, str(tmp_path), phase)
+def test_killed_worker(target, tmp_path_factory, phase):
+    _check_killed_worker(target, tmp_path_factory, phase)
 
 
 @pytest.mark.spec("FI-WORKER-1", "FI-WORKER-2")
 @pytest.mark.needs("persistent_caller")
 @pytest.mark.parametrize("phase", ["write"])
-def test_killed_worker_then_a_new_queue_saves(target, tmp_path, phase):
-    _check_killed_worker(target, str(tmp_path), phase)
+def test_killed_worker_then_a_new_queue_saves(target, tmp_path_factory, phase):
+    _check_killed_worker(target, tmp_path_factory, phase)
 
 
-def _check_killed_worker(target, tmp, phase):
+def _check_killed_worker(target, tmp_path_factory, phase):
     save = saves.for_target(target)
-    outcomes = on_ranks(WORLD, _killed_worker, tmp, phase, timeout=180)
-    if phase == "writer" and not faultfs.fired(_victim_log(tmp), "die"):
-        pytest.skip("the target wrote the data without a writer process of its own to kill")
+    tmp, outcomes = _worker_killed(tmp_path_factory, phase)
+    _skip_unless_the_writer_died(tmp, phase)
     assert [o.outcome for o in outcomes] == ["CheckpointException"] * WORLD, (
         f"outcome of the failed save per rank: {[o.outcome for o in outcomes]}"
     )
@@ -233,6 +248,24 @@ def _check_killed_worker(target, tmp, phase):
             f"saving again with a new queue: {[o.recovered for o in outcomes]}"
         )
         save.assert_loads(os.path.join(tmp, "again"), 2, WORLD)
+
+
+@pytest.mark.spec("FI-WORKER-1w")
+@pytest.mark.needs("persistent_caller")
+@pytest.mark.parametrize("phase", ["staging", pytest.param("writer", id="write-child"), "write"])
+def test_killed_worker_save_never_passes_for_saved(target, tmp_path_factory, phase):
+    save = saves.for_target(target)
+    tmp, outcomes = _worker_killed(tmp_path_factory, phase)
+    _skip_unless_the_writer_died(tmp, phase)
+    per_rank = [o.outcome for o in outcomes]
+    assert "returned" not in per_rank, (
+        f"a save whose worker on rank {VICTIM} was killed ({phase}) returned without an error: outcome per rank "
+        f"{per_rank}"
+    )
+    assert not save.committed(_paths(tmp)[1]), (
+        f"a save whose worker on rank {VICTIM} was killed ({phase}) was committed ({save.MARKER} exists): "
+        f"outcome per rank {per_rank}"
+    )
 
 
 # ------------------------------------------------------------------------------ killed trainer

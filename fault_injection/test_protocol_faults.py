@@ -30,6 +30,7 @@ import torch.distributed as dist
 from fault_injection import faultfs
 from fault_injection.crash_points import in_child
 from fault_injection.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, on_ranks
+from fault_injection.shared_runs import shared_run
 from spec_tests.drivers.damage import Damage, apply, files_under
 from spec_tests.drivers.protocol_saves import (
     WARM_BOUND,
@@ -120,14 +121,24 @@ def _storage_errors(tmp: str, phase: str) -> dict:
     return results
 
 
-@pytest.mark.spec("FI-STORAGE-1", "FI-STORAGE-2")
-@pytest.mark.parametrize("phase", ["plan", "write", "finalize"])
-def test_storage_error_fails_the_save_on_every_rank(tmp_path, phase):
-    tmp = str(tmp_path)
-    _in_format(STORAGE_FAULTS[phase, ERRNOS[0]][1])  # skips a phase the format does not have
-    results = on_ranks(WORLD, _storage_errors, tmp, phase, timeout=200)
+def _storage_errors_run(tmp_path_factory, phase: str) -> tuple[str, list]:
+    """The run of `_storage_errors` in `phase` (its directory, each rank's result), made once per session for
+    FI-STORAGE-1/2 and FI-STORAGE-2w; skips a phase the format does not have, or where no fault fired."""
+    _in_format(STORAGE_FAULTS[phase, ERRNOS[0]][1])
+
+    def make(tmp):
+        return tmp, on_ranks(WORLD, _storage_errors, tmp, phase, timeout=200)
+
+    tmp, results = shared_run(tmp_path_factory, f"storage-errors-{phase}", make)
     if not any(r[e][1] for r in results for e in r):
         pytest.skip(NOT_REACHED)
+    return tmp, results
+
+
+@pytest.mark.spec("FI-STORAGE-1", "FI-STORAGE-2")
+@pytest.mark.parametrize("phase", ["plan", "write", "finalize"])
+def test_storage_error_fails_the_save_on_every_rank(tmp_path_factory, phase):
+    tmp, results = _storage_errors_run(tmp_path_factory, phase)
     problems = []
     for version, errno_name in enumerate(ERRNOS, start=1):
         if not all(errno_name in r for r in results):
@@ -136,16 +147,42 @@ def test_storage_error_fails_the_save_on_every_rank(tmp_path, phase):
         outcomes = [r[errno_name][0] for r in results]
         if any(o in ("returned", HUNG) for o in outcomes):
             problems.append(f"{errno_name} in {phase}: outcome per rank {outcomes}, but every rank should raise")
-        if committed(os.path.join(tmp, f"new-{errno_name}"), WORLD):
-            marker = checkpoint_format().marker
-            problems.append(
-                f"{errno_name} in {phase}: the failed save " + (f"wrote {marker}" if marker else "was committed")
-            )
+        problems += _committed(tmp, errno_name, phase)
         after = [r[errno_name][2] for r in results]
         if after != ["returned"] * WORLD:
             problems.append(f"{errno_name} in {phase}: the next save with the same saver: {after}")
         else:
             assert_loads(os.path.join(tmp, f"after-{errno_name}"), expected(WORLD, 10 + version))
+    assert_loads(os.path.join(tmp, "old"), expected(WORLD, 0))
+    assert not problems, "\n".join(problems)
+
+
+def _committed(tmp: str, errno_name: str, phase: str) -> list[str]:
+    if not committed(os.path.join(tmp, f"new-{errno_name}"), WORLD):
+        return []
+    marker = checkpoint_format().marker
+    return [f"{errno_name} in {phase}: the failed save " + (f"wrote {marker}" if marker else "was committed")]
+
+
+@pytest.mark.spec("FI-STORAGE-2w")
+@pytest.mark.parametrize("phase", ["plan", "write", "finalize"])
+def test_storage_error_never_passes_for_saved_later(tmp_path_factory, phase):
+    tmp, results = _storage_errors_run(tmp_path_factory, phase)
+    problems = []
+    for version, errno_name in enumerate(ERRNOS, start=1):
+        if not all(errno_name in r for r in results):
+            problems.append(f"{errno_name}: not tried (a save hung before, and the saver with it)")
+            continue
+        failed = os.path.join(tmp, f"new-{errno_name}")
+        if committed(failed, WORLD):  # whole or not at all: a failed save committed whole loses nothing
+            assert_loads(failed, expected(WORLD, version), call=f"loading the save that failed with {errno_name}")
+        after, path = [r[errno_name][2] for r in results], os.path.join(tmp, f"after-{errno_name}")
+        if HUNG in after or "not tried" in after:
+            problems.append(f"{errno_name} in {phase}: the saver hung; the next save per rank: {after}")
+        elif "returned" in after and committed(path, WORLD):
+            assert_loads(path, expected(WORLD, 10 + version))
+        elif "returned" in after:
+            problems.append(f"{errno_name} in {phase}: the next save per rank {after}, but nothing was committed")
     assert_loads(os.path.join(tmp, "old"), expected(WORLD, 0))
     assert not problems, "\n".join(problems)
 

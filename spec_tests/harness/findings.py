@@ -95,7 +95,10 @@ def reportable(
     run: Run, clause_id: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, root: Path = REPO_ROOT
 ) -> bool:
     """Whether `run`'s break of a clause gets a maintainer report: a documented or implied clause (not a decision
-    of this spec) of severity data-loss or hang that the run breaks, with a reproducer."""
+    of this spec) of severity data-loss or hang that the run breaks, at its strict level at least (where the run
+    keeps the weak level, the strict promise is still broken), with a reproducer."""
+    if verdict.word == verdicts.WEAK_ONLY:  # what its strict tests say, before the weak level is counted
+        verdict = verdicts.judge(run.citing(clause_id), clause_id, {clause_id: clause})
     return (
         verdict.broken
         and verdict.word != verdicts.BROKEN_WORDS["decision"]
@@ -130,6 +133,16 @@ def _entry(
         report = report_path(run, cid)
         lines.append(f"- **Report**: [`{report}`](../../{report}) (ready to file: the promise, the output, the code)")
     return [*lines, ""]
+
+
+def _report_links(
+    run: Run, cid: str, registry: Mapping[str, Mapping[str, Any]], verdict: verdicts.Verdict, root: Path
+) -> str:
+    """The reproducer and maintainer report of a clause the run keeps only at its weak level, where they exist."""
+    if not reportable(run, cid, registry[cid], verdict, root):
+        return ""
+    repro, report = repro_path(run, cid), report_path(run, cid)
+    return f" (strict promise broken: reproducer [`{repro.name}`](../../{repro}), report [`{report.name}`](../../{report}))"
 
 
 def _what_to_do(
@@ -204,7 +217,11 @@ def page(
             + (f" Weak level: {weak}" if weak else "")
         )
     lines += ["", f"## Weak level only ({len(weak_only)})", ""]
-    lines += [f"- {_anchored(cid)}{cid}: misses the strict clause, meets its weak level" for cid in weak_only]
+    lines += [
+        f"- {_anchored(cid)}{cid}: misses the strict clause, meets its weak level"
+        + _report_links(run, cid, registry, judged[cid], root)
+        for cid in weak_only
+    ]
     lines += ["", f"## Judged by the release's own documents or changed API ({len(otherwise)})", ""]
     lines += [f"- {_anchored(cid)}{cid}: {judged[cid]}" for cid in otherwise]
     return "\n".join(lines).rstrip() + "\n"

@@ -1,4 +1,5 @@
 """IN-3: a local checkpoint part damaged after commit is never returned as data; an intact replica replaces it.
+IN-3w: a part truncated or deleted (damage seen without a checksum) is never returned as data.
 
 Each example saves iteration 1 on two ranks (and iteration 2 under another root, the source of another
 iteration's parts), damages one file of one rank's node-local storage as hypothesis chooses (a swap copies in
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from spec_tests.drivers.damage import Damage, damages, load_damaged_local
 from spec_tests.drivers.local import Found, assert_found, rank_value
+from spec_tests.harness.asserts import assert_state_dict_equal
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 LAYOUTS = [pytest.param(None, id="no-replication"), pytest.param((1, 2), id="jump1-factor2")]
@@ -42,3 +44,41 @@ def test_a_damaged_part_is_never_loaded(rank_pool, tmp_path_factory, layout, dam
         f"{what}, no replication: per rank {[(f.latest, f.load) for f in found]}, but find_latest() should not "
         "report iteration 1, or load() should raise CheckpointingException on every rank (never return data)"
     )
+
+
+SHAPE_DAMAGES = [  # damage that changes a part's length: no checksum is needed to see it
+    Damage("truncate", file=0, where=0.0, bit=0),
+    Damage("truncate", file=0, where=0.5, bit=0),
+    Damage("delete", file=0, where=0.0, bit=0),
+]
+
+
+def _returned_as_data(found: Found, rank: int) -> str | None:
+    """Why what `rank` found and loaded is damaged data, or None (nothing reported, load() raised, or exact)."""
+    if found.latest == -1 or found.load != "returned":
+        return None
+    if found.latest != 1 or found.part_id != (1, rank, ""):
+        return f"found {found.latest} and loaded part {found.part_id}"
+    try:
+        assert_state_dict_equal(found.state_dict, rank_value(rank, 1), call=f"rank {rank}: load()")
+    except AssertionError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.spec("IN-3w")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_truncated_or_deleted_part_is_never_returned_as_data(rank_pool, tmp_path, layout):
+    """Each damage that changes a part's length, on rank 0's first file: every rank reports no iteration, raises
+    from load(), or loads exactly what it saved."""
+    problems = []
+    for n, damage in enumerate(SHAPE_DAMAGES):
+        results = rank_pool(2).run(load_damaged_local, str(tmp_path / str(n)), layout, damage, 0, False)
+        damaged = results[0][0]
+        assert damaged is not None, f"{damage.kind} at {damage.where} changed no file of rank 0's storage"
+        for rank, (_, found) in enumerate(results):
+            why = _returned_as_data(found, rank)
+            if why:
+                problems.append(f"{damage.describe(damaged)} on rank 0's storage, rank {rank}: {why}")
+    where = f"replicated {layout}" if layout else "no replication"
+    assert not problems, f"{where}, a damaged part was returned as data: " + "; ".join(problems)

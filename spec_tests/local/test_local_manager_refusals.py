@@ -23,9 +23,9 @@ from spec_tests.drivers.local import (
     tasd,
 )
 from spec_tests.harness import workloads
-from spec_tests.harness.asserts import assert_each_rank, attempt, bounded
+from spec_tests.harness.asserts import HUNG, assert_each_rank, attempt, bounded
 from spec_tests.harness.processes import async_core
-from spec_tests.harness.ranks import world
+from spec_tests.harness.ranks import run_on_ranks, world
 
 pytestmark = pytest.mark.needs("local_checkpointing")
 
@@ -130,6 +130,28 @@ def test_an_iteration_not_newer_than_the_latest_is_refused(rank_pool, tmp_path):
     assert_found([r.then for r in results], 5, [rank_value(r, 5) for r in range(2)], "refused saves")
 
 
+def _last_written(saves: list, latest: int, rank: int) -> dict | None:
+    """The state that the last save of iteration `latest` which returned wrote on `rank` (None: no save did):
+    save(5) of rank_value(rank, 5) first, then the saves of `_save_old_iterations`, each of rank_value(rank, 0)."""
+    written = {5: rank_value(rank, 5)}
+    written.update({i: rank_value(rank, 0) for i, outcome in saves if outcome == "returned"})
+    return written.get(latest)
+
+
+@pytest.mark.spec("LM-10w")
+def test_saves_of_old_iterations_leave_a_checkpoint_that_loads(rank_pool, tmp_path):
+    results = rank_pool(2).run(_save_old_iterations, str(tmp_path))
+    found = [r.then for r in results]
+    latest = found[0].latest
+    states = [_last_written(r.saves, latest, rank) for rank, r in enumerate(results)]
+    assert None not in states, (
+        f"after save(5), then save(5), save(3), save(-1) and a new manager's save(4) (per rank "
+        f"{[r.saves for r in results]}): find_latest() per rank {[f.latest for f in found]}, but should report an "
+        "iteration that a save which returned wrote"
+    )
+    assert_found(found, latest, states, f"save(5), then saves of iterations not newer (found {latest})")
+
+
 @dataclass(frozen=True)
 class OtherParameters:
     find_latest: str  # with replication jump 2: "returned", or the class name of what it raised
@@ -175,25 +197,70 @@ def test_other_replication_parameters_at_load_are_refused(rank_pool, tmp_path):
     assert_found([r.then_without_replication for r in results], 6, expected, "load without replication")
 
 
-def _save_expecting_failure(base):
+@pytest.mark.spec("LM-11w")
+def test_other_replication_parameters_at_load_remove_nothing(rank_pool, tmp_path):
+    base, pool = str(tmp_path), rank_pool(4)
+    pool.run(save_values, base, (1, 2), 6)
+    results = pool.run(_find_with_other_parameters, base)
+    what = "after find_latest() with replication jump 2 (its answer per rank: {}), {}"
+    outcomes = [r.find_latest for r in results]
+    assert all(r.storage_unchanged for r in results), what.format(outcomes, "storage changed, but should not")
+    expected = [rank_value(r, 6) for r in range(4)]
+    for then, how in (
+        ("then_with_the_saves_parameters", "the save's parameters"),
+        ("then_without_replication", "no replication"),
+    ):
+        assert_found([getattr(r, then) for r in results], 6, expected, what.format(outcomes, f"a load with {how}"))
+
+
+def _save_expecting_failure(base, hung_fails=True):
     rank, _ = world()
     # a bound exceeded fails the rank: a rank waits for the failed one
-    return attempt(manager(base).save, tasd(rank_value(rank, 2)), 2, bound=20, what="save(2)", hung_fails=True).text
+    return attempt(
+        manager(base).save, tasd(rank_value(rank, 2)), 2, bound=20, what="save(2)", hung_fails=hung_fails
+    ).text
+
+
+def _unwritable(base):
+    """Put a file where rank 1's directory is; returns a function that puts the directory back."""
+    away = node_root(base, 1) + ".away"
+    os.rename(node_root(base, 1), away)
+    with open(node_root(base, 1), "w") as f:  # a file where rank 1's directory should be
+        f.write("not a directory")
+
+    def restore():
+        os.remove(node_root(base, 1))
+        os.rename(away, node_root(base, 1))
+
+    return restore
 
 
 @pytest.mark.spec("LM-13")
 def test_an_unwritable_directory_fails_the_save_on_every_rank(rank_pool, tmp_path):
     base, pool = str(tmp_path), rank_pool(2)
     pool.run(save_values, base, None, 1)
-    away = node_root(base, 1) + ".away"
-    os.rename(node_root(base, 1), away)
-    with open(node_root(base, 1), "w") as f:  # a file where rank 1's directory should be
-        f.write("not a directory")
+    restore = _unwritable(base)
     try:
         outcomes = pool.run(_save_expecting_failure, base)
     finally:
-        os.remove(node_root(base, 1))
-        os.rename(away, node_root(base, 1))
+        restore()
     assert_each_rank("save(2)", outcomes, "CheckpointingException", call="rank 1's storage unwritable")
     results = pool.run(fresh_find_then_load, base, None)
     assert_found(results, 1, [rank_value(r, 1) for r in range(2)], "a save that failed on rank 1")
+
+
+@pytest.mark.spec("LM-13w")
+def test_an_unwritable_directory_fails_the_save_where_it_is(rank_pool, tmp_path):
+    base, pool = str(tmp_path), rank_pool(2)
+    pool.run(save_values, base, None, 1)
+    restore = _unwritable(base)
+    try:  # fresh ranks: a rank whose save waits past the bound is left in a collective, and discarded
+        outcomes = run_on_ranks(_save_expecting_failure, 2, (base, False), timeout=60)
+    finally:
+        restore()
+    assert outcomes[1] not in ("returned", HUNG), (
+        f"save(2) on rank 1, whose directory cannot be written: {outcomes[1]}, but it should raise within 20s"
+    )
+    assert "returned" not in outcomes, f"save(2) per rank={outcomes}, but no rank may return as if it had saved"
+    results = pool.run(fresh_find_then_load, base, None)
+    assert_found(results, 1, [rank_value(r, 1) for r in range(2)], "a restart after save(2) failed on rank 1")

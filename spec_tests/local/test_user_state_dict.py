@@ -145,3 +145,27 @@ def test_a_state_dict_that_cannot_load_is_refused_at_save(rank_pool, tmp_path, c
         ("CheckpointingException", True, -1),
         call=f"save ({mode}) of a state dict holding {CANNOT_LOAD[case][1]}, which could never be loaded",
     )
+
+
+def save_judged(base: str, case: str, mode: str):
+    """On every rank: save a state dict that could not load back, then look with a new manager; (what save()
+    did, what find_latest() gives, what load() of it did or "not tried"). A save past the bound fails the rank."""
+    make, _ = CANNOT_LOAD[case]
+    saved = attempt(save, manager(base, None), make(), 1, mode, hung_fails=True).text
+    fresh = manager(base, None)
+    latest = bounded(BOUND, "find_latest()", fresh.find_latest)
+    loaded = "not tried" if latest == -1 else attempt(fresh.load, bound=BOUND, what="load()", hung_fails=True).text
+    return saved, latest, loaded
+
+
+@pytest.mark.spec("IN-6w")
+@pytest.mark.parametrize("mode", ["sync", "persistent"])
+@pytest.mark.parametrize("case", sorted(CANNOT_LOAD))
+def test_a_state_dict_that_cannot_load_never_hangs_nor_commits_what_does_not_load(rank_pool, tmp_path, case, mode):
+    results = rank_pool(2).run(save_judged, str(tmp_path), case, mode)
+    what = f"save ({mode}) of a state dict holding {CANNOT_LOAD[case][1]}: (save(), find_latest(), load()) per rank"
+    if all(saved == "returned" for saved, _, _ in results):
+        assert all(latest == 1 for _, latest, _ in results), f"{what} {results}, but a save that returned is found"
+    assert all(latest == -1 or loaded == "returned" for _, latest, loaded in results), (
+        f"{what} {results}, but an iteration that find_latest() reports should load on every rank"
+    )

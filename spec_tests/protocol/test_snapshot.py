@@ -1,6 +1,6 @@
 """What a save holds: the state dict as it was when start() returned (P-SNAP-*; at the weak level P-SNAP-1w, each
-element as it was then or as the trainer changed it), or when staged() returned (P-STAGED-1), read back with stock
-dcp.load without a process group (P-LOAD-1)."""
+element as it was then or as the trainer changed it), or when staged() returned (P-STAGED-1; its weak level
+P-STAGED-1w as P-SNAP-1w), read back with stock dcp.load without a process group (P-LOAD-1)."""
 
 import uuid
 
@@ -55,13 +55,15 @@ def test_checkpoint_holds_the_state_when_start_returned(rank_pool, tmp_path_fact
     assert not problems, problems[0]
 
 
-def _elements_old_or_new(path):
+def _elements_old_or_new(path, wait_staged=False):
     rank, world_size = world()
     mine = _own(rank, strategies.WEAK_STATE, devices.current())
     if "saver" not in rank_state:
         rank_state["saver"] = warm_saver(path)
     handle = start(rank_state["saver"], mine, path)
-    strategies.mutate_in_place(mine)  # the training step, right after start() returned
+    if wait_staged:
+        handle.staged()
+    strategies.mutate_in_place(mine)  # the training step, right after start() (or staged()) returned
     wait(handle)
     old: dict = {}
     for r in range(world_size):
@@ -84,6 +86,15 @@ def test_state_may_change_once_staged_returns(rank_pool, tmp_path):
     state = {"w": torch.ones(5), "n": 3}
     problems = [p for p in rank_pool(2).run(_save_then_change, str(tmp_path / "c"), state, True) if p]
     assert not problems, problems[0]
+
+
+@pytest.mark.spec("P-STAGED-1w")
+@pytest.mark.tensor_device
+def test_every_element_is_as_it_was_at_start_or_as_changed_once_staged(rank_pool, tmp_path):
+    problems = [
+        p for rank_problems in rank_pool(2).run(_elements_old_or_new, str(tmp_path / "c"), True) for p in rank_problems
+    ]
+    assert not problems, f"{loader()} of a save whose tensors changed after staged() returned: " + "; ".join(problems)
 
 
 @pytest.mark.spec("P-SNAP-2")
