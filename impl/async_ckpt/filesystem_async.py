@@ -79,6 +79,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from ..integrity import ChecksumStream, crc32, open_new, seal
 from ..utils import dist_rank
+from .staging import copies_to_host
 from .storage import Storage, storage_for
 
 __all__ = ["ChecksummedWriteResult", "FileSystemWriterAsync", "WriteBucket"]
@@ -234,6 +235,7 @@ class FileSystemWriterAsync(StorageWriter):
         return save_fn, preload_fn, [dist_rank(), self.write_buckets, self._results_path]
 
     @staticmethod
+    @copies_to_host  # an overlapped queue stages the buckets itself (async_ckpt.overlap)
     def preload_tensors(write_buckets: list[WriteBucket], non_blocking: bool = True) -> list[WriteBucket]:
         """The buckets with every tensor copied to host memory now (CUDA ones into pinned buffers).
 
