@@ -25,7 +25,6 @@ from spec_tests.harness.asserts import bounded
 
 BOUND = 120.0  # seconds for a save, the first of which starts the worker
 BIG = 1 << 20  # elements of the large tensor: its copy is still running when the small ones are done
-NO_GPU = "CUDA tensors: needs a GPU (run by the GPU stage impl-gpu, docs/gpu.md)"
 
 
 def _request(state_dict: dict, path: str) -> AsyncRequest:
@@ -82,8 +81,7 @@ def test_overlapped_saves_hold_the_state_at_the_call_and_reuse_one_slab(tmp_path
     assert not _pool(queue), "close() left slabs in the pool"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
-@pytest.mark.gpu
+@pytest.mark.gpu  # skips without CUDA (the spec plugin); run by the GPU stages impl-gpu and impl-overlapped-lease
 @pytest.mark.parametrize("device_clone", [False, True], ids=["d2h", "clone"])
 def test_overlapped_cuda_saves_hold_the_state_at_the_call_and_free_the_pool(tmp_path, device_clone):
     torch.cuda.synchronize()
