@@ -13,6 +13,7 @@ The spec's own snapshot family runs on the overlapped mode with `CKPTSPEC_IMPL_S
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ def _request(state_dict: dict, path: str) -> AsyncRequest:
     return AsyncRequest(save_fn, args, [finalize], preload_fn=preload_fn)
 
 
-def _state(device: str, version: int) -> dict:
+def _state(device: str, version: int) -> dict[str, Any]:
     return {
         "big": torch.arange(BIG, dtype=torch.float32, device=device) + version,
         "small": torch.full((7,), float(version), device=device),
@@ -55,7 +56,7 @@ def _saves_then_changes(tmp_path, device: str, saves: int, **options) -> tuple[A
         for key in ("big", "small"):
             state[key].add_(1)  # the next training step; the checkpoint must hold the values before it
         bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
-        loaded = {"big": torch.empty(BIG), "small": torch.empty(7), "step": -1}
+        loaded: dict = {"big": torch.empty(BIG), "small": torch.empty(7), "step": -1}
         dcp.load(loaded, checkpoint_id=path, no_dist=True)
         want = _state("cpu", version)
         problems += [f"save {version}: {k} differs" for k in ("big", "small") if not torch.equal(loaded[k], want[k])]
@@ -90,7 +91,8 @@ def test_overlapped_cuda_saves_hold_the_state_at_the_call_and_free_the_pool(tmp_
     try:
         assert not problems, problems
         (slabs,) = _pool(queue).values()
-        assert len(slabs) == 1 and slabs[0].pinned, "the CUDA tensors' slab is not one page-locked slab, reused"
+        assert len(slabs) == 1, f"{len(slabs)} slabs kept after 3 saves of one size"
+        assert slabs[0].pinned, "the CUDA tensors' slab is not page-locked"
     finally:
         bounded(BOUND, "close()", queue.close)
     assert not _pool(queue), "close() left slabs in the pool"

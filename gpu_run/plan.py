@@ -123,7 +123,9 @@ def _gpu_stage(
     together: bool = False,
     env: tuple[tuple[str, str], ...] = (),
 ) -> Stage:
-    paths = ("spec_tests/protocol",) if target.startswith("dcp-") else ("spec_tests", "fault_injection")
+    paths: tuple[str, ...] = (
+        ("spec_tests/protocol",) if target.startswith("dcp-") else ("spec_tests", "fault_injection")
+    )
     if target == "impl":
         paths += IMPL_GPU_PATHS
     # worksteal: with two workers, the two slow persistent-queue tests must not queue behind each other.

@@ -29,10 +29,10 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
-from multiprocessing.reduction import ForkingPickler
 
 from ..utils import picklable_error
 from .callers import PersistentAsyncCaller
