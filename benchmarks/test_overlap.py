@@ -12,28 +12,23 @@ The spec's own snapshot family runs on the overlapped mode with `CKPTSPEC_IMPL_S
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from impl.async_ckpt.core import AsyncCallsQueue, AsyncRequest
-from impl.async_ckpt.filesystem_async import FileSystemWriterAsync
-from impl.async_ckpt.state_dict_saver import save_state_dict_async_finalize, save_state_dict_async_plan
+from benchmarks.peers import plan_write
+from spec_tests.harness import load_target
 from spec_tests.harness.asserts import bounded
 
 BOUND = 120.0  # seconds for a save, the first of which starts the worker
 BIG = 1 << 20  # elements of the large tensor: its copy is still running when the small ones are done
 
 
-def _request(state_dict: dict, path: str) -> AsyncRequest:
-    writer = FileSystemWriterAsync(path)
-    planned = save_state_dict_async_plan(state_dict, writer)
-    save_fn, preload_fn, args = writer.get_save_function_and_args()
-    finalize = functools.partial(save_state_dict_async_finalize, *planned)
-    return AsyncRequest(save_fn, args, [finalize], preload_fn=preload_fn)
+def _queue(**options: Any) -> Any:
+    """impl's AsyncCallsQueue (through its target adapter, as the suite reaches impl)."""
+    return load_target("impl").module("async_ckpt.core").AsyncCallsQueue(**options)
 
 
 def _state(device: str, version: int) -> dict[str, Any]:
@@ -44,14 +39,14 @@ def _state(device: str, version: int) -> dict[str, Any]:
     }
 
 
-def _saves_then_changes(tmp_path, device: str, saves: int, **options) -> tuple[AsyncCallsQueue, list[str]]:
+def _saves_then_changes(tmp_path, device: str, saves: int, **options) -> tuple[Any, list[str]]:
     """`saves` saves of one state dict on one overlapped queue, each changed in place once staging returned."""
-    queue = AsyncCallsQueue(overlap_staging=True, **options)
+    queue = _queue(overlap_staging=True, **options)
     state, problems = _state(device, 0), []
     for version in range(saves):
         path = str(tmp_path / f"c{version}")
         state["step"] = version
-        queue.schedule_async_request(_request(state, path))
+        queue.schedule_async_request(plan_write("impl", state, path).request())
         queue.wait_for_staging()
         for key in ("big", "small"):
             state[key].add_(1)  # the next training step; the checkpoint must hold the values before it
@@ -65,7 +60,7 @@ def _saves_then_changes(tmp_path, device: str, saves: int, **options) -> tuple[A
     return queue, problems
 
 
-def _pool(queue: AsyncCallsQueue) -> dict[int, list]:
+def _pool(queue: Any) -> dict[int, list]:
     caller = queue._persistent_caller
     assert caller is not None  # a save ran
     return {size: slabs for size, slabs in caller._pool._free.items() if slabs}
@@ -111,4 +106,4 @@ def test_overlapped_cuda_saves_hold_the_state_at_the_call_and_free_the_pool(tmp_
 )
 def test_overlapped_staging_options_are_checked(options, match):
     with pytest.raises((ValueError, TypeError), match=match):
-        AsyncCallsQueue(**options)
+        _queue(**options)
