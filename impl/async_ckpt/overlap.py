@@ -21,11 +21,13 @@ Contract (an impl extension; NVRx's request and queue shapes are unchanged):
   keeps finished requests' slabs for reuse until ``close``. With ``device_clone``, one device clone of the CUDA
   tensors per request, freed once its device-to-host copy is done.
 * ``close`` waits for the staging thread to send what it holds, then closes as ``PersistentAsyncCaller`` does;
-  ``close(abort=True)`` lets the copy in progress end (bounded by memory bandwidth) and sends nothing more.
+  ``close(abort=True)`` lets the copy in progress end (bounded by memory bandwidth), copies and sends nothing more.
+  A slab returns to the pool only once no copy touches it (a request failed by a dead worker waits for its copy).
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -40,6 +42,8 @@ from .request import AsyncRequest
 from .staging import Slab, Staged, lay_out
 
 __all__ = ["OverlappedAsyncCaller"]
+
+logger = logging.getLogger(__name__)
 
 _JOIN_S = 30.0  # the staging thread ends its copy in progress within this (a copy runs at memory bandwidth)
 
@@ -57,6 +61,7 @@ class _Staging:
     host_events: list[Any] = field(default_factory=list)  # the slab holds the CUDA tensors' bytes once all happened
     clones: list[torch.Tensor] = field(default_factory=list)
     cpu_copied: threading.Event = field(default_factory=threading.Event)
+    copied: threading.Event = field(default_factory=threading.Event)  # no copy will touch the slab any more
 
 
 class OverlappedAsyncCaller(PersistentAsyncCaller):
@@ -69,6 +74,7 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
         self._inbox: queue.SimpleQueue[_Staging | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._unsignalled: dict[int, _Staging] = {}  # scheduled, not yet covered by a wait_for_staging
+        self._staging: dict[int, _Staging] = {}  # in flight: its slab goes back to the pool once `copied`
         self._copy_failures: list[tuple[int, BaseException]] = []  # appended by the staging thread
         self._side_streams: dict[torch.device, Any] = {}
         self._aborting = False
@@ -96,6 +102,7 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
         self._pending.append(idx)
         self._in_flight[idx] = slab
         self._unsignalled[idx] = staging
+        self._staging[idx] = staging
         self._start_thread()
         self._inbox.put(staging)
         if wants_ack:
@@ -113,6 +120,7 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
         self._stop_thread(abort)
         self._unsignalled.clear()
         super().close(abort)
+        self._staging.clear()
         self._side_streams.clear()
 
     # ------------------------------------------------------------------------------------- helpers
@@ -162,12 +170,14 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
         """The staging thread: finish each request's copies, in order, and send it to the worker."""
         while (staging := self._inbox.get()) is not None:
             try:
-                self._finish_copies(staging)
+                if not self._aborting:
+                    self._finish_copies(staging)
             except Exception as exc:
                 self._copy_failures.append((staging.idx, picklable_error(exc)))
                 continue
             finally:
                 staging.cpu_copied.set()
+                staging.copied.set()  # before the send lock: _complete may wait for this while holding it
             with self._send_lock:
                 # Not sent if aborted, or already failed (a dead worker): its index is no longer in flight.
                 if not self._aborting and staging.idx in self._in_flight and self._process is not None:
@@ -192,6 +202,15 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
     def _ensure_worker(self) -> None:
         with self._send_lock:  # a worker restarted here is never one the staging thread is sending to
             super()._ensure_worker()
+
+    def _complete(self, idx: int, err: BaseException | None) -> None:
+        # A request failed by a dead worker may still be copied into: its slab returns to the pool (and may be
+        # taken by the next save) only once no copy touches it. Bounded: each copy runs at memory bandwidth.
+        staging = self._staging.pop(idx, None)
+        if staging is not None and not staging.copied.wait(_JOIN_S):
+            logger.error("checkpoint call %d: its staging copies did not end within %g s", idx, _JOIN_S)
+            self._in_flight.pop(idx, None)  # the slab is dropped, never reused while a copy may still run
+        super()._complete(idx, err)
 
     def _poll(self, timeout: float) -> None:
         while self._copy_failures:
