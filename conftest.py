@@ -53,7 +53,7 @@ def pytest_addoption(parser):
     )
     group.addoption(
         "--goodput-intervals",
-        default="5,20,100",
+        default="1,10,100",
         help="save intervals of the goodput benchmark, in steps, comma-separated (only the smallest without "
         "--benchmark-enable)",
     )

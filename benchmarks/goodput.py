@@ -4,7 +4,8 @@
     wrong = verify(loop, peer.family, trainer)             # afterwards: {step: names} of the saves that differ
 
 One iteration is `trainer.step(peer.before_update)` (a peer that stages in the background is waited for
-before the optimizer step, as its contract asks) and then `peer.poll()`, the non-blocking finalize a
+before the optimizer step, as its contract asks; that wait is timed on its own too, `update_wait_s`, and the
+first after a save is the save's wait before the next state change) and then `peer.poll()`, the non-blocking finalize a
 training loop calls every step; its time is the step's time. After step s, for s a multiple of `interval` below `steps`, the
 loop saves: it first finishes the previous save if that is still in flight (`peer.wait()`), then
 fingerprints the state (not timed), then calls `peer.save`. The stall of a save is that wait plus the call.
@@ -36,6 +37,7 @@ class Save:
     wait_s: float  # finishing the previous save first
     call_s: float  # peer.save
     durable_s: float | None = None  # from the call to the poll or wait that found it finalized
+    update_wait_s: float | None = None  # the next step's peer.before_update: until the state may change
     fingerprint: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -49,6 +51,7 @@ class Loop:
 
     step_s: list[float] = field(default_factory=list)
     in_flight: list[bool] = field(default_factory=list)
+    update_wait_s: list[float] = field(default_factory=list)  # each step's peer.before_update, part of its time
     saves: list[Save] = field(default_factory=list)
     final_wait_s: float = 0.0
     wall_s: float = 0.0  # steps, stalls and the final wait; the fingerprints are left out
@@ -66,10 +69,21 @@ def run(trainer: Trainer, peer: Peer | None, steps: int, interval: int, new_path
     loop, untimed = Loop(), 0.0
     since: float | None = None  # when the save in flight was called
     start = perf_counter()
+    waited = [0.0]
+
+    def before_update() -> None:
+        begin = perf_counter()
+        peer.before_update()
+        waited[0] = perf_counter() - begin
+
     for s in range(1, steps + 1):
         begin = perf_counter()
         loop.in_flight.append(since is not None)
-        trainer.step(peer.before_update)
+        waited[0] = 0.0
+        trainer.step(before_update)
+        loop.update_wait_s.append(waited[0])
+        if loop.saves and loop.saves[-1].update_wait_s is None:
+            loop.saves[-1].update_wait_s = waited[0]  # the first state change after that save
         if since is not None and not peer.poll():
             loop.saves[-1].durable_s, since = perf_counter() - since, None
         loop.step_s.append(perf_counter() - begin)

@@ -16,7 +16,10 @@ flight (the baseline's, at the same interval, when fewer than MIN_IDLE_STEPS did
   interval - 1, the direct measure, only as good as the baseline runs agree (the notes give their spread);
 - idle drift: m / the baseline's median step - 1: a cost that slows every step (a busy worker) shows
   here and in wall vs baseline, not in the slowdown;
-- interference: median of the steps that began with a save in flight / m - 1;
+- interference: median of the steps that began with a save in flight / m - 1; inflation: the same steps over the
+  baseline's median step - 1 (against the loop without checkpointing, in the same run);
+- wait before the next change: the `before_update()` of the first step after a save, where a peer that stages in
+  the background makes the trainer wait until it may change the state (median over the saves; part of that step);
 - time to durable: from the save call to the poll (or wait) that found it finalized;
 - host memory: the PSS of the process tree over what it was before the peer started, after its first save
   (`standing`: worker, retained buffers) and at its largest during the run (`peak extra`);
@@ -37,7 +40,7 @@ __all__ = ["Figures", "alone", "figures", "goals", "order", "render", "render_co
 
 FIGURE = "goodput"
 BASELINE = "none"
-IMPL_PEERS = ("dcp:impl", "dcp:impl-temporal", "torch:impl", "torch:impl-temporal")
+IMPL_PEERS = ("dcp:impl", "dcp:impl-temporal", "dcp:impl-overlapped", "torch:impl", "torch:impl-temporal")
 GOAL_SLOWDOWN = 0.01  # impl's slowdown at the longest interval
 MIN_IDLE_STEPS = 5  # fewer steps without a save in flight give no steady median
 
@@ -58,6 +61,8 @@ class Figures:
     wait_s: float | None  # median over the saves: waiting for the previous save first
     durable_s: float | None
     interference: float | None
+    update_wait_s: float | None  # median over the saves: the next step's wait before it may change the state
+    inflation: float | None  # the steps with a save in flight against the baseline's median step
     in_flight_steps: int
     peak_extra_bytes: int
     standing_bytes: int
@@ -120,6 +125,8 @@ def figures(run: Run) -> dict[tuple[str, int], Figures]:
             wait_s=_median(s["wait_s"] for s in saves),
             durable_s=_median(s["durable_s"] for s in saves),
             interference=None if busy_median is None else busy_median / m - 1,
+            update_wait_s=_median(s["update_wait_s"] for s in saves if s.get("update_wait_s") is not None),
+            inflation=None if busy_median is None else busy_median / base_step - 1,
             in_flight_steps=len(busy),
             peak_extra_bytes=r["peak_extra_bytes"],
             standing_bytes=r["standing_bytes"],
@@ -195,7 +202,9 @@ def _interval_table(found: dict[tuple[str, int], Figures], interval: int) -> lis
                 str(f.saves),
                 f"{fmt_time(f.stall_s)} ({_steps(f.stall_s, f.step_s)})",
                 f"{fmt_time(f.wait_s)} ({_steps(f.wait_s, f.step_s)})",
+                f"{fmt_time(f.update_wait_s)} ({_steps(f.update_wait_s, f.step_s)})",
                 f"{_pct(f.interference)} ({f.in_flight_steps})",
+                _pct(f.inflation),
                 f"{fmt_time(f.durable_s)} ({_steps(f.durable_s, f.step_s)})",
                 f"{fmt_bytes(f.standing_bytes)} ({f.standing_bytes / f.state_bytes:.2f}x)",
                 f"{fmt_bytes(f.peak_extra_bytes)} ({f.peak_extra_bytes / f.state_bytes:.2f}x)",
@@ -212,7 +221,9 @@ def _interval_table(found: dict[tuple[str, int], Figures], interval: int) -> lis
         "saves",
         "stall per save (steps)",
         "wait for previous (steps)",
+        "wait before next change (steps)",
         "interference (steps in flight)",
+        "inflation vs no checkpointing",
         "to durable (steps)",
         "standing host memory (x state)",
         "peak extra host memory (x state)",
@@ -224,13 +235,14 @@ def _interval_table(found: dict[tuple[str, int], Figures], interval: int) -> lis
 def _pooled(run: Run, found: dict[tuple[str, int], Figures], peer: str) -> dict[str, float | None]:
     """Medians over every run of `peer`: save call and time to durable (seconds, and in steps of each
     run's own m), and interference (each in-flight step over its run's m)."""
-    call, durable, busy = [], [], []
+    call, durable, busy, update = [], [], [], []
     for r in run.get(FIGURE, peer):
         f = found.get((peer, r["interval"]))
         if f is None:
             continue
         call += [(s["call_s"], s["call_s"] / f.step_s) for s in r["saves"]]
         durable += [(s["durable_s"], s["durable_s"] / f.step_s) for s in r["saves"]]
+        update += [(u, u / f.step_s) for s in r["saves"] if (u := s.get("update_wait_s")) is not None]
         busy += [t / f.step_s for t in _split(r)[0]]
     interference = _median(busy)
     return {
@@ -238,6 +250,8 @@ def _pooled(run: Run, found: dict[tuple[str, int], Figures], peer: str) -> dict[
         "call_steps": _median(c for _, c in call),
         "durable_s": _median(d for d, _ in durable),
         "durable_steps": _median(d for _, d in durable),
+        "update_s": _median(u for u, _ in update),
+        "update_steps": _median(u for _, u in update),
         "interference": None if interference is None else interference - 1,
     }
 
@@ -345,7 +359,9 @@ def render_compact(run: Run) -> list[str]:
                 " / ".join(_pct(f.slowdown) if f else "-" for f in mine),
                 " / ".join(f"{f.goodput:.3f}" if f else "-" for f in mine),
                 _timed(pooled["call_s"], pooled["call_steps"], gpu),
+                _timed(pooled["update_s"], pooled["update_steps"], gpu),
                 _pct(pooled["interference"]),
+                " / ".join(_pct(f.inflation) if f else "-" for f in mine),
                 _timed(pooled["durable_s"], pooled["durable_steps"], gpu),
                 f"{max(f.peak_extra_bytes / f.state_bytes for f in mine if f):.2f}x",
                 str(ranks.get(peer, "-")),
@@ -358,7 +374,9 @@ def render_compact(run: Run) -> list[str]:
         f"slowdown, every {every} steps",
         f"goodput, every {every}",
         "stall per save (steps)",
+        "wait before next change (steps)",
         "interference",
+        f"inflation vs no checkpointing, every {every}",
         "to durable (steps)",
         "peak extra host memory / state",
         f"rank every {longest}",

@@ -13,6 +13,8 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
 
 - `dcp:impl`, `dcp:nvrx` (+ `-temporal`): FileSystemWriterAsync + save_state_dict_async_plan +
   AsyncCallsQueue of the target, as in the NVRx usage guide; finalize writes `.metadata`.
+- `dcp:impl-overlapped`: the same on `AsyncCallsQueue(overlap_staging=True)`: the save returns once the copies are
+  issued, and the trainer calls `wait_for_staging()` in `before_update()` (impl's staging signal).
 - `torch:impl`, `torch:nvrx` (+ `-temporal`): TorchAsyncCheckpoint. `torch:mcore` (+ `-temporal`):
   Megatron-Core's AsyncCallsQueue running `torch.save` (Megatron has no TorchAsyncCheckpoint).
 - `dcp:async_save-thread` / `-process` / `-pinned` / `-staged`: `torch.distributed.checkpoint.async_save`
@@ -77,10 +79,12 @@ def plan_write(target_name: str, state_dict, path: str, **writer_kwargs):
 class _WriterPeer(Peer):
     family = "dcp"
 
-    def __init__(self, target_name: str, persistent: bool, **writer_kwargs):
+    def __init__(self, target_name: str, persistent: bool, queue_options: dict | None = None, **writer_kwargs):
         self._target_name, self._writer_kwargs = target_name, writer_kwargs
         self._core = load_target(target_name).module("async_ckpt.core")
-        self._queue = self._core.AsyncCallsQueue(persistent=persistent)
+        self._queue = self._core.AsyncCallsQueue(persistent=persistent, **(queue_options or {}))
+        # impl's staging signal (a no-op unless the queue stages in the background); other targets have none
+        self._staging_wait = getattr(self._queue, "wait_for_staging", None)
 
     def save(self, state_dict, path):
         start = perf_counter()
@@ -88,6 +92,10 @@ class _WriterPeer(Peer):
         planned = perf_counter()
         self._queue.schedule_async_request(request)
         return {"plan": planned - start, "schedule": perf_counter() - planned}
+
+    def before_update(self):
+        if self._staging_wait is not None:
+            self._staging_wait()
 
     def poll(self):
         self._queue.maybe_finalize_async_calls(blocking=False, no_dist=False)
@@ -241,6 +249,7 @@ class _SyncTorchPeer(Peer):
 PEERS: dict[str, Callable[[], Peer]] = {
     "dcp:impl": partial(_WriterPeer, "impl", True),
     "dcp:impl-temporal": partial(_WriterPeer, "impl", False),
+    "dcp:impl-overlapped": partial(_WriterPeer, "impl", True, {"overlap_staging": True}),
     "dcp:nvrx": partial(_WriterPeer, "nvrx", True),
     "dcp:nvrx-temporal": partial(_WriterPeer, "nvrx", False),
     "dcp:async_save-thread": partial(_DcpAsyncSavePeer, "thread"),

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.xdist_group("benchmarks-save")
 
 FIGURE = "goodput"
 BASELINE = "none"
-IMPL_PEERS = ("dcp:impl", "dcp:impl-temporal", "torch:impl", "torch:impl-temporal")
+IMPL_PEERS = ("dcp:impl", "dcp:impl-temporal", "dcp:impl-overlapped", "torch:impl", "torch:impl-temporal")
 MEMORY_INTERVAL_S = 0.1  # a sample costs the watcher ~10 ms of CPU time, on a core the trainer may need
 REGRESSION_STEPS, REGRESSION_INTERVAL = 20, 5
 
@@ -112,7 +112,13 @@ def _figures(loop: goodput.Loop, wrong: dict[int, list[str]]) -> dict:
         "step_s": [round(t, 6) for t in loop.step_s],
         "in_flight": [int(f) for f in loop.in_flight],
         "saves": [
-            {"step": s.step, "wait_s": round(s.wait_s, 6), "call_s": round(s.call_s, 6), "durable_s": s.durable_s}
+            {
+                "step": s.step,
+                "wait_s": round(s.wait_s, 6),
+                "call_s": round(s.call_s, 6),
+                "durable_s": s.durable_s,
+                "update_wait_s": None if s.update_wait_s is None else round(s.update_wait_s, 6),
+            }
             for s in loop.saves
         ],
         "final_wait_s": loop.final_wait_s,

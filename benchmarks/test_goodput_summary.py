@@ -88,7 +88,10 @@ def test_goals_compare_impl_with_the_correct_peers_only():
 def test_a_goodput_run_gets_its_own_compact_table():
     text = summary.render_compact(RUN)
     assert text.startswith("#### Goodput: CPU, 2 cores")
-    assert "| `dcp:impl` | correct (2) | +22.0% / +2.0% | 0.820 / 0.980 | 0.20 | +100.0% | 1.50 | 1.00x | 1 |" in text
+    assert (
+        "| `dcp:impl` | correct (2) | +22.0% / +2.0% | 0.820 / 0.980 | 0.20 | - | +100.0% | +100.0% / - | 1.50 | 1.00x | 1 |"
+        in text
+    )
     assert "| `dcp:nvrx` | **wrong snapshot** (1 of 2, CPU tensors) |" in text
     assert "Noise: the 2 baseline runs differ by 2.0%" in text
     assert "Goals for impl" in text

@@ -148,6 +148,7 @@ def run_stage(
         "HYPOTHESIS_PROFILE": "ci",
         # Stages run together queue for the one GPU: a test may wait for it as long as its stage may run.
         **({"CKPTSPEC_GPU_WAIT_S": str(int(budget))} if stage.together else {}),
+        **dict(stage.env),
     }
     log_path = out / f"{stage.name}.log"
     command = stage_command(python, stage, out, gpu_mode, collect_only, work)

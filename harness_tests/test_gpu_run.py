@@ -39,7 +39,7 @@ def test_every_stage_is_in_one_call_and_every_call_fits_a_device_command():
 def test_together_stages_share_one_batch_and_the_others_run_alone():
     lease = plan.call_stages(plan.LEASE_CALL)
     batches = plan.batches(lease)
-    assert [len(b) for b in batches] == [1, 1, 8]
+    assert [len(b) for b in batches] == [1, 1, 9]
     assert plan.call_seconds(lease) == plan.SETUP_S + sum(max(s.budget_s for s in b) for b in batches)
 
 

@@ -6,6 +6,9 @@ Contract (signature-compatible with NVRx ``async_ckpt.core``):
   when initialized, else this process alone (no collectives at all).
 * Indices are consecutive from 0 and only consumed by successful schedules. Finalization is
   head-of-line: a request is finalized only once it and every older one are done on all ranks.
+* ``AsyncCallsQueue(overlap_staging=True)`` (impl's extension, persistent only) schedules through an
+  ``OverlappedAsyncCaller`` (``overlap``): scheduling returns once the copies are issued, and the trainer calls
+  ``wait_for_staging()`` before it next changes the saved tensors. The default stages before scheduling returns.
 * A failure (in async_fn / preload_fn / a finalize fn, or a dead worker) raises
   ``CheckpointException`` on every rank. The failed request is dropped: never retried, its
   finalize fns do not run (after a failing finalize fn, the remaining ones are skipped). Later
@@ -31,6 +34,7 @@ from torch.distributed.checkpoint import CheckpointException
 
 from ..utils import all_reduce, dist_ready, picklable_error
 from .callers import AsyncCaller, PersistentAsyncCaller, TemporalAsyncCaller
+from .overlap import OverlappedAsyncCaller
 from .request import AsyncRequest, raise_failure
 
 __all__ = ["AsyncCallsQueue", "abort_nvrx_checkpoint"]
@@ -114,10 +118,17 @@ class AsyncCallsQueue:
     """Schedules AsyncRequests and finalizes them in order on all ranks.
 
     Persistent queues share one PersistentAsyncCaller; temporal queues use one caller per request.
+    ``overlap_staging`` and ``device_clone`` (impl only, keyword-only) choose overlapped staging (module docstring).
     """
 
-    def __init__(self, persistent: bool = True):
+    def __init__(self, persistent: bool = True, *, overlap_staging: bool = False, device_clone: bool = False):
+        _check_bools(overlap_staging=overlap_staging, device_clone=device_clone)
+        if (overlap_staging or device_clone) and not persistent:
+            raise ValueError("overlap_staging and device_clone need a persistent queue (a temporal one forks)")
+        if device_clone and not overlap_staging:
+            raise ValueError("device_clone needs overlap_staging=True")
         self.persistent = persistent
+        self.overlap_staging, self.device_clone = overlap_staging, device_clone
         self._pending: deque[_ActiveAsyncRequest] = deque()
         self._next_idx = 0
         self._persistent_caller: PersistentAsyncCaller | None = None
@@ -168,6 +179,13 @@ class AsyncCallsQueue:
         """Whether this rank's pending calls all finish here by `deadline` (time.monotonic); local, finalizes nothing."""
         return all(caller._finished_here_by(deadline) for caller in self._pending_callers().values())
 
+    def wait_for_staging(self) -> None:
+        """Return once the trainer may change the tensors of every request scheduled so far (impl's staging signal).
+
+        At once unless ``overlap_staging``: then scheduling itself took the snapshot. Local: no collective."""
+        if isinstance(self._persistent_caller, OverlappedAsyncCaller):
+            self._persistent_caller.wait_for_staging()
+
     def get_num_unfinalized_calls(self) -> int:
         """Number of requests scheduled but not finalized yet."""
         return len(self._pending)
@@ -213,7 +231,9 @@ class AsyncCallsQueue:
                 self._warned_temporal = True
             return TemporalAsyncCaller()
         if self._persistent_caller is None:
-            self._persistent_caller = PersistentAsyncCaller()
+            self._persistent_caller = (
+                OverlappedAsyncCaller(self.device_clone) if self.overlap_staging else PersistentAsyncCaller()
+            )
         return self._persistent_caller
 
     def _retire(self, entry: _ActiveAsyncRequest) -> None:

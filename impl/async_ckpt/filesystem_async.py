@@ -79,6 +79,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from ..integrity import ChecksumStream, crc32, open_new, seal
 from ..utils import dist_rank
+from .staging import copies_to_host
 from .storage import Storage, storage_for
 
 __all__ = ["ChecksummedWriteResult", "FileSystemWriterAsync", "WriteBucket"]
@@ -230,10 +231,11 @@ class FileSystemWriterAsync(StorageWriter):
         preload_fn = None
         if any(t.is_cuda for bucket in self.write_buckets for _, t in bucket.data[1]):
             preload_fn = functools.partial(self.preload_tensors, self.write_buckets, True)
-        save_fn = functools.partial(_write_all, self._storage)
+        save_fn = functools.partial(_write_all, self._storage, checksums=self.checksums)
         return save_fn, preload_fn, [dist_rank(), self.write_buckets, self._results_path]
 
     @staticmethod
+    @copies_to_host  # an overlapped queue stages the buckets itself (async_ckpt.overlap)
     def preload_tensors(write_buckets: list[WriteBucket], non_blocking: bool = True) -> list[WriteBucket]:
         """The buckets with every tensor copied to host memory now (CUDA ones into pinned buffers).
 
@@ -317,13 +319,16 @@ class FileSystemWriterAsync(StorageWriter):
 # ------------------------------------------------------------------------------------- the write
 
 
-def _write_all(storage: Storage, rank: int, buckets: list[WriteBucket], results_path: str) -> None:
+def _write_all(
+    storage: Storage, rank: int, buckets: list[WriteBucket], results_path: str, checksums: bool = True
+) -> None:
     """Write each bucket to its file in its own thread, then record the results or the first error.
 
     Never raises for a failed write: the error is recorded for ``retrieve_write_results``.
     """
     with ThreadPoolExecutor(max_workers=len(buckets), thread_name_prefix="ckpt-write") as pool:
-        outcomes = list(pool.map(functools.partial(_try_write_bucket, storage, rank), buckets))
+        write = functools.partial(_try_write_bucket, storage, rank, checksums=checksums)
+        outcomes = list(pool.map(write, buckets))
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     written = [o for o in outcomes if not isinstance(o, BaseException)]
     if not errors:
@@ -338,19 +343,22 @@ def _write_all(storage: Storage, rank: int, buckets: list[WriteBucket], results_
     os.replace(tmp, results_path)
 
 
-def _try_write_bucket(storage: Storage, rank: int, bucket: WriteBucket) -> list[WriteResult] | Exception:
+def _try_write_bucket(
+    storage: Storage, rank: int, bucket: WriteBucket, checksums: bool = True
+) -> list[WriteResult] | Exception:
     try:
-        return _write_bucket(storage, bucket)
+        return _write_bucket(storage, bucket, checksums)
     except Exception as exc:
         logger.error("rank %d: writing %s failed: %r", rank, bucket.path, exc)
         return RuntimeError(f"rank {rank}: writing {bucket.path} failed: {exc!r}")
 
 
-def _write_bucket(storage: Storage, bucket: WriteBucket) -> list[WriteResult]:
+def _write_bucket(storage: Storage, bucket: WriteBucket, checksums: bool = True) -> list[WriteResult]:
     bytes_data, tensor_data = bucket.data
     results = []
     with storage.create_stream(bucket.path) as raw:
-        stream = ChecksumStream(raw)  # each item's CRC32, computed on the bytes as they are written
+        # each item's CRC32, computed on the bytes as they are written (not at all without checksums: its cost)
+        stream = ChecksumStream(raw, enabled=checksums)
         for item, data in bytes_data:
             results.append(_write_item(stream, item, bucket.relative_path, data))
         for item, tensor in tensor_data:

@@ -9,6 +9,7 @@ Contract:
 * Worker side, ``unstage`` maps the slab behind the one file descriptor that crossed and turns
   placeholders back into tensors, each with its own storage over the shared pages (no copy) and the strides a
   ``clone`` of the original has, so ``torch.save`` writes what torch's ``FileSystemWriter`` writes for it.
+* ``lay_out`` is ``stage`` without the copies: the overlapped caller (``overlap``) makes them in the background.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from ..utils import tree_map
 from .request import AsyncRequest
 
-__all__ = ["Slab", "SlabPool", "Staged", "map_slab", "map_tensors", "stage", "unstage"]
+__all__ = ["Slab", "SlabPool", "Staged", "copies_to_host", "lay_out", "map_slab", "map_tensors", "stage", "unstage"]
 
 _ALIGN = 64  # byte alignment of each staged tensor inside a slab
 
@@ -77,10 +78,13 @@ class Slab:
         self.data = torch.frombuffer(mmap.mmap(self.fd, nbytes), dtype=torch.uint8)
         self.pinned = False
 
+    def region(self, place: Staged) -> torch.Tensor:
+        """The slab's bytes for `place`, seen as the staged tensor (its dtype, shape and clone strides)."""
+        size = place.numel * place.dtype.itemsize
+        return self.data[place.offset : place.offset + size].view(place.dtype).as_strided(place.shape, place.stride)
+
     def write(self, place: Staged, t: torch.Tensor) -> None:
-        size = place.numel * t.element_size()
-        dst = self.data[place.offset : place.offset + size].view(t.dtype).as_strided(place.shape, place.stride)
-        dst.copy_(t.detach())  # detach: copying from a grad-requiring tensor would record it
+        self.region(place).copy_(t.detach())  # detach: copying from a grad-requiring tensor would record it
 
     def pin(self) -> None:
         # Page-lock the segment once so device-to-host copies into it run at pinned-memory speed (an H100,
@@ -116,23 +120,49 @@ class SlabPool:
         self._free.clear()
 
 
-def stage(req: AsyncRequest, pool: SlabPool) -> tuple[AsyncRequest, Slab | None]:
-    """Copy the request's tensors into a slab from ``pool``; return the request to send and its slab.
+def copies_to_host(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a ``preload_fn`` body whose only work is copying its argument's tensors to host memory: an overlapped
+    caller (``overlap``) stages that argument itself and drops the preload."""
+    fn._copies_to_host = True  # type: ignore[attr-defined]
+    return fn
 
-    Positional argument 1 is dropped when ``preload_fn`` is set: the worker replaces it.
+
+def _is_host_copy(preload_fn: Callable[..., Any]) -> bool:
+    return bool(getattr(getattr(preload_fn, "func", preload_fn), "_copies_to_host", False))
+
+
+def lay_out(
+    req: AsyncRequest, pool: SlabPool, stage_preloads: bool = False
+) -> tuple[AsyncRequest, Slab | None, list[tuple[torch.Tensor, Staged]]]:
+    """The request to send, a slab from ``pool`` sized for its tensors, and where each tensor goes in it; nothing
+    is copied yet (``Slab.write`` each pair, or copy them in the background).
+
+    Positional argument 1 is dropped when ``preload_fn`` is set: the worker replaces it. With ``stage_preloads``, a
+    preload marked ``copies_to_host`` is dropped instead and argument 1 staged here with the rest.
     """
     args = list(req.async_fn_args)
-    if req.preload_fn is not None:
-        args[1] = None
+    preload_fn = req.preload_fn
+    if preload_fn is not None:
+        if stage_preloads and _is_host_copy(preload_fn):
+            preload_fn = None
+        else:
+            args[1] = None
     kwargs = dict(req.async_fn_kwargs or {})
     (args, kwargs), layout, size = _stage_layout((tuple(args), kwargs))
-    slab = pool.take(size) if size else None
-    if slab is not None:  # else the layout is empty: every staged tensor adds to size
+    slab = pool.take(size) if size else None  # else the layout is empty: every staged tensor adds to size
+    return req._replace(async_fn_args=args, async_fn_kwargs=kwargs, preload_fn=preload_fn), slab, layout
+
+
+def stage(req: AsyncRequest, pool: SlabPool) -> tuple[AsyncRequest, Slab | None]:
+    """Copy the request's tensors into a slab from ``pool`` (``lay_out``, then the copies); return the request to
+    send and its slab."""
+    request, slab, layout = lay_out(req, pool)
+    if slab is not None:
         if any(t.is_cuda for t, _ in layout):
             slab.pin()
         for t, place in layout:
             slab.write(place, t)
-    return req._replace(async_fn_args=args, async_fn_kwargs=kwargs), slab
+    return request, slab
 
 
 def _stage_layout(obj: Any) -> tuple[Any, list[tuple[torch.Tensor, Staged]], int]:

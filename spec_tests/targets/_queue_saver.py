@@ -2,7 +2,9 @@
 
 Each save is the documented recipe (spec_tests.harness.recipe: `FileSystemWriterAsync`, `save_state_dict_async_plan`,
 an `AsyncRequest` finalized by `save_state_dict_async_finalize`), scheduled on one `AsyncCallsQueue`. The adapters
-of impl, nvrx and mcore pass their own three modules; nothing here knows a target's internals.
+of impl, nvrx and mcore pass their own three modules; nothing here knows a target's internals: an adapter whose
+queue takes more constructor options, or has a documented staging signal (a method the trainer calls before it
+next changes the tensors), names them (`queue_options`, `staging_signal`), and `staged()` calls that method.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ class _QueueHandle(SaveHandle):
     def __init__(self, saver: QueueSaver, number: int):
         self.saver, self.number = saver, number
 
+    def staged(self) -> None:
+        if self.saver.staging_signal is not None:
+            getattr(self.saver.queue, self.saver.staging_signal)()
+
     def wait(self) -> None:
         # A blocking finalize finalizes every pending call (002), so one call covers every earlier save too.
         if self.saver.finalized < self.number:
@@ -26,12 +32,22 @@ class _QueueHandle(SaveHandle):
 
 
 class QueueSaver(Saver):
-    """One AsyncCallsQueue (the target's default caller unless `persistent` is given)."""
+    """One AsyncCallsQueue (the target's default caller unless `persistent` is given), built with `queue_options`;
+    `staging_signal` names the queue's staging wait, if it has one."""
 
-    def __init__(self, modules: RecipeModules, persistent: bool | None = None):
+    def __init__(
+        self,
+        modules: RecipeModules,
+        persistent: bool | None = None,
+        queue_options: dict | None = None,
+        staging_signal: str | None = None,
+    ):
         self.modules = modules
-        core = modules.core
-        self.queue = core.AsyncCallsQueue() if persistent is None else core.AsyncCallsQueue(persistent=persistent)
+        options = dict(queue_options or {})
+        if persistent is not None:
+            options["persistent"] = persistent
+        self.queue = modules.core.AsyncCallsQueue(**options)
+        self.staging_signal = staging_signal
         self.started = self.finalized = 0
 
     def start(self, state_dict: dict, path: str) -> SaveHandle:
@@ -43,8 +59,14 @@ class QueueSaver(Saver):
         self.queue.close()
 
 
-def saver_of(name: str, persistent: bool | None = None, modules: tuple[str, ...] | None = None) -> QueueSaver:
+def saver_of(
+    name: str,
+    persistent: bool | None = None,
+    modules: tuple[str, ...] | None = None,
+    queue_options: dict | None = None,
+    staging_signal: str | None = None,
+) -> QueueSaver:
     """A QueueSaver over target `name`'s recipe modules, or over the importable `modules` given."""
     from spec_tests.harness.targets import load_target
 
-    return QueueSaver(recipe_modules(load_target(name), modules), persistent=persistent)
+    return QueueSaver(recipe_modules(load_target(name), modules), persistent, queue_options, staging_signal)

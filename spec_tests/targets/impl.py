@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,8 +33,19 @@ NVRX_MIRROR = "impl"
 NVRX_LEFT_OUT = str(Path(__file__).resolve().parents[2] / "docs" / "impl.md")
 
 
+STAGING_ENV = "CKPTSPEC_IMPL_STAGING"
+"""`overlapped`: the protocol saver schedules on `AsyncCallsQueue(overlap_staging=True)` (where the test leaves the
+caller persistent) and `staged()` is `wait_for_staging()`; unset or `sync`: impl's default queue (docs/impl.md)."""
+
+
 def protocol_saver(**options: Any) -> QueueSaver:
     """The protocol interface over the NVRx guide's recipe (spec_tests.targets._queue_saver)."""
     from spec_tests.targets._queue_saver import saver_of
 
-    return saver_of(NAME, options.get("persistent"))
+    mode = os.environ.get(STAGING_ENV, "sync")
+    if mode not in ("sync", "overlapped"):
+        raise ValueError(f"{STAGING_ENV}={mode!r}: expected 'sync' or 'overlapped'")
+    persistent = options.get("persistent")
+    overlapped = mode == "overlapped" and persistent is not False
+    queue_options = {"overlap_staging": True} if overlapped else None
+    return saver_of(NAME, persistent, queue_options=queue_options, staging_signal="wait_for_staging")
