@@ -53,3 +53,17 @@ def test_the_section_names_what_was_fixed_what_is_new_and_what_both_miss(tmp_pat
     page = findings.page(newer, REGISTRY, root=tmp_path, previous=older)
     assert page.index("## Changed since lib 1.0") < page.index("## Breaks"), "the comparison opens the verdicts"
     assert "## Changed since" not in findings.page(older, REGISTRY, root=tmp_path)
+
+
+def test_a_pass_of_a_race_seen_on_some_runs_is_not_a_fix(tmp_path):
+    older = _run(tmp_path, "lib", "1.0", {"A-1"})
+    newer = _run(tmp_path, "lib", "2.0", set())
+    path = tmp_path / "lib-2.0.json"
+    data = json.loads(path.read_text())
+    entry = {"clauses": ["A-1"], "verdict": None, "intermittent": "failed 1 of 2 runs"}
+    data["tests"][0] = {**data["tests"][0], "outcome": "xpass", "message": "[A-1] a race", "entry": entry}
+    path.write_text(json.dumps(data))
+    newer = load_run(path)
+    lines = changes.section(older, newer, REGISTRY, clause_verdict)
+    assert "- **Fixed** (0): none." in lines
+    assert "- **Missed by both** (1): A-1 (breaks its documentation -> passes)." in lines
