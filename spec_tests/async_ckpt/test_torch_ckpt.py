@@ -100,8 +100,8 @@ def _training_loop(tmp, persistent):
 LOOP = "six steps, async_save every second one, finalize_async_save(blocking=False) every step"
 
 
-def _loop_run(rank_pool, tmp_path_factory, persistent) -> list[LoopSave]:
-    """The training loop's saves, run once per session for TAC-2, AQ-14 and AQ-14w."""
+def _loop_run(rank_pool, tmp_path_factory, persistent):
+    """The training loop's saves (LoopSave), run once per session for TAC-2, AQ-14 and AQ-14w."""
     return shared(
         tmp_path_factory,
         f"loop-{persistent}",

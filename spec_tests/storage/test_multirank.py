@@ -169,7 +169,7 @@ class WriteFailure(NamedTuple):
     tmp: str
     good: str
     bad: str
-    committed: list | None  # each rank's answer (whether .metadata exists), None where the run failed
+    committed: list  # each rank's answer (whether .metadata exists); empty where the run failed
     error: RankFailures | None  # how the run failed
 
 
@@ -181,7 +181,7 @@ def _write_failure(rank_pool, tmp_path_factory, world_size) -> WriteFailure:
         try:
             return WriteFailure(tmp, good, bad, rank_pool(world_size).run(_failing_save, tmp, good, bad), None)
         except RankFailures as exc:
-            return WriteFailure(tmp, good, bad, None, exc)
+            return WriteFailure(tmp, good, bad, [], exc)
 
     return shared(tmp_path_factory, f"FS-10-{world_size}", run)
 
