@@ -213,6 +213,13 @@ class ReferenceManager:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def load(self, step: int, template: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The state of `step` (the keys of `template`, or all); CheckpointSaveError unless it is intact."""
+        state = self._intact(step)
+        if state is None:
+            raise CheckpointSaveError(f"the checkpoint of step {step} below {self.root} is missing or damaged")
+        return state if template is None else {k: state[k] for k in template}
+
     def resume(self, template: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | None:
         """(step, state) of the newest listed checkpoint that is intact (the keys of `template`, or all); None if
         the pointer lists none; CheckpointSaveError if it lists some and none is intact."""

@@ -13,6 +13,7 @@ reference manager alike:
     manager.latest()             the step resume would load now (None: none), read from storage alone
     manager.resume(template)     (step, state) of the checkpoint resume loads, with the keys and tensor shapes of
                                  `template`; None when there is none; raises where the library refuses to load
+    manager.load(step, template) the state of `step`'s checkpoint, shaped as `template`; raises if it does not load
     manager.location(step)       the file or directory that holds `step`'s checkpoint (what a test may damage)
     manager.steps()              the steps whose checkpoints are on storage now, committed or not, ascending
     manager.pointer              the path of the file naming the latest checkpoint, or None where resume scans
@@ -53,6 +54,10 @@ class CheckpointManager(abc.ABC):
     @abc.abstractmethod
     def resume(self, template: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         """Load the checkpoint resume chooses into a state dict shaped as `template`: (step, state), or None."""
+
+    @abc.abstractmethod
+    def load(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
+        """The state of the checkpoint of `step`, shaped as `template`; raises if there is none or it is damaged."""
 
     @abc.abstractmethod
     def location(self, step: int) -> str:

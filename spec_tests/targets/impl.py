@@ -63,6 +63,9 @@ class ImplManager(CheckpointManager):
     def resume(self, template: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
         return self.manager.resume(template)
 
+    def load(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
+        return self.manager.load(step, template)
+
     def location(self, step: int) -> str:
         return self.manager.location(step)
 
