@@ -165,7 +165,9 @@ class ReferenceManager:
                 commit = (False, f"{type(exc).__name__}: {exc}")
         ok, detail = _gather(commit)[0]
         if not ok:
-            raise CheckpointSaveError(f"committing step {step} failed on rank 0 (the previous pointer stands): {detail}")
+            raise CheckpointSaveError(
+                f"committing step {step} failed on rank 0 (the previous pointer stands): {detail}"
+            )
         self._last = step
 
     def _commit(self, step: int, world: int, files: list[tuple[int, int]]) -> None:

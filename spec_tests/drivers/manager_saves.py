@@ -72,7 +72,7 @@ def _text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def resumed(root: str, world_size: int = 1, keep: int = 0) -> tuple[int, dict[str, Any]] | None | str:
+def resumed(root: str, world_size: int = 1, keep: int = 0) -> tuple[int, dict[str, Any]] | str | None:
     """What a new manager's resume() returns (step, state) or None, or the text of what it raised."""
     try:
         with managed(root, keep) as manager:

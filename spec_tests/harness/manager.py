@@ -8,16 +8,18 @@ reference manager alike:
                                                   retaining the k newest (0: all)
     manager.save(step, state)    start saving `state` as the checkpoint of `step` (steps strictly increase); may
                                  return before it is durable; collective
-    manager.wait()               returns once every save started is durable and committed and retention has acted
-                                 on it; raises if a save failed on any rank; collective
+    manager.wait()               returns once every save started is durable and committed; raises if a save failed
+                                 on any rank; collective (retention may go on in the background until close())
     manager.latest()             the step resume would load now (None: none), read from storage alone
     manager.resume(template)     (step, state) of the checkpoint resume loads, with the keys and tensor shapes of
                                  `template`; None when there is none; raises where the library refuses to load
     manager.load(step, template) the state of `step`'s checkpoint, shaped as `template`; raises if it does not load
     manager.location(step)       the file or directory that holds `step`'s checkpoint (what a test may damage)
+    manager.copies(step)         every file or directory holding a copy of `step`'s checkpoint (default: location)
     manager.steps()              the steps whose checkpoints are on storage now, committed or not, ascending
     manager.pointer              the path of the file naming the latest checkpoint, or None where resume scans
-    manager.close()              waits for what is in flight, then ends every thread the manager started
+    manager.close()              waits for what is in flight (saves, retention), then ends every thread the manager
+                                 started
 
 latest() and resume() are called on a new manager over the same root (as a restarted job makes one): they must
 not rely on anything the saving manager kept in memory. Bounds are the caller's (asserts.bounded).
@@ -45,7 +47,7 @@ class CheckpointManager(abc.ABC):
 
     @abc.abstractmethod
     def wait(self) -> None:
-        """Return once every save started is durable, committed and retention has acted; raise if one failed."""
+        """Return once every save started is durable and committed; raise if one failed on any rank."""
 
     @abc.abstractmethod
     def latest(self) -> int | None:
@@ -62,6 +64,10 @@ class CheckpointManager(abc.ABC):
     @abc.abstractmethod
     def location(self, step: int) -> str:
         """The file or directory holding the checkpoint of `step`."""
+
+    def copies(self, step: int) -> list[str]:
+        """Every file or directory holding a copy of the checkpoint of `step` (a `last` copy besides its own)."""
+        return [self.location(step)]
 
     @abc.abstractmethod
     def steps(self) -> list[int]:

@@ -66,7 +66,8 @@ def _resume_problem(tmp: str, root: str, reported: bool | None) -> str | None:
 def _traced_points(tmp: str, start: str, root: str) -> list[faultfs.Point]:
     log = os.path.join(tmp, "trace.log")
     kind, returned = in_child(tmp, "trace", _save_third, start, root, log, None)
-    assert kind == "ok" and returned, f"the traced save of step 3 failed: {kind} {returned}"
+    assert kind == "ok", f"the traced save of step 3 failed: {kind} {returned}"
+    assert returned, "the traced save of step 3 raised (wait() did not return)"
     points = faultfs.read_log(log)
     if not points:
         pytest.skip("the save of step 3 crossed no persistence point the injected layer can see")

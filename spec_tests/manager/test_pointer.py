@@ -55,8 +55,11 @@ def _below(path: str, location: str) -> bool:
 def _unordered(points, commit, location: str) -> list[str]:
     """MG-PTR-1w: writes and renames of the checkpoint's files that come after the pointer's commit."""
     late = [p for p in points if p.index > commit.index and p.op in ("write", "rename", "open")]
-    return [f"{p.op} {p.path} (point {p.index}) after the pointer's rename (point {commit.index})" for p in late
-            if _below(p.path.split("->")[-1], location)]
+    return [
+        f"{p.op} {p.path} (point {p.index}) after the pointer's rename (point {commit.index})"
+        for p in late
+        if _below(p.path.split("->")[-1], location)
+    ]
 
 
 @pytest.mark.spec("MG-PTR-1")
@@ -97,8 +100,7 @@ def _pointer_fails(root: str, code: int, log: str):
             faultfs.Fault("raise", errno=code, op="rename", name="*->" + name),
         )
         with faultfs.installed(faultfs.Plan(root=os.path.dirname(manager.pointer), log=f"{log}.{rank}", faults=faults)):
-            outcome = attempt(lambda: (manager.save(2, step_state(2, rank)), manager.wait()), bound=BOUND, what="save(2)")
-        return outcome
+            return attempt(lambda: (manager.save(2, step_state(2, rank)), manager.wait()), bound=BOUND, what="save(2)")
 
 
 def _pointer_error(rank_pool, tmp: str, code: int):

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spec_tests.harness.targets import SPEC_MODULES
-
 from spec_tests.harness.manager import CheckpointManager
+from spec_tests.harness.targets import SPEC_MODULES
 
 if TYPE_CHECKING:
     from spec_tests.targets._queue_saver import QueueSaver
