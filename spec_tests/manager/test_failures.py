@@ -45,7 +45,7 @@ def _save_third(start: str, root: str, log: str | None, fault):
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(start, root, symlinks=True)
     plan = faultfs.Plan(root=root, log=log, faults=(fault,) if fault else ()) if log else None
-    with faultfs.installed(plan), managed(root, KEEP) as manager:
+    with faultfs.installed(plan), managed(root, KEEP, failed=fault is not None) as manager:
         outcome = attempt(lambda: (manager.save(3, step_state(3)), manager.wait()), bound=BOUND, what="save(3)")
     return outcome.returned
 

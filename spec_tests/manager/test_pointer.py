@@ -90,7 +90,7 @@ def test_the_pointer_never_names_a_checkpoint_still_being_written(tmp_path):
 
 def _pointer_fails(root: str, code: int, log: str):
     rank, _ = world()
-    with managed(root) as manager:
+    with managed(root, failed=True) as manager:
         save_steps(manager, [1])
         if manager.pointer is None:
             return None

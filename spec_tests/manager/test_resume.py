@@ -137,7 +137,7 @@ def _failed_after(root: str, keep: int, where: str):
     if _saves(root, [1, 2], keep) == REFUSED:
         return REFUSED
     log = root + ".log"
-    with managed(root, keep) as manager:
+    with managed(root, keep, failed=True) as manager:
         if where == "data":
             plan = faultfs.Plan(
                 root=manager.location(3),

@@ -183,5 +183,7 @@ class TitanManager(CheckpointManager):
         return sorted(int(m.group(1)) for m in map(re.compile(r"step-(\d+)$").match, os.listdir(self.root)) if m)
 
     def close(self) -> None:
-        self.manager.maybe_wait_for_saving()
-        self.manager.close()
+        try:
+            self.manager.maybe_wait_for_saving()
+        finally:
+            self.manager.close()  # joins the purge thread, even after a failed save (which wait re-raises)
