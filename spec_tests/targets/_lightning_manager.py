@@ -13,7 +13,7 @@ module's own hooks (`on_save_checkpoint` / `on_load_checkpoint`, key "ckptspec")
   keep=k >= 2 is `save_top_k=k, monitor="step", mode="max"` (the k highest steps, the k newest); keep=0 is
   `save_top_k=-1` (all).
 - wait(): `AsyncCheckpointIO.teardown()`, Lightning's only wait (it raises the error a save stored); on releases
-  before 2.5.4 the plugin is then replaced, as in spec_tests.targets.lightning.
+  before 2.5.4 the plugin is then replaced (#20952), as in spec_tests.targets.lightning.
 - latest() / resume(template): `ckpt_path="last"` resolved by Lightning's own checkpoint connector
   (`_parse_ckpt_path`), loaded by the strategy (`TorchCheckpointIO.load_checkpoint`), the step its `global_step`.
 - load(step, template): `step=<step>.ckpt` through the same loader.
@@ -23,11 +23,24 @@ from __future__ import annotations
 
 import os
 import re
+from importlib import metadata
 from typing import Any
 
 from spec_tests.harness.manager import CheckpointManager
 
 __all__ = ["LightningManager"]
+
+
+def _async_io():
+    from pytorch_lightning.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
+
+    return AsyncCheckpointIO(TorchCheckpointIO())
+
+
+def _ends_at_teardown() -> bool:
+    """Whether this release's teardown() ends its AsyncCheckpointIO for good (before 2.5.4, #20952)."""
+    parts = metadata.version("pytorch-lightning").split(".")[:3]
+    return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts) < (2, 5, 4)
 
 
 def _module():
@@ -60,8 +73,6 @@ class LightningManager(CheckpointManager):
         from pytorch_lightning.callbacks import ModelCheckpoint
         from pytorch_lightning.trainer.states import TrainerFn
 
-        from spec_tests.targets.lightning import LightningSaver
-
         self.root = root
         retention: dict[str, Any] = {"save_top_k": -1 if keep == 0 else keep}
         if keep >= 2:
@@ -69,12 +80,12 @@ class LightningManager(CheckpointManager):
         self.callback = ModelCheckpoint(
             dirpath=root, filename="{step}", every_n_train_steps=1, save_last=True, **retention
         )
-        self.saver = LightningSaver()  # the AsyncCheckpointIO, renewed after teardown where the release needs it
+        self.io = _async_io()
         self.trainer = pl.Trainer(
             default_root_dir=root,
             accelerator="cpu",
             devices=1,
-            plugins=[self.saver.io],
+            plugins=[self.io],
             callbacks=[self.callback],
             logger=False,
             enable_progress_bar=False,
@@ -94,8 +105,12 @@ class LightningManager(CheckpointManager):
         self.callback.on_train_batch_end(self.trainer, self.module, None, None, 0)
 
     def wait(self) -> None:
-        self.saver.teardown()
-        self.trainer.strategy.checkpoint_io = self.saver.io
+        try:
+            self.io.teardown()
+        finally:
+            if _ends_at_teardown():  # before 2.5.4 a torn-down plugin never saves again (#20952)
+                self.io = _async_io()
+                self.trainer.strategy.checkpoint_io = self.io
 
     def _read(self, path: str, template: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         checkpoint = self.trainer.strategy.load_checkpoint(path)
