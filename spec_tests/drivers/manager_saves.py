@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.harness.asserts import assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.manager import CheckpointManager, checkpoint_manager
@@ -82,7 +83,7 @@ def resumed(root: str, world_size: int = 1, keep: int = 0) -> tuple[int, dict[st
     try:
         with managed(root, keep) as manager:
             return bounded(WARM_BOUND, "resume()", manager.resume, expected(0, world_size))
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
         return _text(exc)
 
 
@@ -91,7 +92,7 @@ def loaded(root: str, step: int, world_size: int = 1, keep: int = 0) -> dict[str
     try:
         with managed(root, keep) as manager:
             return bounded(WARM_BOUND, f"load({step})", manager.load, step, expected(0, world_size))
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # torch's CheckpointException is a BaseException
         return _text(exc)
 
 
