@@ -1,12 +1,14 @@
 """Resume finds the newest committed checkpoint and never an uncommitted one (MG-RESUME-1); retention keeps the k
-newest (MG-KEEP-1), no more (MG-KEEP-2), and deletes nothing before a newer save committed (MG-RETAIN-1, weak level MG-RETAIN-1w);
-a damaged newest checkpoint is refused, with a fallback to an older one (MG-CORRUPT-1, weak level MG-CORRUPT-1w).
+newest (MG-KEEP-1), no more (MG-KEEP-2), and deletes nothing before a newer save committed (MG-RETAIN-1, weak level
+MG-RETAIN-1w); a damaged newest checkpoint is refused, with a fallback to an older one (MG-CORRUPT-1, weak level
+MG-CORRUPT-1w).
 
 Each scenario runs in a forked process with a world of one rank (fault_injection.crash_points.in_child), and what a
 restarted job would load is read by a new manager over the same root. A save is made to fail by the injected
-file-system layer (fault_injection.faultfs), in any thread or forked process of the trainer: at every write and
-rename below the failing step's location (its data), or at the last rename a successful save of it makes (its commit:
-DCP's `.metadata`, a pointer), found on a traced copy; where it never fired, the test skips saying so.
+file-system layer (fault_injection.faultfs), in any thread or forked process of the trainer: at every open for
+writing, write and rename below the failing step's location (its data), or at the last rename a successful save of
+it makes (its commit: DCP's `.metadata`, a pointer), found on a traced copy; where it never fired, or the save
+reported success anyway, the test skips saying so.
 """
 
 from __future__ import annotations
@@ -132,8 +134,8 @@ def _last_rename(root: str, keep: int) -> int | None:
 
 
 def _failed_after(root: str, keep: int, where: str):
-    """Commit steps 1 and 2, then save step 3 failing with EIO: at every write and rename below its location
-    (`where` = "data"), or at the last rename of its save, its commit (`where` = "commit")."""
+    """Commit steps 1 and 2, then save step 3 failing with EIO: at every open for writing, write and rename below
+    its location (`where` = "data"; a file moved in whole falls back to a copy when its rename fails), or at the last rename of its save, its commit (`where` = "commit")."""
     if _saves(root, [1, 2], keep) == REFUSED:
         return REFUSED
     log = root + ".log"
@@ -142,7 +144,7 @@ def _failed_after(root: str, keep: int, where: str):
             plan = faultfs.Plan(
                 root=manager.location(3),
                 log=log,
-                faults=tuple(faultfs.Fault("raise", errno=errno.EIO, op=op) for op in ("write", "rename")),
+                faults=tuple(faultfs.Fault("raise", errno=errno.EIO, op=op) for op in ("open", "write", "rename")),
             )
         else:
             index = _last_rename(root, keep)
