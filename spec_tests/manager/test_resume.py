@@ -134,12 +134,17 @@ def _last_rename(root: str, keep: int) -> int | None:
 
 
 def _failed_after(root: str, keep: int, where: str):
-    """Commit steps 1 and 2, then save step 3 failing with EIO: at every open for writing, write and rename below
-    its location (`where` = "data"; a file moved in whole falls back to a copy when its rename fails), or at the last rename of its save, its commit (`where` = "commit")."""
-    if _saves(root, [1, 2], keep) == REFUSED:
-        return REFUSED
+    """Commit steps 1 and 2, then save step 3 with the same manager (as one job does), failing with EIO: at every
+    open for writing, write and rename below its location (`where` = "data"; a file moved in whole falls back to a
+    copy when its rename fails), or at the last rename of its save, its commit (`where` = "commit")."""
     log = root + ".log"
-    with managed(root, keep, failed=True) as manager:
+    try:
+        manager_of = managed(root, keep, failed=True)
+        manager = manager_of.__enter__()
+    except ValueError:
+        return REFUSED
+    try:
+        save_steps(manager, [1, 2])
         if where == "data":
             plan = faultfs.Plan(
                 root=manager.location(3),
@@ -152,6 +157,8 @@ def _failed_after(root: str, keep: int, where: str):
             plan = faultfs.Plan(root=root, log=log, faults=faults)
         with faultfs.installed(plan):
             outcome = attempt(lambda: (manager.save(3, step_state(3)), manager.wait()), bound=BOUND, what="save(3)")
+    finally:
+        manager_of.__exit__(None, None, None)
     fired = bool(faultfs.fired(log, "raise"))
     retained = [1, 2][-keep:]
     return outcome.returned, fired, {step: loaded(root, step, keep=keep) for step in retained}
