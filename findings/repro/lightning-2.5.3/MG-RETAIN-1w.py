@@ -16,7 +16,8 @@ so an instant failure can win the race; a large write that runs out of space par
 
 A real `Trainer.fit` of two steps on the CPU (`every_n_train_steps=1`, `save_top_k=1`, the documented
 `plugins=[AsyncCheckpointIO()]`), over a `TorchCheckpointIO` whose write of step 2 fails as a full disk does
-(OSError ENOSPC, raised in the plugin's thread): step 1 is saved, then step 2's save fails. Prints what is left;
+(OSError ENOSPC, raised in the plugin's thread): step 1 is saved (its file is on disk before step 2's training step
+ends, as a small save's is), then step 2's save fails. Prints what is left;
 exits 1 where the clause is broken (nothing loadable), 0 where step 1's checkpoint survives, 2 when it could not run.
 """
 
@@ -32,6 +33,13 @@ import time
 import warnings
 
 import torch
+
+
+def _appears(path: str, bound: float = 10.0) -> bool:
+    deadline = time.monotonic() + bound
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.path.exists(path)
 
 
 def main() -> int:
@@ -63,6 +71,8 @@ def main() -> int:
             self.layer = torch.nn.Linear(2, 1)
 
         def training_step(self, batch, batch_idx):
+            if batch_idx == 1:  # a training step outlasts a small save: step 1's file is written before step 2 ends
+                _appears(os.path.join(tmp, "step=1.ckpt"))
             return self.layer(batch).sum()
 
         def configure_optimizers(self):
