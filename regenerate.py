@@ -72,6 +72,17 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
         report.main,
         [*_runs(RELEASES + PROTOCOL_ONLY), "--areas", "protocol", "--block", "protocol"],
     ),
+    "manager": (
+        RESULTS,
+        report.main,
+        [
+            *_runs(["impl", "torchtitan-0.3.0", "lightning-2.6.6", "lightning-2.5.3"]),
+            "--areas",
+            "manager",
+            "--block",
+            "manager",
+        ],
+    ),
     "faults": (RESULTS, matrix.main, _runs(RELEASES + PROTOCOL_ONLY)),
     "benchmarks": (BENCHMARKS, benchmark_summary.main, [f"benchmarks/results/{name}" for name in BENCHMARK_RUNS]),
     "mutation": (DESIGN, mutation_summary.main, []),

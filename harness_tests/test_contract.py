@@ -49,6 +49,14 @@ BROKEN: dict[str, tuple[dict[str, Any], str]] = {
     "saver without the capability": ({"CAPABILITIES": frozenset()}, 'does not declare capability "protocol"'),
     "PACKAGES of a wrong type": ({"PACKAGES": "torch"}, "PACKAGES must be a tuple of module names"),
     "FORMAT without a loader": ({"FORMAT": object()}, "FORMAT must be a spec_tests.harness.formats"),
+    "manager without a factory": (
+        {"CAPABILITIES": frozenset({"protocol", "manager"})},
+        'declares capability "manager" but defines no checkpoint_manager(root, keep)',
+    ),
+    "factory without the capability": (
+        {"checkpoint_manager": lambda root, keep: None},
+        'defines checkpoint_manager but does not declare capability "manager"',
+    ),
 }
 
 

@@ -66,7 +66,7 @@ def test_a_missing_package_names_the_install_command(monkeypatch):
 
 
 def test_clause_areas_keep_the_table_order():
-    assert clauses.AREAS == ("async_ckpt", "storage", "local", "integrity", "protocol", "faults")
+    assert clauses.AREAS == ("async_ckpt", "storage", "local", "integrity", "protocol", "manager", "faults")
     assert [path.name for path in clauses.FILES] == [f"{area}.toml" for area in clauses.AREAS]
 
 

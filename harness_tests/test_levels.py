@@ -43,7 +43,7 @@ def _cited(item):
     [
         ("AQ-8", False, None),
         ("AQ-8", True, "every test of its weak level AQ-8w is listed"),
-        ("AQ-9", False, "AQ-9 has no weak level"),
+        ("AQ-1", False, "AQ-1 has no weak level"),
     ],
 )
 def test_a_strict_level_entry_needs_an_unlisted_weak_test(clause, weak_listed, problem):

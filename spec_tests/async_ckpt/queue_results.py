@@ -106,4 +106,4 @@ class TwoQueues:
 class Unpicklable:
     schedule_unpicklable: str  # "refused" (TypeError or PicklingError), else what it did
     next_index: int
-    finalized: list
+    finalized: list | str  # what the blocking finalize returned, or the class of what it raised

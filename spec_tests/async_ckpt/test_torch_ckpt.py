@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from spec_tests.async_ckpt.pickle_probe import PidOnPickle, pickled_by
+from spec_tests.drivers import saving
 from spec_tests.harness import devices, strategies, workloads
-from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, bounded
+from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.processes import CALLERS, remove
+from spec_tests.harness.shared_runs import shared
 from spec_tests.harness.targets import current_target
 from spec_tests.harness.warm_savers import examples_on_warm_ranks, kept
 
@@ -98,13 +100,22 @@ def _training_loop(tmp, persistent):
 LOOP = "six steps, async_save every second one, finalize_async_save(blocking=False) every step"
 
 
+def _loop_run(rank_pool, tmp_path_factory, persistent):
+    """The training loop's saves (LoopSave), run once per session for TAC-2, AQ-14 and AQ-14w."""
+    return shared(
+        tmp_path_factory,
+        f"loop-{persistent}",
+        lambda: rank_pool(1).run(_training_loop, str(tmp_path_factory.mktemp("loop")), persistent)[0],
+    )
+
+
 @pytest.mark.spec("TAC-2")
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
-def test_non_blocking_finalize_in_a_training_loop(rank_pool, tmp_path, persistent):
+def test_non_blocking_finalize_in_a_training_loop(rank_pool, tmp_path_factory, persistent):
     # Judges that the polls never wait (bounded in the loop) and that every save was finalized: its file holds
     # the save of its own step. The tensor values are AQ-14's matter (the next test).
-    saves = rank_pool(1).run(_training_loop, str(tmp_path), persistent)[0]
+    saves = _loop_run(rank_pool, tmp_path_factory, persistent)
     assert_equal(
         "saves (keys, step) as read back",
         {s.step: (s.loaded_keys, s.loaded_step) for s in saves},
@@ -116,29 +127,75 @@ def test_non_blocking_finalize_in_a_training_loop(rank_pool, tmp_path, persisten
 @pytest.mark.spec("AQ-14")
 @pytest.mark.tensor_device
 @pytest.mark.parametrize("persistent", CALLERS)
-def test_saves_in_a_training_loop_hold_the_values_of_their_step(rank_pool, tmp_path, persistent):
+def test_saves_in_a_training_loop_hold_the_values_of_their_step(rank_pool, tmp_path_factory, persistent):
     # The trainer updates w in place at the next step, while the save is still held by its gate.
-    saves = rank_pool(1).run(_training_loop, str(tmp_path), persistent)[0]
+    saves = _loop_run(rank_pool, tmp_path_factory, persistent)
     assert [s.step for s in saves] == [0, 2, 4], f"saves made: {[s.step for s in saves]} [{LOOP}]"
     for s in saves:
         assert s.loaded_w is not None, f"step{s.step}.pt has no 'w' [{LOOP}]"
         assert_state_dict_equal(s.loaded_w.cpu(), s.w_at_save, call=f"torch.load(step{s.step}.pt) [{LOOP}]", path="w")
 
 
+@pytest.mark.spec("AQ-14w")
+@pytest.mark.tensor_device
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_saves_in_a_training_loop_hold_values_the_trainer_held(rank_pool, tmp_path_factory, persistent):
+    # w is all (step + 1) at step `step` (add_(1) each step, six steps): a save made at step s may hold, element by
+    # element, any value w took from then on, s + 1 to 6, and nothing else.
+    saves = _loop_run(rank_pool, tmp_path_factory, persistent)
+    assert [s.step for s in saves] == [0, 2, 4], f"saves made: {[s.step for s in saves]} [{LOOP}]"
+    for s in saves:
+        w = s.loaded_w
+        like = isinstance(w, torch.Tensor) and (w.shape, w.dtype) == (s.w_at_save.shape, s.w_at_save.dtype)
+        assert like, f"step{s.step}.pt holds w={w!r}, not a tensor like {s.w_at_save!r} [{LOOP}]"
+        held = torch.isin(w.cpu(), torch.arange(s.step + 1.0, 7.0))
+        assert bool(held.all()), (
+            f"step{s.step}.pt holds w={w.tolist()}: elements the trainer never held after the save (it held "
+            f"{s.step + 1} to 6) [{LOOP}]"
+        )
+
+
 def _two_instances(tmp):
-    persistent, temporal = _checkpointer(True), _checkpointer(False)
-    a, b = {"x": torch.arange(4)}, {"y": torch.ones(3)}
-    persistent.async_save(a, os.path.join(tmp, "a.pt"))
-    temporal.async_save(b, os.path.join(tmp, "b.pt"))
-    bounded(60, "finalize_async_save on the persistent instance", persistent.finalize_async_save, True, True, True)
-    bounded(60, "finalize_async_save on the temporal instance", temporal.finalize_async_save, True, True, True)
-    assert_state_dict_equal(torch.load(os.path.join(tmp, "a.pt")), a, call="persistent instance's file")
-    assert_state_dict_equal(torch.load(os.path.join(tmp, "b.pt")), b, call="temporal instance's file")
+    """A persistent and a temporal instance in one process, each saving its own state: per instance, what its
+    blocking finalize did ("returned" or what it raised; a wait past 60 s fails the run) and, where it returned,
+    how its file differs from its state (None: it does not)."""
+    instances = {"persistent": _checkpointer(True), "temporal": _checkpointer(False)}
+    states = {"persistent": {"x": torch.arange(4)}, "temporal": {"y": torch.ones(3)}}
+    for name, ckpt in instances.items():
+        ckpt.async_save(states[name], os.path.join(tmp, f"{name}.pt"))
+    finalized, files = {}, {}
+    for name, ckpt in instances.items():
+        what = f"finalize_async_save on the {name} instance"
+        finalized[name] = attempt(ckpt.finalize_async_save, True, True, True, bound=60, what=what, hung_fails=True).text
+        if finalized[name] == "returned":
+            loaded = torch.load(os.path.join(tmp, f"{name}.pt"))
+            files[name] = saving.mismatch(loaded, states[name], f"torch.load of the {name} instance's file")
+    return finalized, files
+
+
+def _instances_run(rank_pool, tmp_path_factory):
+    return shared(
+        tmp_path_factory, "TAC-3", lambda: rank_pool(1).run(_two_instances, str(tmp_path_factory.mktemp("tac3")))[0]
+    )
 
 
 @pytest.mark.spec("TAC-3")
-def test_instances_do_not_interfere(rank_pool, tmp_path):
-    rank_pool(1).run(_two_instances, str(tmp_path))
+def test_instances_do_not_interfere(rank_pool, tmp_path_factory):
+    finalized, files = _instances_run(rank_pool, tmp_path_factory)
+    assert_equal("finalize_async_save", finalized, {"persistent": "returned", "temporal": "returned"}, call=TWO)
+    for problem in files.values():
+        assert problem is None, problem
+
+
+TWO = "a persistent and a temporal TorchAsyncCheckpoint in one process, each saving, then finalized"
+
+
+@pytest.mark.spec("TAC-3w")
+def test_instances_never_hang_nor_write_each_others_data(rank_pool, tmp_path_factory):
+    # The run fails (BoundExceeded) where a finalize waited past 60 s; one that raises in time meets the weak level.
+    _finalized, files = _instances_run(rank_pool, tmp_path_factory)
+    for problem in files.values():
+        assert problem is None, problem
 
 
 def _writer_processes(tmp, persistent):

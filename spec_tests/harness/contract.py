@@ -24,6 +24,9 @@ Names (the optional ones may be left out; the loader supplies the default):
     FORMAT: CheckpointFormat           optional: how its checkpoints lie on disk (formats.DCP by default)
     install() -> None                  optional: called once per process before first use
     protocol_saver(**options) -> Saver with capability "protocol": a new saver (protocol.SAVER_OPTIONS)
+    checkpoint_manager(root, keep) -> CheckpointManager
+                                       with capability "manager": a new manager over `root` retaining `keep`
+                                       checkpoints (0: all; spec_tests.harness.manager)
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from spec_tests.harness.manager import CheckpointManager
     from spec_tests.harness.protocol import Saver
 
-__all__ = ["AdapterModule", "ProtocolAdapter", "SaverFactory"]
+__all__ = ["AdapterModule", "ManagerAdapter", "ProtocolAdapter", "SaverFactory"]
 
 
 class AdapterModule(Protocol):
@@ -61,3 +65,9 @@ class ProtocolAdapter(AdapterModule, Protocol):
     """An adapter with capability "protocol" (route 2): it also makes savers."""
 
     def protocol_saver(self, **options: Any) -> Saver: ...
+
+
+class ManagerAdapter(AdapterModule, Protocol):
+    """An adapter with capability "manager": it also makes checkpoint managers (spec_tests.harness.manager)."""
+
+    def checkpoint_manager(self, root: str, keep: int) -> CheckpointManager: ...

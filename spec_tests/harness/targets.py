@@ -14,6 +14,8 @@ capabilities. An adapter module defines:
     FORMAT: CheckpointFormat       optional; how its checkpoints lie on disk (spec_tests.harness.formats)
     def install() -> None          optional; called once per process before first use
     def protocol_saver(**options)  with capability "protocol": a new Saver (spec_tests.harness.protocol)
+    def checkpoint_manager(root, keep)  with capability "manager": a new CheckpointManager
+                                   (spec_tests.harness.manager)
 
 The same names as types, for mypy, are spec_tests.harness.contract's; `_check_contract` checks them at load.
 
@@ -88,6 +90,7 @@ CAPABILITY_DOCS = {
     "msc": "FileSystemWriterAsync(use_msc=True) writing msc:// URLs through multi-storage-client",
     "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
     "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (spec_tests.harness.protocol)",
+    "manager": "checkpoint_manager(root, keep) in the adapter: save, wait, latest, resume, close (spec_tests.harness.manager)",
 }
 
 
@@ -251,6 +254,11 @@ def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability
             return "protocol_saver must accept **options (the tests pass options such as persistent=False)"
     elif make is not None:
         return 'defines protocol_saver but does not declare capability "protocol"'
+    manager = getattr(adapter, "checkpoint_manager", None)
+    if "manager" in adapter.CAPABILITIES and not callable(manager):
+        return 'declares capability "manager" but defines no checkpoint_manager(root, keep)'
+    if "manager" not in adapter.CAPABILITIES and manager is not None:
+        return 'defines checkpoint_manager but does not declare capability "manager"'
     return None
 
 

@@ -14,6 +14,7 @@ from spec_tests.drivers import saving
 from spec_tests.harness import strategies
 from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal
 from spec_tests.harness.ranks import ranks, world
+from spec_tests.harness.shared_runs import shared
 
 pytestmark = pytest.mark.needs("storage_writer", "persistent_caller")
 OBJECT_COLLECTIVES = ("gather_object", "scatter_object_list", "all_gather_object", "broadcast_object_list")
@@ -153,15 +154,52 @@ CHANGERS = pytest.mark.parametrize("changer", [0, 1], ids=["coordinator-changes"
 @pytest.mark.spec("SD-4")
 @CHANGERS
 @pytest.mark.parametrize("kind", ["add", "remove", "shape", "dtype"])
-def test_a_structure_change_on_any_rank_is_planned_afresh(rank_pool, tmp_path, kind, changer):
+def test_a_structure_change_on_any_rank_is_planned_afresh(rank_pool, tmp_path_factory, kind, changer):
     # Judged by what loads back only: the caching status is SD-5's (the next test).
-    results = rank_pool(2).run(_changed, str(tmp_path), kind, changer, False)
+    results = _changed_run(rank_pool, tmp_path_factory, kind, changer)
     for k in range(5):
         expected = _union(r[k].state for r in results)
         assert_state_dict_equal(
             saving.load(expected, results[0][k].path),
             expected,
             call=f"dcp.load of save {k} ({kind} on rank {changer} at save 3)",
+        )
+
+
+def _changed_run(rank_pool, tmp_path_factory, kind, changer):
+    """SD-4's run (`_changed` on 2 ranks, no status read), made once per session for SD-4 and SD-4w."""
+    return shared(
+        tmp_path_factory,
+        f"SD-4-{kind}-{changer}",
+        lambda: rank_pool(2).run(_changed, str(tmp_path_factory.mktemp("sd4")), kind, changer, False),
+    )
+
+
+def _kept_structure(state, base):
+    """The entries of `state` that `base` (the first save's state) holds with the same shape and dtype."""
+    if isinstance(state, dict):
+        return {k: _kept_structure(v, base[k]) for k, v in state.items() if k in base and _same(v, base[k])}
+    return state
+
+
+def _same(value, base):
+    if isinstance(value, torch.Tensor):
+        return isinstance(base, torch.Tensor) and (value.shape, value.dtype) == (base.shape, base.dtype)
+    return isinstance(value, dict) == isinstance(base, dict)
+
+
+@pytest.mark.spec("SD-4w")
+@CHANGERS
+@pytest.mark.parametrize("kind", ["add", "remove", "shape", "dtype"])
+def test_after_a_structure_change_the_unchanged_entries_keep_their_values(rank_pool, tmp_path_factory, kind, changer):
+    results = _changed_run(rank_pool, tmp_path_factory, kind, changer)
+    base = _union(r[0].state for r in results)
+    for k in range(5):
+        expected = _kept_structure(_union(r[k].state for r in results), base)
+        assert_state_dict_equal(
+            saving.load(expected, results[0][k].path),
+            expected,
+            call=f"dcp.load of the entries whose structure did not change, save {k} ({kind} on rank {changer} at save 3)",
         )
 
 
@@ -283,3 +321,27 @@ def test_metadata_loaded_from_a_previous_checkpoint_is_reused(tmp_path):
         assert status()[1] is False, "loaded metadata was reused for a different structure"
     dist.barrier()
     assert_state_dict_equal(saving.load(state, changed), state, call="dcp.load after the structure changed")
+
+
+@pytest.mark.spec("SD-8w")
+@ranks(2, timeout=120)
+def test_after_loaded_metadata_a_changed_structure_keeps_the_unchanged_entries(tmp_path):
+    rank, _ = world()
+    sds = saving.module("state_dict_saver")
+    state = _base_state(rank)
+    first = str(tmp_path / "first")
+    saving.async_save(state, first, persistent=None, plan_kwargs={"planner": saving.DecentralizedPlanner()})
+    dist.barrier()  # the coordinator may still be committing .metadata
+    sds.init_checkpoint_metadata_cache(saving.read_metadata(first))
+    strategies.mutate_in_place(state)
+    _cached_save(state, str(tmp_path / "same"), None, saving.DecentralizedPlanner(), persistent=None)
+    kept = strategies.private_copy(state)
+    if rank == 1:
+        state["rank1"]["extra"] = torch.ones(1)
+    sds.init_checkpoint_metadata_cache(saving.read_metadata(first))
+    changed = str(tmp_path / "changed")
+    _cached_save(state, changed, None, saving.DecentralizedPlanner(), persistent=None)
+    dist.barrier()
+    assert_state_dict_equal(
+        saving.load(kept, changed), kept, call="dcp.load of the unchanged entries after rank 1 added one"
+    )

@@ -6,6 +6,7 @@ they start inherit it.
 
 import os
 import uuid
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -13,8 +14,10 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.drivers import saving
-from spec_tests.harness.asserts import assert_equal, attempt, bounded
+from spec_tests.harness.asserts import HUNG, BoundExceeded, assert_equal, attempt, bounded
+from spec_tests.harness.rank_runs import RankFailures
 from spec_tests.harness.s3 import BUCKET
+from spec_tests.harness.shared_runs import shared
 
 pytestmark = pytest.mark.needs("storage_writer", "msc", "temporal_caller")
 SAVE_BOUND = 45.0
@@ -89,10 +92,17 @@ def test_an_s3_checkpoint_loads_through_msc(rank_pool, s3):
     assert all(n == ".metadata" or n.endswith(".distcp") for n in names), f"the bucket holds {names} under {prefix}/"
 
 
-def _failing_save(config, url):
+def _failing_save(config, url, record):
+    """A save to `url` that must raise CheckpointException within SAVE_BOUND; what it did ("returned", HUNG or the
+    class of what it raised) is also written to `record`, for MSC-3w, which reads it even where the run failed."""
     _use(config)
     state = {"a": torch.arange(256.0), "b": torch.ones(256), "step": 1}
     with pytest.raises(CheckpointException):
+        _recording(Path(record), state, url)
+
+
+def _recording(record, state, url):
+    try:
         bounded(
             SAVE_BOUND,
             f"a save to {url}",
@@ -103,6 +113,13 @@ def _failing_save(config, url):
             thread_count=2,
             bound=SAVE_BOUND,
         )
+    except BoundExceeded:
+        record.write_text(HUNG)
+        raise
+    except BaseException as exc:  # CheckpointException is a BaseException
+        record.write_text("CheckpointException" if isinstance(exc, CheckpointException) else type(exc).__name__)
+        raise
+    record.write_text("returned")
 
 
 FAULTS = {
@@ -113,15 +130,48 @@ FAULTS = {
 }
 
 
+class StoreFailure(NamedTuple):
+    record: str  # what the save did, as _failing_save wrote it (absent: the rank was stopped first)
+    committed: list  # the .metadata objects under the save's prefix afterwards
+    error: RankFailures | None  # how the run failed, if it did
+
+
+def _store_failure(rank_pool, s3, proxy, tmp_path_factory, fault) -> StoreFailure:
+    def run():
+        profile, inject = FAULTS[fault]
+        prefix, record = f"{uuid.uuid4().hex}/ckpt", str(tmp_path_factory.mktemp("msc3") / "outcome")
+        inject(proxy)
+        try:
+            rank_pool(1).run(_failing_save, s3.config_path, f"msc://{profile}/{prefix}", record)
+            error = None
+        except RankFailures as exc:
+            error = exc
+        proxy.heal()
+        return StoreFailure(record, [k for k in s3.keys(prefix + "/") if k.endswith(".metadata")], error)
+
+    return shared(tmp_path_factory, f"MSC-3-{fault}", run)
+
+
 @pytest.mark.spec("MSC-3")
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_object_store_errors_raise_checkpoint_exception_and_commit_nothing(rank_pool, s3, proxy, fault):
-    profile, inject = FAULTS[fault]
-    prefix = f"{uuid.uuid4().hex}/ckpt"
-    inject(proxy)
-    rank_pool(1).run(_failing_save, s3.config_path, f"msc://{profile}/{prefix}")
-    committed = [k for k in s3.keys(prefix + "/") if k.endswith(".metadata")]
-    assert not committed, f"after the failed save ({fault}) the bucket holds {committed}"
+def test_object_store_errors_raise_checkpoint_exception_and_commit_nothing(
+    rank_pool, s3, proxy, tmp_path_factory, fault
+):
+    run = _store_failure(rank_pool, s3, proxy, tmp_path_factory, fault)
+    if run.error is not None:
+        raise run.error
+    assert not run.committed, f"after the failed save ({fault}) the bucket holds {run.committed}"
+
+
+@pytest.mark.spec("MSC-3w")
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_object_store_errors_fail_the_save_and_commit_nothing(rank_pool, s3, proxy, tmp_path_factory, fault):
+    run = _store_failure(rank_pool, s3, proxy, tmp_path_factory, fault)
+    did = Path(run.record).read_text() if os.path.exists(run.record) else "no answer"
+    assert did not in ("returned", HUNG, "no answer"), (
+        f"a save to the object store ({fault}) did not raise in time: {did}"
+    )
+    assert not run.committed, f"after the failed save ({fault}) the bucket holds {run.committed}"
 
 
 class Refusal(NamedTuple):
@@ -182,3 +232,30 @@ def test_an_object_store_checkpoint_is_not_overwritten(rank_pool, s3):
     rank_pool(1).run(_plan_again, s3.config_path, url)
     after = {o["Key"]: o["ETag"] for o in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
     assert after == before, f"refusing to overwrite changed the checkpoint's objects: {before} -> {after}"
+
+
+NEW = {"w": torch.zeros(4), "v": torch.ones(2)}
+
+
+def _save_new_over(config, url):
+    """Save NEW where _save_once saved: "refused" (CheckpointException), or how the location then differs from NEW."""
+    _use(config)
+    try:
+        saving.async_save(NEW, url, use_msc=True)
+    except CheckpointException:
+        return "refused"
+    return saving.mismatch(saving.load(NEW, "unused", reader=_msc_reader(url)), NEW, f"dcp.load of {url} saved over")
+
+
+@pytest.mark.spec("MSC-6w")
+def test_a_save_over_an_object_store_checkpoint_is_refused_or_overwrites_it_whole(rank_pool, s3):
+    prefix = f"{uuid.uuid4().hex}/ckpt"
+    url = f"msc://s3/{prefix}"
+    rank_pool(1).run(_save_once, s3.config_path, url)  # {"w": arange(4.0)}
+    before = {o["Key"]: o["ETag"] for o in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
+    outcome = rank_pool(1).run(_save_new_over, s3.config_path, url)[0]
+    if outcome == "refused":
+        after = {o["Key"]: o["ETag"] for o in s3.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]}
+        assert after == before, f"a refused save over the checkpoint changed its objects: {before} -> {after}"
+    else:
+        assert outcome is None, outcome

@@ -1,6 +1,7 @@
 """Several ranks: each writes its own items, the coordinator alone commits, and errors reach every rank."""
 
 import os
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -10,8 +11,10 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from spec_tests.drivers import saving
-from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, bounded
+from spec_tests.harness.asserts import HUNG, BoundExceeded, assert_each_rank, assert_state_dict_equal, bounded
+from spec_tests.harness.rank_runs import RankFailures
 from spec_tests.harness.ranks import world
+from spec_tests.harness.shared_runs import shared
 
 # The temporal caller: a persistent worker per rank would cost more start-up than the tests themselves, and
 # what is checked here is the storage protocol between ranks, the same for either caller.
@@ -138,26 +141,85 @@ def test_a_group_save_that_returns_everywhere_holds_its_groups_items(rank_pool, 
             _check_group_checkpoint(g, path)
 
 
-def _failing_save(good, bad):
+def _failing_save(tmp, good, bad):
+    """Save `good`, then `bad` (whose last rank's file cannot be created); the second save must raise
+    CheckpointException. What the second save did is also recorded in tmp/outcome<rank> ("returned", HUNG or the
+    class of what it raised), for FS-10w, which reads it even where a rank failed the run."""
     rank, _ = world()
     saving.async_save(_rank_state(rank), good)
     with pytest.raises(CheckpointException):
-        saving.async_save(_rank_state(rank), bad, bound=ERROR_BOUND)
+        _recording(Path(tmp, f"outcome{rank}"), saving.async_save, _rank_state(rank), bad, bound=ERROR_BOUND)
     return os.path.exists(os.path.join(bad, ".metadata"))
+
+
+def _recording(record, fn, *args, **kwargs):
+    """fn(*args, **kwargs), first writing to `record` what it did: "returned", HUNG or the class it raised."""
+    try:
+        fn(*args, **kwargs)
+    except BoundExceeded:
+        record.write_text(HUNG)
+        raise
+    except BaseException as exc:  # CheckpointException is a BaseException
+        record.write_text("CheckpointException" if isinstance(exc, CheckpointException) else type(exc).__name__)
+        raise
+    record.write_text("returned")
+
+
+class WriteFailure(NamedTuple):
+    tmp: str
+    good: str
+    bad: str
+    committed: list  # each rank's answer (whether .metadata exists); empty where the run failed
+    error: RankFailures | None  # how the run failed
+
+
+def _write_failure(rank_pool, tmp_path_factory, world_size) -> WriteFailure:
+    def run():
+        tmp = str(tmp_path_factory.mktemp("write-failure"))
+        good, bad = os.path.join(tmp, "good"), os.path.join(tmp, "bad")
+        os.makedirs(os.path.join(bad, f"__{world_size - 1}_0.distcp"))  # a directory where the last rank writes
+        try:
+            return WriteFailure(tmp, good, bad, rank_pool(world_size).run(_failing_save, tmp, good, bad), None)
+        except RankFailures as exc:
+            return WriteFailure(tmp, good, bad, [], exc)
+
+    return shared(tmp_path_factory, f"FS-10-{world_size}", run)
 
 
 @pytest.mark.spec("FS-10", "FS-11")
 @pytest.mark.parametrize("world_size", WORLDS)
-def test_a_write_failure_on_one_rank_fails_every_rank_and_commits_nothing(rank_pool, tmp_path, world_size):
-    good, bad = str(tmp_path / "good"), str(tmp_path / "bad")
+def test_a_write_failure_on_one_rank_fails_every_rank_and_commits_nothing(rank_pool, tmp_path_factory, world_size):
+    run = _write_failure(rank_pool, tmp_path_factory, world_size)
+    if run.error is not None:
+        raise run.error
     failing = world_size - 1
-    os.makedirs(os.path.join(bad, f"__{failing}_0.distcp"))  # a directory where rank `failing` writes its file
-    committed = rank_pool(world_size).run(_failing_save, good, bad)
-    assert not any(committed), f"after rank {failing}'s write failed, .metadata exists (seen per rank: {committed})"
+    assert not any(run.committed), (
+        f"after rank {failing}'s write failed, .metadata exists (seen per rank: {run.committed})"
+    )
     expected = {"step": 7}
     for rank in range(world_size):
         expected.update(_rank_state(rank))
-    assert_state_dict_equal(saving.load(expected, good), expected, call="dcp.load of the earlier checkpoint")
+    assert_state_dict_equal(saving.load(expected, run.good), expected, call="dcp.load of the earlier checkpoint")
+
+
+@pytest.mark.spec("FS-10w")
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_a_write_failure_raises_on_its_rank_and_commits_nothing(rank_pool, tmp_path_factory, world_size):
+    run = _write_failure(rank_pool, tmp_path_factory, world_size)
+    failing = world_size - 1
+    did = [_recorded(run.tmp, rank) for rank in range(world_size)]
+    where = f"a save whose rank {failing} cannot create its file (per rank: {did})"
+    assert did[failing] not in ("returned", HUNG, NO_ANSWER), f"the failing rank's save did not raise in time: {where}"
+    assert "returned" not in did, f"a rank returned from the failed save: {where}"
+    assert not os.path.exists(os.path.join(run.bad, ".metadata")), f".metadata exists after {where}"
+
+
+NO_ANSWER = "no answer"  # the rank was stopped before it recorded anything
+
+
+def _recorded(tmp, rank):
+    record = Path(tmp, f"outcome{rank}")
+    return record.read_text() if record.exists() else NO_ANSWER
 
 
 class _FailingPlanner(DefaultSavePlanner):

@@ -24,20 +24,25 @@ The five calls, as torchtitan's trainer makes them (`torchtitan/trainer.py`):
 
 The one change to the library: a checkpoint goes to the directory the test names instead of `<folder>/step-<N>`
 (`_create_checkpoint_id` returns it), so faults placed there reach it; the format is DCP's. Retention
-(`keep_latest_k`) therefore never sees a `step-<N>` directory: the protocol layer does not judge it.
+(`keep_latest_k`) therefore never sees a `step-<N>` directory: the protocol layer does not judge it. The manager
+layer does: `TitanManager` (below) uses torchtitan's own `step-<N>` directories, retention and load.
 """
 
 from __future__ import annotations
 
+import copy
+import os
+import re
 from typing import Any
 
+from spec_tests.harness.manager import CheckpointManager
 from spec_tests.harness.protocol import SaveHandle, Saver
 
 DISTRIBUTION = "torchtitan"
 INSTALL = 'pip install "torch==2.13.0" -e ".[test,torchtitan]"'
 MODULES: dict[str, str] = {}
 PACKAGES = ("torchtitan",)
-CAPABILITIES = frozenset({"protocol"})
+CAPABILITIES = frozenset({"protocol", "manager"})
 
 
 class _Counter:
@@ -105,3 +110,80 @@ class TitanSaver(Saver):
 
     def close(self) -> None:
         self.manager.close()
+
+
+class TitanManager(CheckpointManager):
+    """torchtitan's CheckpointManager as its trainer uses it: `folder` the root, `interval=1`, `keep_latest_k` the
+    retention, async_mode "async"; checkpoints in `<root>/step-<N>` (its own naming, unchanged), resume through
+    `load(step=-1)`.
+
+    - save(step, state): `save(step)` with `state` in the manager's `states`; it waits for the previous save, starts
+      `dcp.async_save` and queues retention (`_purge_stale_checkpoints`) before returning.
+    - wait(): `maybe_wait_for_saving()`. Retention runs on torchtitan's purge thread; close() joins it.
+    - latest(): `_find_load_step()` (-1 is None), what `load(step=-1)` loads; resume(template): that step, then
+      `load(step=-1)` into `template`'s keys; load(step, template): `load(step)`.
+    - keep=1 is refused by torchtitan's config (ValueError: 'We need to maintain at least 2 checkpoint replicas').
+    """
+
+    def __init__(self, root: str, keep: int):
+        import torch
+        from torchtitan.components.checkpointer.dcp import CheckpointManager as Titan
+
+        self.root = root
+        self.states: dict[str, Any] = {}
+        config = Titan.Config(enable=True, folder=root, interval=1, async_mode="async", keep_latest_k=keep)
+        self.manager = Titan(
+            config,
+            dataloader=None,
+            model_parts=[torch.nn.Linear(2, 2)],
+            optimizers=_Counter(),
+            lr_schedulers=_Counter(),
+            states=self.states,
+            sd_adapter=None,
+        )
+        self.components = set(self.states)
+
+    def _use(self, state_dict: dict[str, Any]) -> None:
+        for key in set(self.states) - self.components:
+            del self.states[key]
+        self.states.update(state_dict)
+
+    def save(self, step: int, state_dict: dict[str, Any]) -> None:
+        self._use(state_dict)
+        self.manager.save(step)
+
+    def wait(self) -> None:
+        self.manager.maybe_wait_for_saving()
+
+    def latest(self) -> int | None:
+        step = self.manager._find_load_step()
+        return None if step < 0 else int(step)
+
+    def _loaded(self, template: dict[str, Any]) -> dict[str, Any]:
+        return {key: self.states[key] for key in template}
+
+    def load(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
+        self._use(copy.deepcopy(template))
+        self.manager.load(step)
+        return self._loaded(template)
+
+    def resume(self, template: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        step = self.latest()
+        self._use(copy.deepcopy(template))
+        if not self.manager.load(-1) or step is None:
+            return None
+        return step, self._loaded(template)
+
+    def location(self, step: int) -> str:
+        return os.path.join(self.root, f"step-{step}")
+
+    def steps(self) -> list[int]:
+        if not os.path.isdir(self.root):
+            return []
+        return sorted(int(m.group(1)) for m in map(re.compile(r"step-(\d+)$").match, os.listdir(self.root)) if m)
+
+    def close(self) -> None:
+        try:
+            self.manager.maybe_wait_for_saving()
+        finally:
+            self.manager.close()  # joins the purge thread, even after a failed save (which wait re-raises)

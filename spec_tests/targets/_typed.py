@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from spec_tests.harness.contract import ProtocolAdapter
+    from spec_tests.harness.contract import ManagerAdapter, ProtocolAdapter
     from spec_tests.targets import (
         dcp_process,
         dcp_staged,
@@ -31,4 +31,9 @@ if TYPE_CHECKING:
         "mcore": mcore,
         "nvrx": nvrx,
         "torchtitan": torchtitan,
+    }
+    MANAGERS: dict[str, ManagerAdapter] = {
+        "impl": impl,
+        "torchtitan": torchtitan,
+        "lightning": lightning,
     }

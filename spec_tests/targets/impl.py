@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spec_tests.harness.manager import CheckpointManager
 from spec_tests.harness.targets import SPEC_MODULES
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ CAPABILITIES = frozenset(
         "msc",
         "local_checkpointing",
         "protocol",
+        "manager",
     }
 )
 EXPECTATIONS = str(Path(__file__).with_name("impl.expectations.toml"))
@@ -49,3 +51,42 @@ def protocol_saver(**options: Any) -> QueueSaver:
     overlapped = mode == "overlapped" and persistent is not False
     queue_options = {"overlap_staging": True} if overlapped else None
     return saver_of(NAME, persistent, queue_options=queue_options, staging_signal="wait_for_staging")
+
+
+class ImplManager(CheckpointManager):
+    """impl's reference manager (impl/manager.py) behind the manager contract: every call is its own."""
+
+    def __init__(self, root: str, keep: int):
+        from impl.manager import ReferenceManager
+
+        self.manager = ReferenceManager(root, keep)
+        self.pointer = self.manager.pointer
+
+    def save(self, step: int, state_dict: dict[str, Any]) -> None:
+        self.manager.save(step, state_dict)
+
+    def wait(self) -> None:
+        self.manager.wait()
+
+    def latest(self) -> int | None:
+        return self.manager.latest()
+
+    def resume(self, template: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        return self.manager.resume(template)
+
+    def load(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
+        return self.manager.load(step, template)
+
+    def location(self, step: int) -> str:
+        return self.manager.location(step)
+
+    def steps(self) -> list[int]:
+        return self.manager.steps()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def checkpoint_manager(root: str, keep: int) -> ImplManager:
+    """impl's reference manager over `root`, retaining `keep` checkpoints (0: all)."""
+    return ImplManager(root, keep)

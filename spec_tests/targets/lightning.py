@@ -46,7 +46,7 @@ DISTRIBUTION = "pytorch-lightning"
 INSTALL = 'pip install "torch==2.13.0" -e ".[test,lightning]"'
 MODULES: dict[str, str] = {}
 PACKAGES = ("pytorch_lightning",)
-CAPABILITIES = frozenset({"protocol"})
+CAPABILITIES = frozenset({"protocol", "manager"})
 EXPECTATIONS = str(Path(__file__).with_name("lightning.expectations.toml"))
 
 
@@ -142,3 +142,10 @@ class LightningSaver(Saver):
 def protocol_saver(**options: Any) -> LightningSaver:
     """A new saver; Lightning has one kind of caller, so every option is ignored."""
     return LightningSaver()
+
+
+def checkpoint_manager(root: str, keep: int):
+    """A Trainer's ModelCheckpoint with AsyncCheckpointIO over `root` (spec_tests.targets._lightning_manager)."""
+    from spec_tests.targets._lightning_manager import LightningManager
+
+    return LightningManager(root, keep)
