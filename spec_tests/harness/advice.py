@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness import verdicts
 from spec_tests.harness.report import clause_verdict
 from spec_tests.harness.runs import REPO_ROOT, ReportError, Run
 
@@ -76,15 +75,12 @@ def load(registry: Mapping[str, Any], path: Path = ADVICE) -> list[Rule]:
     return [_rule(i, entry, registry) for i, entry in enumerate(data.get("rule", []))]
 
 
-def _kept_not(verdict: verdicts.Verdict) -> bool:
-    return verdict.broken or verdict.word == verdicts.WEAK_ONLY
-
-
 def applies(rule: Rule, run: Run, registry: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The clauses of `rule` that `run` breaks or meets only at their weak level (empty: the rule does not apply)."""
+    """The clauses of `rule` that `run` misses (Verdict.missed: broken, weak level only, or failing on some runs;
+    empty: the rule does not apply)."""
     if library_of(run) not in rule.libraries:
         return []
-    return [cid for cid in rule.clauses if _kept_not(clause_verdict(run, cid, registry))]
+    return [cid for cid in rule.clauses if clause_verdict(run, cid, registry).missed]
 
 
 def for_run(rules: Sequence[Rule], run: Run, registry: Mapping[str, Mapping[str, Any]]) -> list[tuple[Rule, list[str]]]:

@@ -47,22 +47,16 @@ def predecessors(runs: Sequence[Run]) -> dict[str, Run]:
     return found
 
 
-def _misses(verdict: verdicts.Verdict) -> bool:
-    """A missed clause: broken, weak level only, or a race its expectations entry says fails on some runs only
-    (a pass of an intermittent entry is not a fix)."""
-    return verdict.broken or verdict.word == verdicts.WEAK_ONLY or "intermittent" in verdict.note
-
-
 def section(older: Run, newer: Run, registry: Mapping[str, Mapping[str, Any]], judge: Judge) -> list[str]:
     """The Markdown lines of the section: fixed, new and unchanged misses, each clause with both verdicts."""
     fixed, new, still = [], [], []
     for cid in registry:
         before, after = judge(older, cid, registry), judge(newer, cid, registry)
-        if before.word == verdicts.PASSES and not _misses(before) and _misses(after):
+        if before.word == verdicts.PASSES and not before.missed and after.missed:
             new.append(f"{cid} ({after})")
-        elif _misses(before) and after.word == verdicts.PASSES and not _misses(after):
+        elif before.missed and after.word == verdicts.PASSES and not after.missed:
             fixed.append(f"{cid} (was: {before})")
-        elif _misses(before) and _misses(after):
+        elif before.missed and after.missed:
             still.append(cid if before.word == after.word else f"{cid} ({before.word} -> {after.word})")
     lines = [f"## Changed since {older.label}", ""]
     for title, items in (("Newly missed", new), ("Fixed", fixed), ("Missed by both", still)):

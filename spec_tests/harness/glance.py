@@ -47,13 +47,13 @@ def repro_path(run: Run, clause_id: str, root: Path = REPO_ROOT) -> str | None:
 
 
 def release_of(run: Run) -> str:
-    """The run's release as a reader names it within its library: `0.7.0`, or `thread` for dcp-thread (the torch
-    version is the library's, given once)."""
+    """The run's release as a reader names it within its library: `0.7.0`, or `thread 2.15.0` for dcp-thread on
+    torch 2.15.0 (a library judged in several configurations, each on its own version)."""
     target, _, version = run.label.partition(" ")
     key = advice.library_of(run)
     if key is None or advice.LIBRARIES[key][1] == (target,):
         return version
-    return target.removeprefix(f"{key}-")
+    return f"{target.removeprefix(f'{key}-')} {version.split('+', 1)[0]}"
 
 
 def _severity(runs: Sequence[Run], cid: str, clause: Mapping[str, Any]) -> str:

@@ -95,6 +95,12 @@ class Verdict(NamedTuple):
     def broken(self) -> bool:
         return self.word in BROKEN_WORDS.values()
 
+    @property
+    def missed(self) -> bool:
+        """The clause is not kept: broken, kept at its weak level only, or failing on some runs (an intermittent
+        entry's pass is a race not seen this time, not a pass)."""
+        return self.broken or self.word == WEAK_ONLY or "intermittent" in self.note
+
 
 def basis_of(clause: Mapping[str, Any]) -> str:
     """A clause's basis (documented, implied, decision); a clause recorded before bases were has a decision text or
