@@ -76,7 +76,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
         RESULTS,
         report.main,
         [
-            *_runs(["impl", "torchtitan-0.3.0", "lightning-2.6.6", "lightning-2.5.3"]),
+            *_runs([releases.REFERENCE, *(r.name for r in releases.with_manager())]),
             "--areas",
             "manager",
             "--block",

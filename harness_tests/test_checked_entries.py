@@ -13,7 +13,7 @@ import json
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 _ADAPTER = """\
-from spec_tests.targets.impl import CAPABILITIES, MODULES, protocol_saver  # noqa: F401
+from spec_tests.targets.impl import CAPABILITIES, MODULES, checkpoint_manager, protocol_saver  # noqa: F401
 from pathlib import Path
 NAME = "checked_adapter"
 DISTRIBUTION = None

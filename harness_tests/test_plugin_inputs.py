@@ -16,7 +16,7 @@ from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 from spec_tests.harness import clauses as clause_registry
 
 _ADAPTER = """\
-from spec_tests.targets.impl import CAPABILITIES, MODULES, protocol_saver  # noqa: F401
+from spec_tests.targets.impl import CAPABILITIES, MODULES, checkpoint_manager, protocol_saver  # noqa: F401
 from pathlib import Path
 NAME = "{name}"
 DISTRIBUTION = None
