@@ -1,7 +1,7 @@
-"""MG-RETAIN-1w on pytorch-lightning 2.6.6: ModelCheckpoint deletes the previous checkpoint before the asynchronous
+"""MG-RETAIN-1w on pytorch-lightning 2.6.6 and 2.5.3: ModelCheckpoint deletes the previous checkpoint before the asynchronous
 save that replaces it is written; when that save fails, no checkpoint is left.
 
-    python findings/repro/lightning-2.6.6/MG-RETAIN-1w.py pytorch_lightning
+    python findings/repro/lightning-2.6.6/MG-RETAIN-1w.py pytorch_lightning   (the same file for 2.5.3)
 
 Clause (implied, data-loss): while a save is in flight, and after it failed, the newest checkpoint committed before
 it still loads. Source: ModelCheckpoint(save_top_k): 'if ``save_top_k == k``, the best k models according to the
