@@ -92,7 +92,8 @@ def test_on_a_gpu_the_device_clone_peer_has_goals_of_its_own():
         phases={"plan": 0.00001, "schedule": 0.00001, "staging wait": 0.00018},
     )
     run = {**RUN, "benchmarks": [*RUN["benchmarks"], clone]}
-    gpu_run = {**run, "machine_info": {"ckptspec": {**RUN["machine_info"]["ckptspec"], "gpu": "GPU X"}}}
+    machine = {"cores": 2, "gpu": "GPU X", "torch": "2.13.0", "size_mib": 8, "threads": 1}
+    gpu_run = {**run, "machine_info": {"ckptspec": machine}}
     assert "dcp:impl-overlapped-clone" not in "\n".join(goals_of(summary.Run(run)))  # a CPU run: no clone line
     goals = "\n".join(goals_of(summary.Run(gpu_run)))
     assert "- [x] `dcp:impl-overlapped-clone` stall until the state may change <= 1.0x the memcpy floor" in goals
