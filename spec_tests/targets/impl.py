@@ -26,6 +26,8 @@ CAPABILITIES = frozenset(
         "local_checkpointing",
         "protocol",
         "manager",
+        "manager_retention",
+        "manager_pointer",
     }
 )
 EXPECTATIONS = str(Path(__file__).with_name("impl.expectations.toml"))
