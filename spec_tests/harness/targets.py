@@ -93,6 +93,7 @@ CAPABILITY_DOCS = {
     "manager": "checkpoint_manager(root, keep) in the adapter: save, wait, latest, resume, close (spec_tests.harness.manager)",
     "manager_retention": "a manager that honours its retention setting `keep` (0: retain all; k: the k newest)",
     "manager_pointer": "a manager that publishes a pointer (tracker) file naming its latest checkpoint",
+    "manager_ranks": "a manager whose save and resume are one job's over every rank (each rank its own state)",
 }
 
 

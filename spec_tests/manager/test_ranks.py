@@ -3,7 +3,9 @@
 Two ranks (the rank pool) commit steps 1 and 2 below one root, each saving its own keys; then each rank's new
 manager resumes with its own keys as the template. `lost`: before resuming, rank 1 deletes what its manager calls
 the location of step 2 (its part of it, where each rank keeps its own). Every call is bounded (the drivers'
-bounds); a rank that exceeds one reports it.
+bounds); a rank that exceeds one reports it. A manager adapter that drives one process's job, not one job over
+every rank (Lightning's: a one-device Trainer per process, each writing the same file names), lacks capability
+`manager_ranks`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from spec_tests.harness.asserts import assert_state_dict_equal, attempt
 from spec_tests.harness.processes import remove
 from spec_tests.harness.ranks import world
 
-pytestmark = pytest.mark.needs("manager")
+pytestmark = pytest.mark.needs("manager", "manager_ranks")
 BOUND = 60.0
 
 

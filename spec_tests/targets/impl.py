@@ -28,6 +28,7 @@ CAPABILITIES = frozenset(
         "manager",
         "manager_retention",
         "manager_pointer",
+        "manager_ranks",
     }
 )
 EXPECTATIONS = str(Path(__file__).with_name("impl.expectations.toml"))

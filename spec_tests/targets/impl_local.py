@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 NAME = "impl-local"
 DISTRIBUTION = None
 MODULES = {path: "impl." + path for path in SPEC_MODULES}
-CAPABILITIES = frozenset({"manager"})
+CAPABILITIES = frozenset({"manager", "manager_ranks"})
 EXPECTATIONS = str(Path(__file__).with_name("impl-local.expectations.toml"))
 
 

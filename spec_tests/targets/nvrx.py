@@ -56,6 +56,7 @@ CAPABILITIES = frozenset(
         "local_checkpointing",
         "protocol",
         "manager",
+        "manager_ranks",
     }
 )
 EXPECTATIONS = str(Path(__file__).with_name("nvrx.expectations.toml"))
