@@ -81,7 +81,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
         RESULTS,
         report.main,
         [
-            *_runs([releases.REFERENCE, *(r.name for r in releases.with_manager())]),
+            *_runs([releases.REFERENCE, releases.LOCAL_REFERENCE, *(r.name for r in releases.with_manager())]),
             "--areas",
             "manager",
             "--block",

@@ -19,7 +19,17 @@ from spec_tests.harness import clauses, targets
 
 
 def test_builtin_targets_are_the_adapter_modules():
-    names = ("impl", "mcore", "nvrx", "dcp_process", "dcp_staged", "dcp_thread", "lightning", "torchtitan")
+    names = (
+        "impl",
+        "impl_local",
+        "mcore",
+        "nvrx",
+        "dcp_process",
+        "dcp_staged",
+        "dcp_thread",
+        "lightning",
+        "torchtitan",
+    )
     assert targets.builtin_targets() == {name.replace("_", "-"): f"spec_tests.targets.{name}" for name in names}
 
 
@@ -48,7 +58,7 @@ def test_entry_points_and_dotted_paths_name_targets(monkeypatch):
 def test_an_unknown_target_lists_the_known_ones():
     with pytest.raises(
         targets.TargetError,
-        match="unknown target 'nope'; known targets: dcp-process, dcp-staged, dcp-thread, impl, lightning, mcore, nvrx, torchtitan",
+        match="unknown target 'nope'; known targets: dcp-process, dcp-staged, dcp-thread, impl, impl-local, lightning, mcore, nvrx, torchtitan",
     ):
         targets.load_target("nope")
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ALL_AREAS",
+    "LOCAL_REFERENCE",
     "PROTOCOL_AREAS",
     "REFERENCE",
     "RELEASES",
@@ -41,6 +42,7 @@ SUITES = ("spec_tests", "fault_injection")  # what a recorded run runs, for ever
 ALL_AREAS = ("async_ckpt", "storage", "local", "integrity", "protocol", "faults", "manager")
 PROTOCOL_AREAS = ("protocol", "faults")  # the areas of a target written against the adapter contract only
 REFERENCE = "impl"  # the reference implementation's stored run, conformance/all/impl.json (not a release)
+LOCAL_REFERENCE = "impl-local"  # impl's LocalCheckpointManager judged as a manager (the manager area only)
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ class Release:
         return f"conformance/all/{self.name}.json"
 
 
-_FULL = tuple(area for area in ALL_AREAS if area != "manager")  # NVRx and Megatron-Core ship no manager
+_FULL = tuple(area for area in ALL_AREAS if area != "manager")  # Megatron-Core's async queue ships no manager
+_FULL_AND_MANAGER = ALL_AREAS  # NVRx: its LocalCheckpointManager is judged as a manager too
 _WITH_MANAGER = (*PROTOCOL_AREAS, "manager")  # the libraries whose checkpoint manager is judged too
 _NVRX_070_WHEEL = ("--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_39_x86_64")
 
@@ -103,7 +106,7 @@ RELEASES: tuple[Release, ...] = (
         "0.4.1",
         "3.11",
         "nvidia-resiliency-ext",
-        _FULL,
+        _FULL_AND_MANAGER,
         True,
         ("defusedxml", "nvidia-ml-py>=12.570.86", "packaging", "psutil>=6.0.0", "pynvml>=12.0.0", "pyyaml"),
     ),
@@ -112,7 +115,7 @@ RELEASES: tuple[Release, ...] = (
         "0.7.0",
         "3.12",
         "nvidia-resiliency-ext",
-        _FULL,
+        _FULL_AND_MANAGER,
         True,
         ("psutil", "packaging", "pyyaml"),
         _NVRX_070_WHEEL,

@@ -92,6 +92,9 @@ CAPABILITY_DOCS = {
     "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
     "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (spec_tests.harness.protocol)",
     "manager": "checkpoint_manager(root, keep) in the adapter: save, wait, latest, resume, close (spec_tests.harness.manager)",
+    "manager_retention": "a manager that honours its retention setting `keep` (0: retain all; k: the k newest)",
+    "manager_pointer": "a manager that publishes a pointer (tracker) file naming its latest checkpoint",
+    "manager_ranks": "a manager whose save and resume are one job's over every rank (each rank its own state)",
 }
 
 

@@ -4,7 +4,8 @@ the new checkpoint or the previous one, exactly.
 The save judged is that of step 3 after steps 1 and 2 committed, with `keep=2`, so that it crosses every kind of
 point a manager has: its data, its metadata, its pointer where it keeps one, and the deletion of step 1. It is
 traced once (fault_injection.faultfs) to number its points, then repeated in a forked process from a copy of the
-same starting root once per point: with EIO raised at that point, or with the process's whole session SIGKILLed
+same starting root once per point: with EIO raised at that point (ENOSPC at each point that creates, writes,
+syncs or moves a file), or with the process's whole session SIGKILLed
 right after it (fault_injection.crash_points). After each, a new manager resumes.
 """
 
@@ -74,21 +75,27 @@ def _traced_points(tmp: str, start: str, root: str) -> list[faultfs.Point]:
     return points
 
 
+# The error each point gets: EIO anywhere; ENOSPC where a full disk reports it (creating, writing, syncing, moving).
+ERRORS = {"EIO": (errno.EIO, None), "ENOSPC": (errno.ENOSPC, ("open", "write", "fsync", "rename", "mkdir"))}
+
+
 @pytest.mark.spec("MG-FAIL-1")
-def test_a_storage_error_at_any_point_leaves_the_new_or_the_previous_checkpoint(tmp_path):
-    tmp = str(tmp_path)
+@pytest.mark.parametrize("error", ERRORS)
+def test_a_storage_error_at_any_point_leaves_the_new_or_the_previous_checkpoint(tmp_path, error):
+    tmp, (code, ops) = str(tmp_path), ERRORS[error]
     start, root = _prepare(tmp)
     points, problems, fired = _traced_points(tmp, start, root), [], 0
+    points = [p for p in points if ops is None or p.op in ops]
     for point in points:
-        log = os.path.join(tmp, f"eio{point.index}.log")
-        fault = faultfs.Fault("raise", errno=errno.EIO, at=point.index)
-        kind, returned = in_child(tmp, f"eio{point.index}", _save_third, start, root, log, fault)
-        assert kind == "ok", f"EIO at point {point.index} ({point.op} {point.path}): the trainer {kind}: {returned}"
+        log = os.path.join(tmp, f"err{point.index}.log")
+        fault = faultfs.Fault("raise", errno=code, at=point.index)
+        kind, returned = in_child(tmp, f"err{point.index}", _save_third, start, root, log, fault)
+        assert kind == "ok", f"{error} at point {point.index} ({point.op} {point.path}): the trainer {kind}: {returned}"
         fired += bool(faultfs.fired(log, "raise"))
         problem = _resume_problem(tmp, root, returned)
         if problem:
             said = "save(3) reported success" if returned else "save(3) raised"
-            problems.append(f"EIO at point {point.index} ({point.op} {point.path}), {said}: {problem}")
+            problems.append(f"{error} at point {point.index} ({point.op} {point.path}), {said}: {problem}")
     assert fired, f"the error fired at none of the {len(points)} traced points"
     assert not problems, f"{len(problems)} problems over {fired} errors:\n" + "\n".join(problems[:20])
 

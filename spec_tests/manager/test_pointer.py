@@ -20,7 +20,7 @@ from spec_tests.drivers.manager_saves import BOUND, assert_step, managed, resume
 from spec_tests.harness.asserts import HUNG, attempt
 from spec_tests.harness.ranks import world
 
-pytestmark = pytest.mark.needs("manager")
+pytestmark = pytest.mark.needs("manager", "manager_pointer")
 
 
 def _traced(root: str, log: str):

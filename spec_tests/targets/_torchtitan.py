@@ -42,7 +42,7 @@ DISTRIBUTION = "torchtitan"
 INSTALL = 'pip install "torch==2.13.0" -e ".[test,torchtitan]"'
 MODULES: dict[str, str] = {}
 PACKAGES = ("torchtitan",)
-CAPABILITIES = frozenset({"protocol", "manager"})
+CAPABILITIES = frozenset({"protocol", "manager", "manager_retention", "manager_ranks"})
 
 
 class _Counter:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         dcp_staged,
         dcp_thread,
         impl,
+        impl_local,
         lightning,
         mcore,
         nvrx,
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     }
     MANAGERS: dict[str, ManagerAdapter] = {
         "impl": impl,
+        "impl-local": impl_local,
+        "nvrx": nvrx,
         "torchtitan": torchtitan,
         "lightning": lightning,
     }

@@ -26,6 +26,9 @@ CAPABILITIES = frozenset(
         "local_checkpointing",
         "protocol",
         "manager",
+        "manager_retention",
+        "manager_pointer",
+        "manager_ranks",
     }
 )
 EXPECTATIONS = str(Path(__file__).with_name("impl.expectations.toml"))

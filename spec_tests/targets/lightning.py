@@ -46,7 +46,7 @@ DISTRIBUTION = "pytorch-lightning"
 INSTALL = 'pip install "torch==2.13.0" -e ".[test,lightning]"'
 MODULES: dict[str, str] = {}
 PACKAGES = ("pytorch_lightning",)
-CAPABILITIES = frozenset({"protocol", "manager"})
+CAPABILITIES = frozenset({"protocol", "manager", "manager_retention"})
 EXPECTATIONS = str(Path(__file__).with_name("lightning.expectations.toml"))
 
 

@@ -26,6 +26,7 @@ from spec_tests.harness.targets import SPEC_MODULES
 from spec_tests.targets import _cpu_cuda
 
 if TYPE_CHECKING:
+    from spec_tests.targets._local_manager import LocalManager
     from spec_tests.targets._queue_saver import QueueSaver
 
 NAME = "nvrx"
@@ -54,6 +55,8 @@ CAPABILITIES = frozenset(
         "msc",
         "local_checkpointing",
         "protocol",
+        "manager",
+        "manager_ranks",
     }
 )
 EXPECTATIONS = str(Path(__file__).with_name("nvrx.expectations.toml"))
@@ -114,3 +117,10 @@ def protocol_saver(**options: Any) -> QueueSaver:
     from spec_tests.targets._queue_saver import saver_of
 
     return saver_of(NAME, options.get("persistent"))
+
+
+def checkpoint_manager(root: str, keep: int) -> LocalManager:
+    """NVRx's LocalCheckpointManager over `root` behind the manager contract (spec_tests.targets._local_manager)."""
+    from spec_tests.targets._local_manager import LocalManager
+
+    return LocalManager(root, keep)
