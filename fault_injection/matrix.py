@@ -7,14 +7,14 @@
         first run `pytest fault_injection -n auto -q -p no:randomly --impl T --conformance-json
         DIR/faults-T.json` per target (DIR defaults to conformance/), timing each run, then report on
         those files, with the wall times. Pytest exit codes 0 and 1 are data; any other is an error.
-        The run and the command line's error handling are spec_tests.harness.runs' (`run_target`, `cli`),
+        The run and the command line's error handling are spec_tests.harness.records.runs' (`run_target`, `cli`),
         shared with the conformance table.
 
-Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spec_tests.harness.runs). A test's fault
+Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spec_tests.harness.records.runs). A test's fault
 is the family of the FI-* clauses it cites (FI-RANK-1 -> FI-RANK; FI-ORPHAN-1, cited by every fault
 test, does not count); its phase is the first `-`-separated word of its parameter id that names a
 phase (`test_killed_worker[write-child]` -> write). A cell aggregates the outcomes of the tests of
-that fault, phase and target in verdict words (spec_tests.harness.verdicts.judge_tests: a known failure is worded by
+that fault, phase and target in verdict words (spec_tests.harness.records.verdicts.judge_tests: a known failure is worded by
 the basis of the clause its expectations entry names), or says "n/a" where no test exists: the fault cannot happen
 in that phase. The row "leftovers (audit)" says whether the orphan audit (FI-ORPHAN-1) failed a test of that phase:
 "leaves processes" if it did, "passes" if tests of the phase ran without such a failure.
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from spec_tests.harness import Record, load_run, write_block
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.runs import cli, run_parser, run_target
-from spec_tests.harness.verdicts import judge_tests
+from spec_tests.harness.records.runs import cli, run_parser, run_target
+from spec_tests.harness.records.verdicts import judge_tests
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
@@ -75,7 +75,7 @@ class TargetRun:
 
     label: str
     records: tuple  # (nodeid, outcome, when, clauses, message) per recorded phase of a test
-    tests: dict[str, Record]  # nodeid -> its record, worst phase (spec_tests.harness.runs.load_run)
+    tests: dict[str, Record]  # nodeid -> its record, worst phase (spec_tests.harness.records.runs.load_run)
     registry: dict  # the clauses: the run's, then the project's
     wall_s: float | None = None
 
@@ -89,7 +89,7 @@ class TargetRun:
 
 
 def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
-    """Read one conformance JSON file (validated by spec_tests.harness.runs.load_run)."""
+    """Read one conformance JSON file (validated by spec_tests.harness.records.runs.load_run)."""
     run = load_run(path)
     data = json.loads(Path(path).read_text())
     records = tuple(

@@ -26,7 +26,8 @@ import pytest
 
 from fault_injection import faults
 from fault_injection.faults import BOUND, EXIT_BOUND, SAVE_PHASES
-from spec_tests.harness import HUNG, loopback
+from spec_tests.harness import HUNG
+from spec_tests.harness.ranks import loopback
 
 LAUNCH_BOUND = 240.0  # seconds for a launch (start-up of torch and the target on a loaded machine included)
 JOB_END_BOUND = 60.0  # seconds for node 0's torchrun to end the job once its rank has failed

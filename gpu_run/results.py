@@ -62,7 +62,16 @@ def _cell(test: dict) -> tuple[str, str | None]:
     first = _root_error(text)
     if outcome == "xfail":
         clauses = ", ".join((test.get("entry") or {}).get("clauses") or []) or "?"
-        if first.startswith(("RankFailures", "spec_tests.harness.ranks.RankFailures")) or not first:
+        if (
+            first.startswith(
+                (
+                    "RankFailures",
+                    "spec_tests.harness.ranks.RankFailures",
+                    "spec_tests.harness.ranks.vocabulary.RankFailures",
+                )
+            )
+            or not first
+        ):
             first = "as listed: " + test.get("message", "").split("] ", 1)[-1]  # the entry's reason
         return "fails as listed", f"charged to {clauses}: {first[:160]}"
     return "FAILS (not listed)", first[:200]

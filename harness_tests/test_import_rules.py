@@ -72,7 +72,7 @@ def test_no_module_imports_a_test_module_or_another_packages_private_name():
     ("source", "broken"),
     [
         ("from spec_tests.protocol.test_failures import data_file\n", "imports the test module"),
-        ("from spec_tests.harness.ranks import _job\n", "imports the private name(s) _job"),
+        ("from spec_tests.harness.ranks.forked import _job\n", "imports the private name(s) _job"),
     ],
 )
 def test_the_rules_catch_a_test_module_import_and_a_private_name(tmp_path, source, broken):

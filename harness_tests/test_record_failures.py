@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from spec_tests.harness import expectations, record_failures
+from spec_tests.harness import expectations
+from spec_tests.harness.records import record_failures
 
 _FILE = """\
 # a comment that must survive

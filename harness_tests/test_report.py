@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import report, runs
-from spec_tests.harness.blocks import END_MARKER, START_MARKER, replace_block
-from spec_tests.harness.report import main, render
-from spec_tests.harness.runs import ReportError, load_run
+from spec_tests.harness.records import report, runs
+from spec_tests.harness.records.blocks import END_MARKER, START_MARKER, replace_block
+from spec_tests.harness.records.report import main, render
+from spec_tests.harness.records.runs import ReportError, load_run
 
 REGISTRY = {
     "X-1": {"statement": "first clause", "source": "s", "basis": "documented", "severity": "hang"},

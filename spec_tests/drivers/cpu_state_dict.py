@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
 from spec_tests.harness.workloads import PickleGate
 
 __all__ = ["CpuTensorAwareStateDict", "Slot", "TargetsTensorAwareStateDict"]

@@ -20,7 +20,7 @@ from spec_tests.drivers.cpu_state_dict import CpuTensorAwareStateDict
 from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.processes import async_core, remove
 from spec_tests.harness.ranks import rank_state, world
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
 
 __all__ = [
     "BOUND",

@@ -2,7 +2,7 @@
 
 Each rank saves its own keys (`rank_state(rank, version)`), so a checkpoint is complete only with every rank's
 data. Where a checkpoint lies, whether it is complete and how it is read back is the target's format
-(spec_tests.harness.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
+(spec_tests.harness.target.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
 with the format's loader in this process, no process group; `committed` and `data_file` ask the same format.
 """
 
@@ -15,9 +15,9 @@ import torch
 
 from spec_tests.drivers.saving import template
 from spec_tests.harness.asserts import assert_state_dict_equal, attempt, bounded
-from spec_tests.harness.formats import checkpoint_format
-from spec_tests.harness.protocol import SaveHandle, Saver, protocol_saver
 from spec_tests.harness.ranks import world
+from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.protocol import SaveHandle, Saver, protocol_saver
 
 __all__ = [
     "BOUND",

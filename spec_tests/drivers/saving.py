@@ -2,7 +2,7 @@
 
 Every helper reaches the target only through its documented module paths (`async_ckpt.core`,
 `async_ckpt.filesystem_async`, `async_ckpt.state_dict_saver`), and saves through the one recipe of
-spec_tests.harness.recipe; loading and inspection use stock `torch.distributed.checkpoint`, never the target.
+spec_tests.harness.target.recipe; loading and inspection use stock `torch.distributed.checkpoint`, never the target.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from spec_tests.harness import workloads
 from spec_tests.harness.asserts import assert_state_dict_equal, bounded
 from spec_tests.harness.ranks import rank_state
-from spec_tests.harness.recipe import plan_async_save, planned_save, recipe_modules
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
+from spec_tests.harness.target.recipe import plan_async_save, planned_save, recipe_modules
 
 __all__ = [
     "FINALIZE_BOUND",

@@ -16,8 +16,8 @@ import sys
 import torch.distributed as dist
 
 from spec_tests.drivers.protocol_saves import rank_state
-from spec_tests.harness.protocol import protocol_saver
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
+from spec_tests.harness.target.protocol import protocol_saver
 
 
 def main(path: str):

@@ -8,18 +8,18 @@ loads it too, for a run with another ini file).
 - `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability (an unknown capability is an
   error); `@pytest.mark.gpu` skips without CUDA.
 - `--tensor-device cpu|cuda` (or $CKPTSPEC_TENSOR_DEVICE): where tests marked `tensor_device` (the snapshot
-  family) keep the trainer's state (spec_tests.harness.devices); recorded in the conformance JSON.
+  family) keep the trainer's state (spec_tests.harness.ranks.devices); recorded in the conformance JSON.
 - The target's expectations file turns listed tests into xfails, with clause and reason
   (spec_tests.harness.expectations: strict, but for hypothesis tests under a randomized profile); an entry with
   `versions` only for the releases it names, matched against the version the run imported. An entry that
   matches no test of a file the run collected whole is listed in the terminal summary; an error when $CI is set.
 - A failing test's traceback ends with the statement of every clause it cites (exception notes).
 - `--conformance-json PATH` records every test's outcome with its clauses, and for an expected failure its entry
-  and how it failed (see spec_tests.harness.runs); an expected failure that fails otherwise than its entry says
+  and how it failed (see spec_tests.harness.records.runs); an expected failure that fails otherwise than its entry says
   (raises / match) is reported failed.
 - Hypothesis profiles `ci` (derandomized: what CI runs, and the default), `explore` and `nightly` (randomized),
   chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` (spec_tests.harness.profiles).
-- Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.launched).
+- Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.ranks.launched).
 - Every process of a run computes with one torch thread ($OMP_NUM_THREADS=1, inherited by workers, ranks and the
   targets' own processes), unless $OMP_NUM_THREADS is set or benchmarks are timed (--benchmark-enable): the tests'
   tensors are small, and on a loaded machine OpenMP's waiting threads made each operation far slower (a training
@@ -47,10 +47,11 @@ from _pytest.reports import CollectReport
 from hypothesis import settings
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import devices, expectations, launched, provenance, reaper
+from spec_tests.harness import expectations
 from spec_tests.harness.profiles import in_ci, load_profile
-from spec_tests.harness.ranks import RankPool, use_runner
-from spec_tests.harness.targets import (
+from spec_tests.harness.ranks import RankPool, devices, launched, reaper, use_runner
+from spec_tests.harness.records import provenance
+from spec_tests.harness.target.loading import (
     CAPABILITY_DOCS,
     ENV_VAR,
     Target,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from spec_tests.harness.asserts import attempt
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
 
 __all__ = [
     "CALLERS",

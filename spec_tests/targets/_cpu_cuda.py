@@ -95,7 +95,7 @@ def install_for(target_name: str, module_names, caller_cls) -> None:
 
 
 def _worker_loop(target_name, entry, *args, **kwargs):
-    from spec_tests.harness.targets import load_target
+    from spec_tests.harness.target.loading import load_target
 
     load_target(target_name)  # runs the adapter's install() in this fresh worker process
     return _original_loops[target_name, entry](*args, **kwargs)

@@ -1,4 +1,4 @@
-"""Lightning's `ModelCheckpoint` with `AsyncCheckpointIO` behind the manager contract (spec_tests.harness.manager),
+"""Lightning's `ModelCheckpoint` with `AsyncCheckpointIO` behind the manager contract (spec_tests.harness.target.manager),
 written against the documented adapter contract, as an outside author would.
 
 A `Trainer` (CPU, one device, `plugins=[AsyncCheckpointIO(TorchCheckpointIO())]`, the callback
@@ -26,7 +26,7 @@ import re
 from importlib import metadata
 from typing import Any
 
-from spec_tests.harness.manager import CheckpointManager
+from spec_tests.harness.target.manager import CheckpointManager
 
 __all__ = ["LightningManager"]
 

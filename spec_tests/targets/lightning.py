@@ -1,6 +1,6 @@
 """Adapter for Lightning's `AsyncCheckpointIO` over its default `TorchCheckpointIO` (pytorch-lightning 2.6.6 and
 2.5.3), through the protocol layer only; written against the documented adapter contract
-(spec_tests.harness.contract), as an outside author would.
+(spec_tests.harness.target.contract), as an outside author would.
 
 What Lightning offers, and how the five calls map onto it (`pytorch_lightning/plugins/io/async_plugin.py`):
 
@@ -38,8 +38,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness.formats import CheckpointFormat
-from spec_tests.harness.protocol import SaveHandle, Saver
+from spec_tests.harness.target.formats import CheckpointFormat
+from spec_tests.harness.target.protocol import SaveHandle, Saver
 
 NAME = "lightning"
 DISTRIBUTION = "pytorch-lightning"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_tests.harness.targets import SPEC_MODULES
+from spec_tests.harness.target.loading import SPEC_MODULES
 from spec_tests.targets import _cpu_cuda
 
 if TYPE_CHECKING:

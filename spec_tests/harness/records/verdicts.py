@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from spec_tests.harness.runs import Record
+from spec_tests.harness.records.runs import Record
 
 __all__ = [
     "BROKEN_WORDS",

@@ -1,6 +1,6 @@
 """Merge conformance JSON files of one target into one: a later run of a test replaces the earlier one.
 
-    python -m spec_tests.harness.merge_runs OUT.json FULL.json RERUN.json ...
+    python -m spec_tests.harness.records.merge_runs OUT.json FULL.json RERUN.json ...
 
 For a full run completed by later runs of a few modules (a changed test, a new clause) without running the whole
 suite again. Every input must be a run of the same target and version (else an error naming both); a test recorded
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness import provenance
-from spec_tests.harness.runs import ReportError, load_run, read_json
+from spec_tests.harness.records import provenance
+from spec_tests.harness.records.runs import ReportError, load_run, read_json
 
 __all__ = ["main", "merge"]
 
@@ -51,7 +51,9 @@ def merge(paths: Sequence[Path | str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spec_tests.harness.merge_runs", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m spec_tests.harness.records.merge_runs", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("out", type=Path, help="the merged JSON file to write")
     parser.add_argument("files", nargs="+", type=Path, help="conformance JSON files of one target, oldest first")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
 A runner runs a module-level function on N ranks and answers with each rank's result or one `RankFailures`
 covering every rank. `spec_tests.harness.ranks` forks the ranks itself; under a launcher (torchrun) the launched
-runner (`spec_tests.harness.launched`) registers itself with `ranks.use_runner`, and the bodies run on the
+runner (`spec_tests.harness.ranks.launched`) registers itself with `ranks.use_runner`, and the bodies run on the
 launched ranks. Both build their answer from the names here, so a failure reads the same whoever ran it.
 """
 

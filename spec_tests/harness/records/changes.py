@@ -16,8 +16,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from spec_tests.harness import verdicts
-from spec_tests.harness.runs import Run
+from spec_tests.harness.records import verdicts
+from spec_tests.harness.records.runs import Run
 
 __all__ = ["predecessors", "section"]
 

@@ -5,10 +5,10 @@ expected and checks its names and signatures):
 
     if TYPE_CHECKING:
         import my_package.ckptspec_adapter as _adapter
-        from spec_tests.harness.contract import ProtocolAdapter
+        from spec_tests.harness.target.contract import ProtocolAdapter
         _checked: ProtocolAdapter = _adapter
 
-`spec_tests/targets/_typed.py` does that for every built-in adapter. At load, `spec_tests.harness.targets` checks
+`spec_tests/targets/_typed.py` does that for every built-in adapter. At load, `spec_tests.harness.target.loading` checks
 the same names at run time (`adapter_problem`, one line naming what is missing), so a broken adapter stops the run
 before the first test instead of failing a clause.
 
@@ -26,7 +26,7 @@ Names (the optional ones may be left out; the loader supplies the default):
     protocol_saver(**options) -> Saver with capability "protocol": a new saver (protocol.SAVER_OPTIONS)
     checkpoint_manager(root, keep) -> CheckpointManager
                                        with capability "manager": a new manager over `root` retaining `keep`
-                                       checkpoints (0: all; spec_tests.harness.manager)
+                                       checkpoints (0: all; spec_tests.harness.target.manager)
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from spec_tests.harness.manager import CheckpointManager
-    from spec_tests.harness.protocol import Saver
+    from spec_tests.harness.target.manager import CheckpointManager
+    from spec_tests.harness.target.protocol import Saver
 
 __all__ = ["AdapterModule", "ManagerAdapter", "ProtocolAdapter", "SaverFactory"]
 
@@ -68,6 +68,6 @@ class ProtocolAdapter(AdapterModule, Protocol):
 
 
 class ManagerAdapter(AdapterModule, Protocol):
-    """An adapter with capability "manager": it also makes checkpoint managers (spec_tests.harness.manager)."""
+    """An adapter with capability "manager": it also makes checkpoint managers (spec_tests.harness.target.manager)."""
 
     def checkpoint_manager(self, root: str, keep: int) -> CheckpointManager: ...

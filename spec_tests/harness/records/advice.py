@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness.report import clause_verdict
-from spec_tests.harness.runs import REPO_ROOT, ReportError, Run
+from spec_tests.harness.records.report import clause_verdict
+from spec_tests.harness.records.runs import REPO_ROOT, ReportError, Run
 
 __all__ = ["ADVICE", "LIBRARIES", "Rule", "applies", "for_run", "library_of", "load"]
 

@@ -6,7 +6,7 @@ Every rank runs pytest with the same arguments and collects; rank 0 checks that 
 (a node with another checkout or target is refused). Rank 0 then runs the session as a run without a launcher
 does: fixtures, hypothesis examples and each test's own code run there, once, and only rank 0 reports (terminal
 summary, --conformance-json). The other ranks run no test: each serves the multi-rank bodies rank 0 sends it, in
-the same order everywhere (spec_tests.harness.launched_rank), until the session ends. Hypothesis data is drawn
+the same order everywhere (spec_tests.harness.ranks.launched_rank), until the session ends. Hypothesis data is drawn
 once, on rank 0, and sent with the body, as forked ranks receive it: no rank has to draw the same examples.
 
 A body for n ranks runs on ranks 0..n-1 of the launched world, spanning nodes as the launcher placed them, in a
@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
-from spec_tests.harness.launched_rank import Close, End, RankSide, Run, Store, World, connect, post, take
-from spec_tests.harness.rank_runs import DUMP_WAIT, GRACE_AFTER_FAILURE, Outcome, RankFailures, finish, job_of
+from spec_tests.harness.ranks.launched_rank import Close, End, RankSide, Run, Store, World, connect, post, take
+from spec_tests.harness.ranks.vocabulary import DUMP_WAIT, GRACE_AFTER_FAILURE, Outcome, RankFailures, finish, job_of
 
 __all__ = ["ENV", "Driver", "active", "configure", "current"]
 

@@ -1,28 +1,28 @@
 """Conformance table: each clause of the registry (`spec_tests/clauses/`) against each target, in verdict words.
 
-Input is the JSON that `pytest spec_tests --impl NAME --conformance-json PATH` writes (spec_tests.harness.runs).
+Input is the JSON that `pytest spec_tests --impl NAME --conformance-json PATH` writes (spec_tests.harness.records.runs).
 Usage:
 
-    python -m spec_tests.harness.report A.json B.json ...        print the table to stdout
-    python -m spec_tests.harness.report A.json --update FILE     replace the block between the lines
+    python -m spec_tests.harness.records.report A.json B.json ...        print the table to stdout
+    python -m spec_tests.harness.records.report A.json --update FILE     replace the block between the lines
                                                                  <!-- conformance:start --> and
                                                                  <!-- conformance:end --> in FILE
-    python -m spec_tests.harness.report A.json --areas async_ckpt storage
+    python -m spec_tests.harness.records.report A.json --areas async_ckpt storage
                                                                  only the rows of those clause areas
-    python -m spec_tests.harness.report --run impl nvrx-0.7.0 [--out DIR] [--suite DIR] [--update FILE]
+    python -m spec_tests.harness.records.report --run impl nvrx-0.7.0 [--out DIR] [--suite DIR] [--update FILE]
         first run the suite once per target (a name runs here with pytest; TARGET-RELEASE in its nox session
         `spec(TARGET-RELEASE)`), recording DIR/TARGET.json (DIR defaults to conformance/), then report on those.
 
-    python -m spec_tests.harness.report A.json B.json ... --html FILE
+    python -m spec_tests.harness.records.report A.json B.json ... --html FILE
                                                                  write the filterable results page
-                                                                 (spec_tests.harness.results_page) instead
+                                                                 (spec_tests.harness.records.results_page) instead
 
 Every generated table and page of the project is regenerated from the stored runs by `python regenerate.py`.
 
 Table contract: one row per clause id, registry order first (a clause no test cites is still a row), then ids only
 the input files know; columns clause, statement (shortened to about 70 characters), basis (documented, implied,
 decision), severity (what a user suffers when a target misses it), then one column per input file headed
-"target version". A cell is spec_tests.harness.verdicts.judge's verdict: a failure counts only against the clauses its
+"target version". A cell is spec_tests.harness.records.verdicts.judge's verdict: a failure counts only against the clauses its
 expectations entry names. Below the table: the legend and one summary line per target (rows by verdict word). Bad
 input (unreadable, not JSON, wrong shape) is an error naming the file; errors exit with status 1.
 """
@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import results_page, verdicts
-from spec_tests.harness.blocks import markers, write_block
-from spec_tests.harness.runs import Run, cli, load_run, run_parser, run_target
+from spec_tests.harness.records import results_page, verdicts
+from spec_tests.harness.records.blocks import markers, write_block
+from spec_tests.harness.records.runs import Run, cli, load_run, run_parser, run_target
 
 __all__ = ["clause_verdict", "main", "render"]
 
@@ -116,7 +116,7 @@ def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, Any]] | None
 
 def _parser() -> argparse.ArgumentParser:
     parser = run_parser(
-        "python -m spec_tests.harness.report",
+        "python -m spec_tests.harness.records.report",
         "Render the clause-by-target conformance table from --conformance-json files.",
         what="the suite",
         written="TARGET.json",

@@ -6,7 +6,7 @@ FIELDS: the project commit (`+dirty` when tracked files differed from it), the U
 torch, Python, the machine (platform, CPU count, GPUs), the tensor device, the pytest command, and whether the
 target's expectations were applied.
 
-Runs stored before provenance was recorded get a reconstructed part (`python -m spec_tests.harness.provenance
+Runs stored before provenance was recorded get a reconstructed part (`python -m spec_tests.harness.records.provenance
 --reconstruct FILE ...`): what the file itself says (target, version, tensor device; torch for DCP, whose version is
 torch's), the commits that stored the file (`git log --follow`), and "unknown" for everything else; its
 `reconstructed` field says so. Nothing is guessed. Standard library only (read without torch).
@@ -56,9 +56,9 @@ FIELDS = (
     "expectations",
 )
 # Set (to the reason) by `ckptspec judge` for a version with no recorded run: the target's expectations file is not
-# applied, so that every failure is reported as it is (spec_tests.harness.targets reads it).
+# applied, so that every failure is reported as it is (spec_tests.harness.target.loading reads it).
 NO_EXPECTATIONS_VAR = "CKPTSPEC_NO_EXPECTATIONS"
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _git(*args: str, cwd: Path = _ROOT) -> str | None:
@@ -174,7 +174,7 @@ def describe(part: Mapping[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m spec_tests.harness.provenance", description=__doc__.splitlines()[0]
+        prog="python -m spec_tests.harness.records.provenance", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--reconstruct", nargs="+", type=Path, required=True, metavar="JSON")
     args = parser.parse_args(argv)

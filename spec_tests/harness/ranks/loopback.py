@@ -1,6 +1,6 @@
 """Several torchrun "nodes" on this machine: the launched mode's test bed, without a cluster.
 
-    python -m spec_tests.harness.loopback [--nodes 2] [--nproc-per-node 1] [--timeout S] [--forked]
+    python -m spec_tests.harness.ranks.loopback [--nodes 2] [--nproc-per-node 1] [--timeout S] [--forked]
         -- PYTEST ARGS (with --conformance-json PATH)
 
 starts `python -m torch.distributed.run --nnodes=N --nproc-per-node=G --rdzv-backend=c10d
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.runs import Run, load_run
-from spec_tests.harness.verdicts import judge
+from spec_tests.harness.records.runs import Run, load_run
+from spec_tests.harness.records.verdicts import judge
 
 __all__ = [
     "Node",
@@ -43,7 +43,7 @@ __all__ = [
     "wait",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:
@@ -201,7 +201,9 @@ def _json_path(args: list[str]) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spec_tests.harness.loopback", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m spec_tests.harness.ranks.loopback", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--nproc-per-node", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the launched run (default 3600)")

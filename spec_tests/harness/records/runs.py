@@ -2,7 +2,7 @@
 the command that makes one (a target here, or one release of it in its nox session).
 
 A file is {"target", "version", "capabilities", "clauses": {id: {...}}, "tests": [record, ...], "format",
-"provenance": [part, ...]} (written by spec_tests.harness.plugin; the parts: spec_tests.harness.provenance); a record is {"nodeid", "outcome", "when", "clauses" (cited), "duration", "message"}
+"provenance": [part, ...]} (written by spec_tests.harness.plugin; the parts: spec_tests.harness.records.provenance); a record is {"nodeid", "outcome", "when", "clauses" (cited), "duration", "message"}
 and, for an expected failure, "entry" {"clauses" (charged), "verdict", "intermittent", "severity"?} and "failure" {"type",
 "text"}. Files written before entries were recorded carry the charged clauses only as the reason's prefix
 (`[AQ-1] ...` or `[AQ-1, AQ-2] ...`); `load_run` reads them from there.
@@ -46,7 +46,7 @@ __all__ = [
     "run_target",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 RUN_OPTIONS: list[str] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
 """The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same)."""
 # Recorded outcomes, best to worst as a test's phases combine (the worst phase is the test's outcome).

@@ -76,10 +76,10 @@ DCP = DcpFormat()
 
 
 def checkpoint_format(target: Any = None) -> CheckpointFormat:
-    """The format of `target` (a spec_tests.harness.targets.Target; the current one by default): its adapter's
+    """The format of `target` (a spec_tests.harness.target.loading.Target; the current one by default): its adapter's
     FORMAT, or DCP's."""
     if target is None:
-        from spec_tests.harness.targets import current_target
+        from spec_tests.harness.target.loading import current_target
 
         target = current_target()
     return getattr(target.adapter, "FORMAT", DCP)

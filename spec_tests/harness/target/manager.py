@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from spec_tests.harness.targets import MissingCapability, Target, current_target
+from spec_tests.harness.target.loading import MissingCapability, Target, current_target
 
 __all__ = ["CheckpointManager", "checkpoint_manager"]
 

@@ -21,7 +21,7 @@ or, for a rank that did not finish within the timeout (or within a short grace p
 rank failed), its stack dumped by faulthandler. `expect_exit={rank: code}` declares a death the test
 causes on purpose (e.g. `-signal.SIGKILL`). A rank that calls `pytest.skip` skips the test.
 Another runner can take the bodies instead (`use_runner`): under torchrun, the launched ranks
-(spec_tests.harness.launched), but for expect_exit. The vocabulary of a run is in spec_tests.harness.rank_runs.
+(spec_tests.harness.ranks.launched), but for expect_exit. The vocabulary of a run is in spec_tests.harness.ranks.vocabulary.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
 from typing import IO, Any
 
-from spec_tests.harness.fork_safety import cuda_survives_fork
-from spec_tests.harness.rank_runs import (
+from spec_tests.harness.ranks.fork_safety import cuda_survives_fork
+from spec_tests.harness.ranks.vocabulary import (
     DEFAULT_TIMEOUT,
     DUMP_WAIT,
     GRACE_AFTER_FAILURE,
@@ -84,7 +84,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
     import pytest
     import torch
 
-    from spec_tests.harness import devices
+    from spec_tests.harness.ranks import devices
 
     if _runner is not None:
         return _runner.resolve_backend(backend, world_size)
@@ -130,10 +130,10 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
     # A session, not only a group: a worker that leaves its rank's group (setpgid, as impl's does) stays in the
     # rank's session, where the P-EXIT tests look for what outlived the rank.
     os.setsid()
-    from spec_tests.harness.reaper import MARK
+    from spec_tests.harness.ranks.reaper import MARK
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank), **{MARK: spec.dump_dir})
-    from spec_tests.harness.targets import ENV_VAR, load_target
+    from spec_tests.harness.target.loading import ENV_VAR, load_target
 
     os.environ[ENV_VAR] = spec.target_name
     # Left open for the process's lifetime: faulthandler writes the stacks to it on SIGUSR1.
@@ -180,13 +180,13 @@ def _serve(conn: Connection, job: Job) -> None:
 
 def _context() -> ForkServerContext:
     ctx = mp.get_context("forkserver")
-    from spec_tests.harness.targets import current_target
+    from spec_tests.harness.target.loading import current_target
 
     target = current_target()
-    preload = ["torch", "torch.distributed", "pytest", "spec_tests.harness.ranks"]
+    preload = ["torch", "torch.distributed", "pytest", "spec_tests.harness.ranks.forked"]
     target_modules = (target.adapter.__name__, *target.adapter.MODULES.values())
     # Preloaded in the server unless their import initialises CUDA, which forked ranks could then not use
-    # (harness/fork_safety.py; on a GPU node a rank's own import of the target costs 1 to 3 s).
+    # (ranks/fork_safety.py; on a GPU node a rank's own import of the target costs 1 to 3 s).
     if cuda_survives_fork(target_modules):
         preload += target_modules
     ctx.set_forkserver_preload(preload)
@@ -262,7 +262,7 @@ class _Ranks:
 
     @classmethod
     def start(cls, world_size: int, backend: str, timeout: float, jobs: list[Job]) -> _Ranks:
-        from spec_tests.harness.targets import current_target
+        from spec_tests.harness.target.loading import current_target
 
         lease = _GpuLease(world_size, timeout) if backend == "nccl" else None
         workdir = tempfile.mkdtemp(prefix="ckptspec-ranks-")
@@ -340,7 +340,7 @@ class _Ranks:
 
     def kill(self) -> None:
         """End every rank and everything it started (its process group, and what left it), remove the workdir."""
-        from spec_tests.harness import reaper
+        from spec_tests.harness.ranks import reaper
 
         for proc in self.procs:
             if proc.pid is not None:

@@ -11,13 +11,13 @@ capabilities. An adapter module defines:
     CAPABILITIES: frozenset[str]   features the target provides (keys of CAPABILITY_DOCS)
     EXPECTATIONS: str | None       path of its expectations file (known failures, strict xfail)
     PACKAGES: tuple[str, ...]      optional; importable modules it needs besides MODULES' (route 2)
-    FORMAT: CheckpointFormat       optional; how its checkpoints lie on disk (spec_tests.harness.formats)
+    FORMAT: CheckpointFormat       optional; how its checkpoints lie on disk (spec_tests.harness.target.formats)
     def install() -> None          optional; called once per process before first use
-    def protocol_saver(**options)  with capability "protocol": a new Saver (spec_tests.harness.protocol)
+    def protocol_saver(**options)  with capability "protocol": a new Saver (spec_tests.harness.target.protocol)
     def checkpoint_manager(root, keep)  with capability "manager": a new CheckpointManager
-                                   (spec_tests.harness.manager)
+                                   (spec_tests.harness.target.manager)
 
-The same names as types, for mypy, are spec_tests.harness.contract's; `_check_contract` checks them at load.
+The same names as types, for mypy, are spec_tests.harness.target.contract's; `_check_contract` checks them at load.
 
 Resolution order of the target name: `--impl NAME`, then the environment variable
 `CKPTSPEC_IMPL`, then "impl". The plugin writes the resolved name back into the environment
@@ -46,7 +46,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-from spec_tests.harness.provenance import NO_EXPECTATIONS_VAR
+from spec_tests.harness.records.provenance import NO_EXPECTATIONS_VAR
 
 SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>= (harness_tests/test_torch_floor.py checks they agree)
 
@@ -89,8 +89,8 @@ CAPABILITY_DOCS = {
     "storage_writer": "async_ckpt.filesystem_async.FileSystemWriterAsync and async_ckpt.state_dict_saver",
     "msc": "FileSystemWriterAsync(use_msc=True) writing msc:// URLs through multi-storage-client",
     "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
-    "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (spec_tests.harness.protocol)",
-    "manager": "checkpoint_manager(root, keep) in the adapter: save, wait, latest, resume, close (spec_tests.harness.manager)",
+    "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (spec_tests.harness.target.protocol)",
+    "manager": "checkpoint_manager(root, keep) in the adapter: save, wait, latest, resume, close (spec_tests.harness.target.manager)",
 }
 
 
@@ -224,7 +224,7 @@ def _takes_any_option(func: Callable[..., Any]) -> bool:
 
 def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability_docs: Mapping[str, str]) -> str | None:
     """What `adapter` lacks or gets wrong, in one line, or None: every name the harness will use, checked now
-    (the names and types of spec_tests.harness.contract)."""
+    (the names and types of spec_tests.harness.target.contract)."""
     for name, (types, what) in _REQUIRED.items():
         if not hasattr(adapter, name):
             return f"defines no {name} ({what})"
@@ -245,7 +245,7 @@ def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability
         return "install must be a function"
     fmt = getattr(adapter, "FORMAT", None)
     if fmt is not None and not all(callable(getattr(fmt, m, None)) for m in ("data_file", "committed", "load")):
-        return "FORMAT must be a spec_tests.harness.formats.CheckpointFormat (data_file, committed, load)"
+        return "FORMAT must be a spec_tests.harness.target.formats.CheckpointFormat (data_file, committed, load)"
     make = getattr(adapter, "protocol_saver", None)
     if "protocol" in adapter.CAPABILITIES:
         if not callable(make):
@@ -267,11 +267,13 @@ def _exists(path: str) -> bool:
 
 
 def _check_contract(name: str, adapter: ModuleType) -> None:
-    """Every name the harness will use of `adapter`, checked at load (spec_tests.harness.contract): a TargetError
+    """Every name the harness will use of `adapter`, checked at load (spec_tests.harness.target.contract): a TargetError
     naming what is missing or wrong, in one line."""
     problem = adapter_problem(adapter, SPEC_MODULES, CAPABILITY_DOCS)
     if problem:
-        raise TargetError(f"adapter {adapter.__name__} of target {name!r} {problem}; see spec_tests.harness.contract")
+        raise TargetError(
+            f"adapter {adapter.__name__} of target {name!r} {problem}; see spec_tests.harness.target.contract"
+        )
 
 
 def _packages(adapter: ModuleType) -> list[str]:

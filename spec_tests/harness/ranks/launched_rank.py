@@ -1,6 +1,6 @@
 """One rank of a launched world (torchrun) running the multi-rank bodies that rank 0 sends it.
 
-spec_tests.harness.launched is the session around it (who runs which test, who reports); this module is what every
+spec_tests.harness.ranks.launched is the session around it (who runs which test, who reports); this module is what every
 launched rank does with one message, rank 0 included:
 
 - `Run`: join the run's process group (made from the launcher's store, the default group of ranks 0..n-1), give
@@ -38,7 +38,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from spec_tests.harness.processes import collect_garbage
-from spec_tests.harness.rank_runs import Job, rank_state
+from spec_tests.harness.ranks.vocabulary import Job, rank_state
 
 if TYPE_CHECKING:
     import psutil
@@ -91,7 +91,7 @@ class World:
 @dataclass(frozen=True)
 class Run:
     k: int  # the run's number, the same on every rank
-    job: Job  # rank_runs.job_of: (module, qualname, unwrap, args, kwargs)
+    job: Job  # vocabulary.job_of: (module, qualname, unwrap, args, kwargs)
     group: Group  # (process group id, n, backend, timeout s): the body's default group
     state: tuple[str, int]  # (key, epoch): whose rank_state the body sees; a new epoch starts it empty
     one_shot: bool  # @ranks: group, state and leftover processes are dropped after the run

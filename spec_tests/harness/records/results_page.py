@@ -1,11 +1,11 @@
 """The results page: one self-contained HTML file of every clause against every stored run, with filters.
 
-    python -m spec_tests.harness.report conformance/all/*.json --html docs/results.html
+    python -m spec_tests.harness.records.report conformance/all/*.json --html docs/results.html
 
 The page needs no server, no network and no build step: the table is plain HTML (readable with scripts off), and
 a short inline script filters it by target, area, verdict word, severity and basis. Each row shows the clause's
 statement in full, its source and the decision on demand (a <details> element); each cell where a target breaks
-a clause links to that clause on the target's findings page (docs/findings/, spec_tests.harness.findings).
+a clause links to that clause on the target's findings page (docs/findings/, spec_tests.harness.records.findings).
 
 The filters can also be set from the address: `results.html#target=nvrx-0.7.0&verdict=breaks+its+documentation`
 sets the controls as a reader would and applies them (the browser test does exactly this), and every change of a
@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import provenance, verdicts
-from spec_tests.harness.runs import Run, clause_anchor, page_name
+from spec_tests.harness.records import provenance, verdicts
+from spec_tests.harness.records.runs import Run, clause_anchor, page_name
 
 __all__ = ["render", "slug"]
 
@@ -175,7 +175,7 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
 
 
 def _provenance(runs: Sequence[Run]) -> str:
-    """Where each run came from: one list item per provenance part (spec_tests.harness.provenance)."""
+    """Where each run came from: one list item per provenance part (spec_tests.harness.records.provenance)."""
     items = [
         f"<li>{html.escape(provenance.describe(part).replace('`', ''))}</li>"
         for run in runs

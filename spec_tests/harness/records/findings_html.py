@@ -13,7 +13,7 @@ import html
 
 import markdown
 
-from spec_tests.harness.results_page import slug
+from spec_tests.harness.records.results_page import slug
 
 __all__ = ["to_html"]
 
