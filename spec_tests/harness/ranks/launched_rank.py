@@ -37,7 +37,7 @@ from datetime import timedelta
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from spec_tests.harness.processes import collect_garbage
+from spec_tests.harness.ranks.reaper import collect_garbage
 from spec_tests.harness.ranks.vocabulary import Job, rank_state
 
 if TYPE_CHECKING:

@@ -10,14 +10,17 @@ process that left the group (a worker that called setsid) or was re-parented aft
   worker crashes (killed by the OOM killer, say) the controller ends what it started, which nobody else would;
 - `kill_tree(pid)` ends every descendant of pid;
 - `kill_descendants(keep)` ends what still runs below this process when a session ends;
-- `children()` and `kill_new_children(before)` end what a test started in this process and left running.
+- `children()` and `kill_new_children(before)` end what a test started in this process and left running;
+- `collect_garbage(bound)` lets what a body dropped release what it holds, within a bound.
 
 Each returns a line per process it ended, for the caller to report.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import threading
 from collections.abc import Collection, Iterable
 
 import psutil
@@ -26,6 +29,7 @@ __all__ = [
     "MARK",
     "WORKER_MARK",
     "children",
+    "collect_garbage",
     "harness_pids",
     "kill_descendants",
     "kill_marked",
@@ -115,3 +119,18 @@ def kill_new_children(before: set[tuple[int, float]]) -> list[str]:
         except psutil.Error:
             continue
     return _kill(procs)
+
+
+def collect_garbage(bound: float, *, unfreeze: bool = False) -> bool:
+    """gc.collect() in a daemon thread, waited for at most `bound` seconds; True if it finished.
+
+    So that objects a body dropped release what they hold (weakref finalizers of writers and queues) before the
+    process goes on or is stopped; a finalizer that blocks (a queue whose __del__ waits for a dead worker) is left
+    behind in its thread instead of hanging the caller. `unfreeze`: first return what gc.freeze() set aside.
+    """
+    if unfreeze:
+        gc.unfreeze()
+    collector = threading.Thread(target=gc.collect, name="ckptspec-gc", daemon=True)
+    collector.start()
+    collector.join(bound)
+    return not collector.is_alive()
