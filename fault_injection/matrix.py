@@ -23,7 +23,6 @@ in that phase. The row "leftovers (audit)" says whether the orphan audit (FI-ORP
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from spec_tests.harness import Record, load_run, write_block
 from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness.records.run_file import PhaseRecord, RunFile
 from spec_tests.harness.records.runs import cli, run_parser, run_target
 from spec_tests.harness.records.verdicts import judge_tests
 
@@ -74,28 +74,16 @@ class TargetRun:
     """One target's recorded fault-suite run: its label, its records, and the wall time if measured."""
 
     label: str
-    records: tuple  # (nodeid, outcome, when, clauses, message) per recorded phase of a test
+    records: tuple[PhaseRecord, ...]  # every recorded phase of every test
     tests: dict[str, Record]  # nodeid -> its record, worst phase (spec_tests.harness.records.runs.load_run)
     registry: dict  # the clauses: the run's, then the project's
     wall_s: float | None = None
-
-    @property
-    def outcomes(self) -> dict[str, str]:
-        return {nodeid: record.outcome for nodeid, record in self.tests.items()}
-
-    @property
-    def clauses(self) -> dict[str, frozenset[str]]:
-        return {nodeid: record.cited for nodeid, record in self.tests.items()}
 
 
 def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
     """Read one conformance JSON file (validated by spec_tests.harness.records.runs.load_run)."""
     run = load_run(path)
-    data = json.loads(Path(path).read_text())
-    records = tuple(
-        (t["nodeid"], t["outcome"], t.get("when", "call"), tuple(t["clauses"]), t.get("message", ""))
-        for t in data["tests"]
-    )
+    records = tuple(RunFile.read(path).tests)
     return TargetRun(run.label, records, dict(run.tests), {**run.clauses, **clause_registry.load()}, wall_s)
 
 
@@ -123,13 +111,13 @@ def _fault_cell(run: TargetRun, family: str, phase: str) -> str:
 
 
 def _audit_cell(run: TargetRun, phase: str) -> str:
-    in_phase = {n for n in run.outcomes if phase_of(n) == phase and families(run.clauses[n])}
+    in_phase = {n for n, r in run.tests.items() if phase_of(n) == phase and families(r.cited)}
     if not in_phase:
         return NOT_APPLICABLE
     flagged = {
-        n
-        for n, outcome, when, _, message in run.records
-        if n in in_phase and when == "teardown" and outcome == "error" and "FI-ORPHAN-1" in message
+        r.nodeid
+        for r in run.records
+        if r.nodeid in in_phase and r.when == "teardown" and r.outcome == "error" and "FI-ORPHAN-1" in r.message
     }
     if flagged:
         return f"leaves processes ({len(flagged)} of {len(in_phase)} tests)"

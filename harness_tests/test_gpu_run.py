@@ -181,8 +181,9 @@ def test_results_name_harness_failures_and_never_charge_them_to_the_target(tmp_p
             "failure": {"text": "AssertionError: 13 but should be 12"},
         },
     ]
-    (tmp_path / "t1-lease.json").write_text(json.dumps({"tensor_device": "cuda", "tests": tests}))
-    (tmp_path / "t2-lease.json").write_text(json.dumps({"tensor_device": "cuda", "tests": tests[:1]}))
+    run = {"target": "t", "version": "1", "clauses": {}, "tensor_device": "cuda"}
+    (tmp_path / "t1-lease.json").write_text(json.dumps({**run, "tests": tests}))
+    (tmp_path / "t2-lease.json").write_text(json.dumps({**run, "tests": tests[:1]}))
     text = results.render(tmp_path)
     rows = {
         line.split("|")[1].strip(" `"): line.split("|")[3:5] for line in text.splitlines() if line.startswith("| `")

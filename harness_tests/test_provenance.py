@@ -35,8 +35,8 @@ def test_a_merged_run_keeps_every_parts_provenance_once_in_order(tmp_path):
         _run(tmp_path / "again.json", "t.py::a", first),
     ]
     merged = merge(paths)
-    assert merged["provenance"] == [first, second]
-    assert merged["format"] == provenance.FORMAT
+    assert merged.provenance == [first, second]
+    assert merged.format == provenance.FORMAT
 
 
 def test_a_recorded_run_says_where_it_came_from(tmp_path):

@@ -3,7 +3,8 @@
 Nothing here imports torch, a target or the runner: `ckptspec report` works in an environment without them.
 
 Modules:
-    runs             the conformance JSON a run writes, read back and validated; the command that makes one
+    run_file         the conformance record as types (RunFile, PhaseRecord): written by the plugin, read by every reader
+    runs             a run as the report reads it (each test by its worst phase); the command that makes one
     provenance       where a recorded run came from (versions, commit, device, command)
     releases         the release list: every target release this project judges and records
     verdicts         verdict words: what a run says about a clause

@@ -13,40 +13,39 @@ and the fault matrix read the output like any run.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from spec_tests.harness.records import provenance
-from spec_tests.harness.records.runs import ReportError, load_run, read_json
+from spec_tests.harness.records.run_file import ReportError, RunFile
 
 __all__ = ["main", "merge"]
 
 
-def merge(paths: Sequence[Path | str]) -> dict[str, Any]:
-    """The merged run of `paths`, oldest first (each validated as runs.load_run does)."""
+def merge(paths: Sequence[Path | str]) -> RunFile:
+    """The merged run of `paths`, oldest first (each validated by RunFile.read)."""
     if not paths:
         raise ReportError("nothing to merge: give at least one JSON file")
-    merged: dict[str, Any] | None = None
+    merged: RunFile | None = None
     for path in paths:
-        label = load_run(path).label  # validates the shape
-        data = read_json(Path(path))
+        data = RunFile.read(path)
         if merged is None:
-            merged, first = dict(data, tests=list(data["tests"]), clauses=dict(data["clauses"])), (path, label)
+            merged, first = replace(data, tests=list(data.tests), clauses=dict(data.clauses)), path
             continue
-        if label != first[1]:
-            raise ReportError(f"{path}: a run of {label!r}, but {first[0]} is a run of {first[1]!r}")
-        rerun = {test["nodeid"] for test in data["tests"]}
-        merged["tests"] = [t for t in merged["tests"] if t["nodeid"] not in rerun] + list(data["tests"])
-        merged["clauses"].update(data["clauses"])
-        earlier = provenance.parts(merged)
-        merged["provenance"] = earlier + [part for part in provenance.parts(data) if part not in earlier]
+        if data.label != merged.label:
+            raise ReportError(f"{path}: a run of {data.label!r}, but {first} is a run of {merged.label!r}")
+        rerun = {test.nodeid for test in data.tests}
+        merged.tests = [t for t in merged.tests if t.nodeid not in rerun] + data.tests
+        merged.clauses.update(data.clauses)
+        earlier = list(merged.provenance or [])
+        later = [part for part in data.provenance or [] if part not in earlier]
+        merged.provenance = earlier + later if earlier or later else None
     assert merged is not None
-    merged["merged_from"] = [str(p) for p in paths]
-    if merged.get("provenance"):
-        merged["format"] = provenance.FORMAT
+    merged.merged_from = [str(p) for p in paths]
+    if merged.provenance:
+        merged.format = provenance.FORMAT
     return merged
 
 
@@ -64,8 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReportError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 1
-    args.out.write_text(json.dumps(merged, indent=1) + "\n")
-    print(f"{args.out}: {len(merged['tests'])} records from {len(args.files)} runs of {load_run(args.out).label}")
+    merged.write(args.out)
+    print(f"{args.out}: {len(merged.tests)} records from {len(args.files)} runs of {merged.label}")
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shlex
@@ -25,6 +24,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from spec_tests.harness.records.run_file import RunFile
 
 __all__ = [
     "FIELDS",
@@ -35,7 +36,6 @@ __all__ = [
     "describe",
     "main",
     "of_session",
-    "parts",
     "reconstruct",
 ]
 
@@ -118,32 +118,26 @@ def of_session(
     )
 
 
-def parts(data: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The provenance parts of a run's JSON object (none for a run of format 1 not yet reconstructed)."""
-    found = data.get("provenance", [])
-    return [dict(part) for part in found] if isinstance(found, list) else []
-
-
 def reconstruct(path: Path) -> dict[str, Any]:
     """The provenance part of a stored run written before provenance was: only what can be known."""
-    data = json.loads(path.read_text())
+    data = RunFile.read(path)
     log = (
         _git("log", "--follow", "--diff-filter=AM", "--format=%H %cI", "--", path.name, cwd=path.resolve().parent) or ""
     )
     stored = [dict(zip(("commit", "date"), line.split(" ", 1), strict=True)) for line in log.splitlines()]
-    outcomes = {test.get("outcome") for test in data.get("tests", [])}
+    outcomes = {test.outcome for test in data.tests}
     part: dict[str, Any] = dict.fromkeys(FIELDS, UNKNOWN)
     part |= {
-        "target": data["target"],
-        "version": data["version"],
-        "tensor_device": data.get("tensor_device", UNKNOWN),
+        "target": data.target,
+        "version": data.version,
+        "tensor_device": data.tensor_device or UNKNOWN,
         "expectations": "applied" if outcomes & {"xfail", "xpass"} else UNKNOWN,
         "reconstructed": "recorded before runs carried provenance: the fields the file itself shows, the commits "
         "that stored it (newest first; each run was made before its commit; renames left out), and unknown for the rest",
         "stored_in": stored,
     }
-    if str(data["target"]).startswith("dcp-"):
-        part["torch"] = data["version"]  # DCP's version is the torch the run imported
+    if data.target.startswith("dcp-"):
+        part["torch"] = data.version  # DCP's version is the torch the run imported
     return part
 
 
@@ -179,14 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reconstruct", nargs="+", type=Path, required=True, metavar="JSON")
     args = parser.parse_args(argv)
     for path in args.reconstruct:
-        data = json.loads(path.read_text())
-        if parts(data):
+        data = RunFile.read(path)
+        if data.provenance:
             print(f"{path}: has provenance; left as it is")
             continue
-        data["format"] = FORMAT
-        data["provenance"] = [reconstruct(path)]
-        path.write_text(json.dumps(data, indent=1) + "\n")  # the key order as stored: a small diff
-        print(f"{path}: {describe(data['provenance'][0])}")
+        part = reconstruct(path)
+        data.format, data.provenance = FORMAT, [part]
+        data.write(path)
+        print(f"{path}: {describe(part)}")
     return 0
 
 

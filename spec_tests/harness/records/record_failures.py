@@ -28,9 +28,9 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from spec_tests.harness import expectations
+from spec_tests.harness.records.run_file import FailureRecord, ReportError, RunFile
 
 __all__ = ["FILL_IN", "main", "propose", "stubs"]
 
@@ -64,11 +64,11 @@ def _stable_words(message: str) -> str:
     return best if len(best) >= 12 else ""
 
 
-def _proposal(failure: dict[str, Any]) -> dict[str, str]:
-    found = _exceptions(failure.get("text", ""))
+def _proposal(failure: FailureRecord) -> dict[str, str]:
+    found = _exceptions(failure.text)
     target = [(name, msg) for name, msg in found if name not in _HARNESS]
     ours = [(name, msg) for name, msg in found if name != "RankFailures"]
-    name, message = (target or ours or found or [(failure.get("type", ""), "")])[-1 if target else 0]
+    name, message = (target or ours or found or [(failure.type, "")])[-1 if target else 0]
     proposal = {"raises": name} if name.isidentifier() else {}
     words = _stable_words(message)
     if words:
@@ -77,50 +77,51 @@ def _proposal(failure: dict[str, Any]) -> dict[str, str]:
 
 
 def propose(
-    run: dict[str, Any], entries: Sequence[expectations.Entry]
+    run: RunFile, entries: Sequence[expectations.Entry]
 ) -> tuple[dict[expectations.Entry, dict[str, str]], list[str]]:
     """{entry: {"raises", "match"}} for the unchecked entries whose failures the run recorded; and the problems."""
-    failures: dict[expectations.Entry, list[dict[str, Any]]] = {}
-    for record in run["tests"]:
-        if record.get("outcome") != "xfail" or "failure" not in record:
+    failures: dict[expectations.Entry, list[FailureRecord]] = {}
+    for record in run.tests:
+        if record.outcome != "xfail" or record.failure is None:
             continue
+        charged = record.entry.clauses if record.entry is not None else None
         for entry in entries:
-            if entry.matches(record["nodeid"]) and list(entry.clauses) == record.get("entry", {}).get("clauses"):
-                failures.setdefault(entry, []).append(record["failure"])
+            if entry.matches(record.nodeid) and tuple(entry.clauses) == charged:
+                failures.setdefault(entry, []).append(record.failure)
     proposals, problems = {}, []
     for entry, seen in failures.items():
         if entry.checked:
             continue
         fields = _proposal(seen[0])
         candidate = expectations.Entry(entry.test, entry.clauses, entry.reason, **fields)
-        if any(expectations.failure_problem(candidate, [f.get("type", "")], f.get("text", "")) for f in seen):
+        if any(expectations.failure_problem(candidate, [f.type], f.text) for f in seen):
             fields.pop("match", None)
             candidate = expectations.Entry(entry.test, entry.clauses, entry.reason, **fields)
-        if fields and not any(expectations.failure_problem(candidate, [f["type"]], f["text"]) for f in seen):
+        if fields and not any(expectations.failure_problem(candidate, [f.type], f.text) for f in seen):
             proposals[entry] = fields
         else:
             problems.append(f"{entry.test} [{entry.label}]: its {len(seen)} failures share no exception class")
     return proposals, problems
 
 
-def stubs(run: dict[str, Any], entries: Sequence[expectations.Entry]) -> tuple[list[str], list[str]]:
+def stubs(run: RunFile, entries: Sequence[expectations.Entry]) -> tuple[list[str], list[str]]:
     """The `[[xfail]]` stubs of the run's failures that no entry covers, and the failures left out (a test an
     entry names that failed otherwise: its entry is stale, fix it by hand)."""
     blocks, left = [], []
-    for record in run["tests"]:
-        if record.get("outcome") not in ("failed", "error"):
+    for record in run.tests:
+        if record.outcome not in ("failed", "error"):
             continue
-        nodeid = record["nodeid"]
+        nodeid = record.nodeid
         if any(entry.matches(nodeid) for entry in entries):
             left.append(f"{nodeid}: an entry names it, yet it failed otherwise than the entry says")
             continue
-        cited = list(dict.fromkeys(record.get("clauses", [])))
+        cited = list(dict.fromkeys(record.clauses))
         clause = _toml(cited[0]) if len(cited) == 1 else "[" + ", ".join(map(_toml, cited)) + "]"
         lines = ["[[xfail]]", f"test = {_toml(nodeid)}"]
         if len(cited) > 1:
             lines.append("# the test cites several clauses: keep only those its failure breaks")
         lines += [f"clause = {clause}", f"reason = {_toml(FILL_IN)}"]
-        fields = _proposal(record["failure"]) if "failure" in record else {}
+        fields = _proposal(record.failure) if record.failure is not None else {}
         lines += [f"{key} = {_toml(value)}" for key, value in fields.items()]
         if "match" not in fields:
             lines.append("# no stable words in the message: add a `match` that tells this failure from another")
@@ -165,9 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="record the proposals in the file")
     parser.add_argument("--new", action="store_true", help="stub entries for the failures no entry covers")
     args = parser.parse_args(argv)
-    run = json.loads(args.run.read_text())
+    try:
+        run = RunFile.read(args.run)
+    except ReportError as exc:
+        parser.error(str(exc))
     loaded = expectations.load(str(args.expectations)) if args.expectations.exists() else ()
-    entries = expectations.for_version(loaded, run["version"], run.get("tensor_device", "cpu"))
+    entries = expectations.for_version(loaded, run.version, run.tensor_device or "cpu")
     if args.new:
         blocks, left = stubs(run, entries)
         print("\n".join(blocks), end="")

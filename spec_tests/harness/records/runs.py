@@ -1,11 +1,8 @@
 """Recorded runs: the conformance JSON that `pytest --conformance-json PATH` writes, read back and validated, and
 the command that makes one (a target here, or one release of it in its nox session).
 
-A file is {"target", "version", "capabilities", "clauses": {id: {...}}, "tests": [record, ...], "format",
-"provenance": [part, ...]} (written by spec_tests.harness.plugin; the parts: spec_tests.harness.records.provenance); a record is {"nodeid", "outcome", "when", "clauses" (cited), "duration", "message"}
-and, for an expected failure, "entry" {"clauses" (charged), "verdict", "intermittent", "severity"?} and "failure" {"type",
-"text"}. Files written before entries were recorded carry the charged clauses only as the reason's prefix
-(`[AQ-1] ...` or `[AQ-1, AQ-2] ...`); `load_run` reads them from there.
+A file is a `run_file.RunFile` (written by spec_tests.harness.plugin, read by every reader through
+`RunFile.read`); this module reads it as the report does: each test once, by its worst phase.
 
 - `load_run(path)` -> Run: each test once, with its worst recorded phase (a passing call with a failing teardown is
   an error); ReportError names the file and the field on bad input.
@@ -18,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import re
 import subprocess
 import sys
@@ -28,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from spec_tests.harness.records.run_file import OUTCOMES, PhaseRecord, ReportError, RunFile, read_json
 
 __all__ = [
     "OUTCOMES",
@@ -49,16 +47,8 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parents[3]
 RUN_OPTIONS: list[str] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
 """The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same)."""
-# Recorded outcomes, best to worst as a test's phases combine (the worst phase is the test's outcome).
-OUTCOMES = ("skipped", "passed", "xpass", "xfail", "failed", "error")
 # `nvrx-0.7.0`: a release of a target, run in its nox session (noxfile.py) instead of in this environment.
 RELEASE_LABEL = re.compile(r"^(?P<target>[A-Za-z0-9_]+)-(?P<release>[0-9][A-Za-z0-9.+]*)$")
-_CHARGED_PREFIX = re.compile(r"^\[(?P<ids>[A-Za-z0-9-]+(?:, [A-Za-z0-9-]+)*)\]")
-_INTERMITTENT = re.compile(r"\(not strict: intermittent, (?P<seen>[^)]*)\)")
-
-
-class ReportError(Exception):
-    """Bad input or a failed run; the message names the file or target."""
 
 
 class Record(NamedTuple):
@@ -92,9 +82,6 @@ class Run:
         own = [r.severity for r in self.citing(clause_id) if r.severity and clause_id in r.charged]
         return own[0] if own else default
 
-    def outcomes(self, clause_id: str) -> list[str]:
-        return [record.outcome for record in self.citing(clause_id)]
-
 
 def page_name(run: Run) -> str:
     """The file name stem of a run's pages: `nvrx-0.7.0` for the run labelled "nvrx 0.7.0"."""
@@ -107,78 +94,33 @@ def clause_anchor(clause_id: str) -> str:
     return f"clause-{clause_id.lower()}"
 
 
-def _check(ok: bool, path: Path, problem: str) -> None:
-    if not ok:
-        raise ReportError(f"{path}: {problem}")
-
-
-def read_json(path: Path | str) -> Any:  # JSON: validated by the callers
-    try:
-        return json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: not valid JSON: {exc}") from None
-
-
-def _record(path: Path, index: int, test: Any) -> Record:
-    where = f"tests[{index}]"
-    _check(isinstance(test, dict), path, f"{where} is not an object")
-    _check(isinstance(test.get("nodeid"), str), path, f"{where}.nodeid is not a string")
-    _check(
-        test.get("outcome") in OUTCOMES,
-        path,
-        f"{where}.outcome {test.get('outcome')!r} is not one of {', '.join(sorted(OUTCOMES))}",
+def _record(test: PhaseRecord) -> Record:
+    """A phase's record as the report reads it; an expected failure charges its entry's clauses (every clause it
+    cites where the run recorded no entry)."""
+    cited = frozenset(test.clauses)
+    if test.outcome not in ("xfail", "xpass"):
+        return Record(test.outcome, cited, message=test.message)
+    entry = test.entry
+    if entry is None:
+        return Record(test.outcome, cited, cited, message=test.message)
+    return Record(
+        test.outcome, cited, frozenset(entry.clauses), entry.verdict, entry.intermittent, test.message, entry.severity
     )
-    cited = test.get("clauses")
-    _check(
-        isinstance(cited, list) and all(isinstance(c, str) for c in cited),
-        path,
-        f"{where}.clauses is not a list of clause ids",
-    )
-    message = str(test.get("message", ""))
-    if test["outcome"] not in ("xfail", "xpass"):
-        return Record(test["outcome"], frozenset(cited), message=message)
-    entry = test.get("entry")
-    if entry is None:  # recorded before entries were: the reason's prefix names the charged clauses
-        prefix, seen = _CHARGED_PREFIX.match(message), _INTERMITTENT.search(message)
-        entry = {"clauses": prefix["ids"].split(", ") if prefix else list(cited), "intermittent": seen and seen["seen"]}
-    charged = entry.get("clauses")
-    _check(
-        isinstance(entry, dict) and isinstance(charged, list) and set(charged) <= set(cited),
-        path,
-        f"{where}.entry.clauses must list clauses the test cites",
-    )
-    verdict, intermittent, severity = entry.get("verdict"), entry.get("intermittent"), entry.get("severity")
-    return Record(test["outcome"], frozenset(cited), frozenset(charged), verdict, intermittent, message, severity)
 
 
 def load_run(path: Path | str) -> Run:
-    """Read and validate one conformance JSON file."""
-    path = Path(path)
-    data = read_json(path)
-    _check(isinstance(data, dict), path, "expected a JSON object written by --conformance-json")
-    for key, kind in (("target", str), ("version", str), ("clauses", dict), ("tests", list)):
-        _check(isinstance(data.get(key), kind), path, f"missing or malformed field {key!r}")
-    _check(
-        all(isinstance(v, dict) for v in data["clauses"].values()),
-        path,
-        "field 'clauses' must map clause ids to objects",
-    )
+    """Read and validate one conformance JSON file: each test once, with its worst phase."""
+    data = RunFile.read(path)
     tests: dict[str, Record] = {}
-    for index, test in enumerate(data["tests"]):
-        record = _record(path, index, test)
-        previous = tests.get(test["nodeid"])
+    for test in data.tests:
+        record = _record(test)
+        previous = tests.get(test.nodeid)
         if previous is not None:
             worse = max(previous, record, key=lambda r: OUTCOMES.index(r.outcome))
             record = worse._replace(cited=previous.cited | record.cited)
-        tests[test["nodeid"]] = record
-    parts = data.get("provenance", [])
-    _check(
-        isinstance(parts, list) and all(isinstance(p, dict) for p in parts), path, "field 'provenance' is not a list"
-    )
-    label = f"{data['target']} {data['version']}"
-    return Run(label, data["clauses"], tests, str(data.get("tensor_device", "cpu")), tuple(parts))
+        tests[test.nodeid] = record
+    provenance = tuple(data.provenance or ())
+    return Run(data.label, data.clauses, tests, data.tensor_device or "cpu", provenance)
 
 
 # ---------------------------------------------------------------------------------- making a run
