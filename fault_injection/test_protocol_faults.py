@@ -30,7 +30,6 @@ import torch.distributed as dist
 from fault_injection import faultfs
 from fault_injection.crash_points import in_child
 from fault_injection.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, on_ranks
-from fault_injection.shared_runs import shared_run
 from spec_tests.drivers.damage import Damage, apply, files_under
 from spec_tests.drivers.protocol_saves import (
     WARM_BOUND,
@@ -43,6 +42,7 @@ from spec_tests.drivers.protocol_saves import (
     start,
 )
 from spec_tests.harness import HUNG, attempt, remove, wait_for_file, world
+from spec_tests.harness.shared_runs import shared
 from spec_tests.harness.target.formats import checkpoint_format
 from spec_tests.harness.target.protocol import protocol_saver
 
@@ -126,10 +126,11 @@ def _storage_errors_run(tmp_path_factory, phase: str) -> tuple[str, list]:
     FI-STORAGE-1/2 and FI-STORAGE-2w; skips a phase the format does not have, or where no fault fired."""
     _in_format(STORAGE_FAULTS[phase, ERRNOS[0]][1])
 
-    def make(tmp):
+    def make():
+        tmp = str(tmp_path_factory.mktemp(f"storage-errors-{phase}"))
         return tmp, on_ranks(WORLD, _storage_errors, tmp, phase, timeout=200)
 
-    tmp, results = shared_run(tmp_path_factory, f"storage-errors-{phase}", make)
+    tmp, results = shared(tmp_path_factory, f"storage-errors-{phase}", make)
     if not any(r[e][1] for r in results for e in r):
         pytest.skip(NOT_REACHED)
     return tmp, results

@@ -58,7 +58,7 @@ class _Counter:
         self.steps = state_dict["steps"]
 
 
-class _Handle(SaveHandle):
+class _TitanHandle(SaveHandle):
     def __init__(self, saver: TitanSaver, step: int):
         self.saver, self.step = saver, step
 
@@ -106,7 +106,7 @@ class TitanSaver(Saver):
         self.step += 1
         self.manager.target = path
         self.manager.save(self.step)
-        return _Handle(self, self.step)
+        return _TitanHandle(self, self.step)
 
     def close(self) -> None:
         self.manager.close()

@@ -94,7 +94,7 @@ def _ends_at_teardown() -> bool:
     return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts) < (2, 5, 4)
 
 
-class _Handle(SaveHandle):
+class _LightningHandle(SaveHandle):
     def __init__(self, saver: LightningSaver):
         self.saver = saver
 
@@ -126,7 +126,7 @@ class LightningSaver(Saver):
         self.io.save_checkpoint(state_dict, FORMAT.data_file(path, rank))
         if dist.is_initialized():
             dist.barrier()  # Trainer.save_checkpoint's barrier after strategy.save_checkpoint
-        return _Handle(self)
+        return _LightningHandle(self)
 
     def teardown(self) -> None:
         try:

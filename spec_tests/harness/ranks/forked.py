@@ -51,8 +51,8 @@ from spec_tests.harness.ranks.vocabulary import (
     DUMP_WAIT,
     GRACE_AFTER_FAILURE,
     Job,
-    Outcome,
     RankFailures,
+    RankOutcome,
     Runner,
     finish,
     job_of,
@@ -257,7 +257,7 @@ class _Ranks:
     procs: list[BaseProcess]
     conns: list[Connection]
     workdir: str
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[RankOutcome] = field(default_factory=list)
     lease: _GpuLease | None = None
 
     @classmethod
@@ -287,9 +287,9 @@ class _Ranks:
             conns.append(parent_end)
         return cls(spec, procs, conns, workdir, lease=lease)
 
-    def collect(self, timeout: float, expect_exit: dict[int, int]) -> list[Outcome]:
+    def collect(self, timeout: float, expect_exit: dict[int, int]) -> list[RankOutcome]:
         """Wait for one reply (or exit) per rank, bounded by timeout and the failure grace."""
-        self.outcomes = [Outcome() for _ in self.procs]
+        self.outcomes = [RankOutcome() for _ in self.procs]
         deadline, failed_at = time.monotonic() + timeout, None
         while self.pending():
             limit = deadline if failed_at is None else min(deadline, failed_at + GRACE_AFTER_FAILURE)
@@ -301,7 +301,7 @@ class _Ranks:
                 if self._update(rank, expect_exit) and failed_at is None:
                     failed_at = time.monotonic()
         for rank in self.pending():
-            self.outcomes[rank] = Outcome("hung", self._dump_stack(rank))
+            self.outcomes[rank] = RankOutcome("hung", self._dump_stack(rank))
         return self.outcomes
 
     def pending(self) -> list[int]:

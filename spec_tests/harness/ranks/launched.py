@@ -34,8 +34,15 @@ from typing import Any
 
 import pytest
 
-from spec_tests.harness.ranks.launched_rank import Close, End, RankSide, Run, Store, World, connect, post, take
-from spec_tests.harness.ranks.vocabulary import DUMP_WAIT, GRACE_AFTER_FAILURE, Outcome, RankFailures, finish, job_of
+from spec_tests.harness.ranks.launched_rank import Close, End, RankSide, RunBody, Store, World, connect, post, take
+from spec_tests.harness.ranks.vocabulary import (
+    DUMP_WAIT,
+    GRACE_AFTER_FAILURE,
+    RankFailures,
+    RankOutcome,
+    finish,
+    job_of,
+)
 
 __all__ = ["ENV", "Driver", "active", "configure", "current"]
 
@@ -118,7 +125,7 @@ class _Collector(threading.Thread):
     def __init__(self, store: Store, k: int, n: int, timeout: float, beats: dict[int, Beat]):
         super().__init__(name="ckptspec-collector", daemon=True)
         self.store, self.k, self.timeout = store, k, timeout
-        self.outcomes = [Outcome() for _ in range(n)]
+        self.outcomes = [RankOutcome() for _ in range(n)]
         self.gone: list[int] = []
         self.beats = beats  # rank -> (last count seen, when it changed, when it was read): kept across runs
 
@@ -170,7 +177,7 @@ class Driver:
         self.gone: dict[int, str] = {}  # lost ranks -> the test that noticed
         self._beats: dict[int, Beat] = {}  # the collectors' view of every rank's heartbeat
 
-    def send(self, rank: int, msg: Run | Close | End) -> None:
+    def send(self, rank: int, msg: RunBody | Close | End) -> None:
         post(self.store, f"msg/{rank}/{self._sent[rank]}", msg)
         self._sent[rank] += 1
 
@@ -222,7 +229,7 @@ class Driver:
             for r in members:
                 self._holds[r] = plan.group
         pg_timeout = max(pool.timeout if pool is not None else timeout, 30.0) + 30.0
-        msg = Run(k, job, (plan.group, world_size, backend, pg_timeout), (plan.key, plan.epoch), pool is None)
+        msg = RunBody(k, job, (plan.group, world_size, backend, pg_timeout), (plan.key, plan.epoch), pool is None)
         for rank in members[1:]:
             self.send(rank, msg)
         collector = _Collector(self.store.clone(), k, world_size, timeout, self._beats)

@@ -3,7 +3,7 @@
 spec_tests.harness.ranks.launched is the session around it (who runs which test, who reports); this module is what every
 launched rank does with one message, rank 0 included:
 
-- `Run`: join the run's process group (made from the launcher's store, the default group of ranks 0..n-1), give
+- `RunBody`: join the run's process group (made from the launcher's store, the default group of ranks 0..n-1), give
   the body its pool's `rank_state`, run it in the main thread and post its reply to the store, as a forked rank
   sends it down its pipe: ("ok", result), ("skip", reason) or ("error", traceback). A watchdog thread waits for
   rank 0's stop request (`abort/<run>`, after a failure or at the timeout): it then posts ("hung", stack) with
@@ -50,7 +50,7 @@ Store = Any
 Group = tuple[int, int, str, float]
 """A run's default process group: (process group id, number of ranks, backend, timeout in seconds)."""
 
-__all__ = ["Close", "End", "RankSide", "Run", "Stopped", "World", "connect"]
+__all__ = ["Close", "End", "RankSide", "RunBody", "Stopped", "World", "connect"]
 
 LAUNCHER_VARS = (
     "TORCHELASTIC_RUN_ID",
@@ -89,7 +89,7 @@ class World:
 
 
 @dataclass(frozen=True)
-class Run:
+class RunBody:
     k: int  # the run's number, the same on every rank
     job: Job  # vocabulary.job_of: (module, qualname, unwrap, args, kwargs)
     group: Group  # (process group id, n, backend, timeout s): the body's default group
@@ -259,7 +259,7 @@ class RankSide:
         self._watchdog.arm(None)
         self._watchdog.join(timeout=5)
 
-    def execute(self, msg: Run | Close) -> None:
+    def execute(self, msg: RunBody | Close) -> None:
         if isinstance(msg, Close):
             self._drop(msg.key)
             return
@@ -282,7 +282,7 @@ class RankSide:
         if msg.one_shot:
             self._drop(key)
 
-    def _run(self, msg: Run) -> None:
+    def _run(self, msg: RunBody) -> None:
         # What a forked rank's environment says; restored after the body (rank 0's is the pytest process's).
         saved = {var: os.environ.get(var) for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
         os.environ.update(

@@ -17,8 +17,8 @@ __all__ = [
     "DUMP_WAIT",
     "GRACE_AFTER_FAILURE",
     "Job",
-    "Outcome",
     "RankFailures",
+    "RankOutcome",
     "Runner",
     "finish",
     "job_of",
@@ -82,14 +82,14 @@ class Runner(Protocol):
 
 
 @dataclass
-class Outcome:
+class RankOutcome:
     """What one rank did in a run: its reply (`detail`: result, traceback or skip reason), exit code or stack."""
 
     kind: str = "pending"  # ok | error | skip | exit | expected_exit | hung
     detail: object = None
 
 
-def _describe(outcomes: list[Outcome], timeout: float, expect_exit: dict[int, int]) -> str | None:
+def _describe(outcomes: list[RankOutcome], timeout: float, expect_exit: dict[int, int]) -> str | None:
     """The RankFailures text, or None if every rank did what was expected."""
     bad, lines = 0, []
     for rank, o in enumerate(outcomes):
@@ -119,7 +119,7 @@ def _indent(text: object) -> str:
     return "\n".join("    " + line for line in str(text).rstrip().splitlines())
 
 
-def finish(outcomes: list[Outcome], timeout: float, expect_exit: dict[int, int]) -> list[Any]:
+def finish(outcomes: list[RankOutcome], timeout: float, expect_exit: dict[int, int]) -> list[Any]:
     """Each rank's result; RankFailures if any rank failed, hung or exited unexpectedly; a skip if a rank skipped."""
     import pytest
 
