@@ -31,8 +31,8 @@ class _DcpHandle(SaveHandle):
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
         if isinstance(result, AsyncSaveResponse):
-            self.staging: Future | None = result.staging_completion
-            self.upload: Future = result.upload_completion
+            self.staging: Future[Any] | None = result.staging_completion
+            self.upload: Future[Any] = result.upload_completion
         else:
             self.staging, self.upload = None, result
 
@@ -64,7 +64,7 @@ class DcpSaver(Saver):
             )
         self.handles: list[_DcpHandle] = []
 
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         import torch.distributed.checkpoint as dcp
 
         result = dcp.async_save(

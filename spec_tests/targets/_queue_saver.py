@@ -9,6 +9,8 @@ next changes the tensors), names them (`queue_options`, `staging_signal`), and `
 
 from __future__ import annotations
 
+from typing import Any
+
 from spec_tests.harness.target.protocol import SaveHandle, Saver
 from spec_tests.harness.target.recipe import RecipeModules, plan_async_save, recipe_modules
 
@@ -39,7 +41,7 @@ class QueueSaver(Saver):
         self,
         modules: RecipeModules,
         persistent: bool | None = None,
-        queue_options: dict | None = None,
+        queue_options: dict[str, Any] | None = None,
         staging_signal: str | None = None,
     ):
         self.modules = modules
@@ -50,7 +52,7 @@ class QueueSaver(Saver):
         self.staging_signal = staging_signal
         self.started = self.finalized = 0
 
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         self.queue.schedule_async_request(plan_async_save(self.modules, state_dict, path, thread_count=1).request())
         self.started += 1
         return _QueueHandle(self, self.started)
@@ -63,7 +65,7 @@ def saver_of(
     name: str,
     persistent: bool | None = None,
     modules: tuple[str, ...] | None = None,
-    queue_options: dict | None = None,
+    queue_options: dict[str, Any] | None = None,
     staging_signal: str | None = None,
 ) -> QueueSaver:
     """A QueueSaver over target `name`'s recipe modules, or over the importable `modules` given."""

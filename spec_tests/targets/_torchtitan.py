@@ -99,7 +99,7 @@ class TitanSaver(Saver):
         self.components = set(self.states)  # model, optimizer, dataloader, lr_scheduler
         self.step = 0
 
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         for key in set(self.states) - self.components:
             del self.states[key]
         self.states.update(state_dict)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from spec_tests.harness.target.formats import CheckpointFormat
+from spec_tests.harness.target.manager import CheckpointManager
 from spec_tests.harness.target.protocol import SaveHandle, Saver
 
 NAME = "lightning"
@@ -114,12 +115,12 @@ class LightningSaver(Saver):
         self.renew = _ends_at_teardown()
 
     @staticmethod
-    def _new_io():
+    def _new_io() -> Any:
         from pytorch_lightning.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
         return AsyncCheckpointIO(TorchCheckpointIO())
 
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_initialized() else 0
@@ -144,7 +145,7 @@ def protocol_saver(**options: Any) -> LightningSaver:
     return LightningSaver()
 
 
-def checkpoint_manager(root: str, keep: int):
+def checkpoint_manager(root: str, keep: int) -> CheckpointManager:
     """A Trainer's ModelCheckpoint with AsyncCheckpointIO over `root` (spec_tests.targets._lightning_manager)."""
     from spec_tests.targets._lightning_manager import LightningManager
 
