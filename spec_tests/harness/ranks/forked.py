@@ -1,12 +1,5 @@
-"""Run a test body on N ranks, with a bound on every run and a report that covers every rank.
-
-Two ways in:
-
-    @ranks(2, timeout=60)                 # fresh ranks for one test
-    def test_x(target, tmp_path): ...     # module-level; the body runs on every rank
-
-    def test_y(rank_pool):                # warm ranks, reused across hypothesis examples
-        results = rank_pool(2).run(body, arg)   # body: a module-level function
+"""The forked runner (`ForkedRunner`, the default Runner): a test body on N ranks forked here, with a bound on
+every run and a report that covers every rank; fresh ranks for one run, or a pool's warm ranks kept between runs.
 
 Ranks are forked from a forkserver that has torch and the target preloaded (tens of ms per rank
 instead of seconds), rendezvous through a FileStore in a temporary directory (no ports, so xdist
@@ -20,15 +13,14 @@ A run fails with one `RankFailures` listing every rank: its traceback, its unexp
 or, for a rank that did not finish within the timeout (or within a short grace period after another
 rank failed), its stack dumped by faulthandler. `expect_exit={rank: code}` declares a death the test
 causes on purpose (e.g. `-signal.SIGKILL`). A rank that calls `pytest.skip` skips the test.
-Another runner can take the bodies instead (`use_runner`): under torchrun, the launched ranks
-(spec_tests.harness.ranks.launched), but for expect_exit. The vocabulary of a run is in spec_tests.harness.ranks.vocabulary.
+What tests call (`ranks`, `run_on_ranks`, `RankPool`) and the choice of runner (`use_runner`) are
+spec_tests.harness.ranks.seam's; the vocabulary of a run is spec_tests.harness.ranks.vocabulary's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
-import functools
 import importlib
 import multiprocessing as mp
 import os
@@ -37,7 +29,6 @@ import signal
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
@@ -47,34 +38,18 @@ from typing import IO, Any
 
 from spec_tests.harness.ranks.fork_safety import cuda_survives_fork
 from spec_tests.harness.ranks.vocabulary import (
-    DEFAULT_TIMEOUT,
     DUMP_WAIT,
     GRACE_AFTER_FAILURE,
     Job,
-    RankFailures,
     RankOutcome,
-    Runner,
     finish,
     job_of,
-    rank_state,
-    world,
 )
 
-__all__ = ["RankFailures", "RankPool", "rank_state", "ranks", "resolve_backend", "run_on_ranks", "use_runner", "world"]
-
-_runner: Runner | None = None
+__all__ = ["FORKED", "ForkedRunner", "GpuWaitTimeout"]
 
 
-def use_runner(runner: Runner | None) -> None:
-    """Hand every multi-rank body of this process to `runner` (None: fork the ranks here, the default).
-
-    Chosen once, at configuration (the launched mode registers its driver), as pytest-xdist chooses its scheduler.
-    """
-    global _runner
-    _runner = runner
-
-
-def resolve_backend(backend: str, world_size: int) -> str:
+def _forked_backend(backend: str, world_size: int) -> str:
     """ "gloo", or "nccl" when asked for (or "auto" with CUDA trainer tensors) and world_size GPUs exist; else skip.
 
     "auto" is gloo for a run with CPU tensors even on a GPU node: NCCL ranks take a GPU each, exclusively
@@ -85,9 +60,6 @@ def resolve_backend(backend: str, world_size: int) -> str:
     import torch
 
     from spec_tests.harness.ranks import devices
-
-    if _runner is not None:
-        return _runner.resolve_backend(backend, world_size)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
@@ -357,88 +329,57 @@ class _Ranks:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def run_on_ranks(
-    fn: Callable[..., Any],
-    world_size: int,
-    args: tuple[Any, ...] = (),
-    kwargs: dict[str, Any] | None = None,
-    *,
-    backend: str = "auto",
-    timeout: float = DEFAULT_TIMEOUT,
-    expect_exit: dict[int, int] | None = None,
-    unwrap: bool = False,
-) -> list[Any]:
-    """Run fn(*args, **kwargs) once on fresh ranks; return each rank's result."""
-    __tracebackhide__ = True
-    if _runner is not None and not expect_exit:
-        return _runner.run(fn, world_size, args, kwargs, backend=backend, timeout=timeout, unwrap=unwrap)
-    if _runner is not None:
-        _runner.note_forked()  # a rank killed on purpose would end a launched job: fork this run's ranks
-    backend, expect_exit = resolve_backend(backend, world_size), dict(expect_exit or {})
-    job = job_of(fn, unwrap, args, kwargs or {})
-    group = _Ranks.start(world_size, backend, timeout, [job] * world_size)
-    try:
-        for conn in group.conns:
-            conn.send(None)  # one-shot: the rank stops after this job
-        outcomes = group.collect(timeout, expect_exit)
-    finally:
-        group.kill()
-    return finish(outcomes, timeout, expect_exit)
+class ForkedRunner:
+    """The default Runner: ranks forked here, fresh for one run, or a pool's warm ranks kept between its runs."""
 
+    def resolve_backend(self, backend: str, world_size: int) -> str:
+        return _forked_backend(backend, world_size)
 
-def ranks(
-    world_size: int,
-    *,
-    backend: str = "auto",
-    timeout: float = DEFAULT_TIMEOUT,
-    expect_exit: dict[int, int] | None = None,
-) -> Callable[[Callable[..., object]], Callable[..., None]]:
-    """Decorator: run a module-level test body on `world_size` fresh ranks."""
-
-    def decorate(fn: Callable[..., object]) -> Callable[..., None]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> None:
-            __tracebackhide__ = True
-            run_on_ranks(
-                fn, world_size, args, kwargs, backend=backend, timeout=timeout, expect_exit=expect_exit, unwrap=True
-            )
-
-        return wrapper
-
-    return decorate
-
-
-class RankPool:
-    """`world_size` warm ranks sharing one process group; respawned after any failure."""
-
-    def __init__(self, world_size: int, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT):
-        self.world_size, self.timeout = world_size, timeout
-        self.backend = resolve_backend(backend, world_size)
-        self._ranks: _Ranks | None = None
-
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
-        """Run fn(*args, **kwargs) on every rank; return the per-rank results."""
+    def run(
+        self,
+        fn: Any,
+        world_size: int,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        backend: str = "auto",
+        timeout: float,
+        unwrap: bool = False,
+        pool: Any = None,
+        expect_exit: dict[int, int] | None = None,
+    ) -> list[Any]:
+        """Run fn on fresh ranks (`pool` None; `expect_exit` declares deaths, which only forked ranks allow), or on
+        the pool's warm ranks, respawned after any failure."""
         __tracebackhide__ = True
-        timeout = self.timeout if timeout is None else timeout
-        if _runner is not None:
-            return _runner.run(fn, self.world_size, args, kwargs, backend=self.backend, timeout=timeout, pool=self)
-        job = job_of(fn, False, args, kwargs)
-        if self._ranks is None:
-            self._ranks = _Ranks.start(self.world_size, self.backend, self.timeout, [job] * self.world_size)
+        if pool is not None:
+            return self._run_pool(pool, job_of(fn, unwrap, args, kwargs or {}), timeout)
+        backend, expect_exit = self.resolve_backend(backend, world_size), dict(expect_exit or {})
+        job = job_of(fn, unwrap, args, kwargs or {})
+        group = _Ranks.start(world_size, backend, timeout, [job] * world_size)
+        try:
+            for conn in group.conns:
+                conn.send(None)  # one-shot: the rank stops after this job
+            outcomes = group.collect(timeout, expect_exit)
+        finally:
+            group.kill()
+        return finish(outcomes, timeout, expect_exit)
+
+    def _run_pool(self, pool: Any, job: Job, timeout: float) -> list[Any]:
+        __tracebackhide__ = True
+        if pool._ranks is None:
+            pool._ranks = _Ranks.start(pool.world_size, pool.backend, pool.timeout, [job] * pool.world_size)
         else:
-            for conn in self._ranks.conns:
+            for conn in pool._ranks.conns:
                 conn.send(job)
-        outcomes = self._ranks.collect(timeout, {})
+        outcomes = pool._ranks.collect(timeout, {})
         if any(o.kind != "ok" for o in outcomes):
-            ranks_, self._ranks = self._ranks, None
+            ranks_, pool._ranks = pool._ranks, None
             ranks_.kill()  # a failed process group may not be reusable: respawn on the next run
         return finish(outcomes, timeout, {})
 
-    def close(self) -> None:
-        if _runner is not None:
-            _runner.close_pool(self)
-        if self._ranks is not None:
-            ranks_, self._ranks = self._ranks, None
+    def close_pool(self, pool: Any) -> None:
+        if pool._ranks is not None:
+            ranks_, pool._ranks = pool._ranks, None
             for conn in ranks_.conns:
                 with contextlib.suppress(OSError):
                     conn.send(None)
@@ -446,3 +387,9 @@ class RankPool:
             for proc in ranks_.procs:
                 proc.join(timeout=max(0.0, deadline - time.monotonic()))
             ranks_.kill()
+
+    def note_forked(self) -> None:
+        """Nothing to note: this runner forks every run."""
+
+
+FORKED = ForkedRunner()

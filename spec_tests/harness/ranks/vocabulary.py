@@ -1,7 +1,7 @@
 """The vocabulary of a rank run, shared by every runner: per-rank state, outcomes, the failure report, a job.
 
 A runner runs a module-level function on N ranks and answers with each rank's result or one `RankFailures`
-covering every rank. `spec_tests.harness.ranks` forks the ranks itself; under a launcher (torchrun) the launched
+covering every rank. The forked runner (`spec_tests.harness.ranks.forked`) is the default; under a launcher (torchrun) the launched
 runner (`spec_tests.harness.ranks.launched`) registers itself with `ranks.use_runner`, and the bodies run on the
 launched ranks. Both build their answer from the names here, so a failure reads the same whoever ran it.
 """
@@ -48,7 +48,7 @@ def world() -> tuple[int, int]:
 
 
 class Runner(Protocol):
-    """What `ranks` hands a multi-rank body to when a runner other than its own forked ranks is in use."""
+    """What `ranks` hands every multi-rank body to: the forked runner (the default) or the launched one, chosen once."""
 
     def resolve_backend(self, backend: str, world_size: int) -> str:
         """The process-group backend a run asking for `backend` on `world_size` ranks gets (or skip the test)."""
