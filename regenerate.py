@@ -45,8 +45,13 @@ BENCHMARKS = "docs/benchmarks.md"
 DESIGN = "docs/spec-design.md"
 GPU = "docs/gpu.md"
 # The stored GPU runs whose GPU-selection verdicts docs/gpu.md tables, newest first, and the GPU benchmark runs.
-GPU_RUNS = ["conformance/gpu/2026-11-27-h100", "conformance/gpu/2026-11-26-h200"]
+GPU_RUNS = [
+    "conformance/gpu/2026-11-27-h100-lease-2",
+    "conformance/gpu/2026-11-27-h100",
+    "conformance/gpu/2026-11-26-h200",
+]
 GPU_BENCHMARK_RUNS = [
+    "conformance/gpu/2026-11-27-h100-lease-2/bench/bench-lease.json",
     "conformance/gpu/2026-11-27-h100-lease/bench/bench-lease.json",
     "conformance/gpu/2026-11-27-h100/bench/save.json",
 ]

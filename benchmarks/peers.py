@@ -15,6 +15,8 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
   AsyncCallsQueue of the target, as in the NVRx usage guide; finalize writes `.metadata`.
 - `dcp:impl-overlapped`: the same on `AsyncCallsQueue(overlap_staging=True)`: the save returns once the copies are
   issued, and the trainer calls `wait_for_staging()` in `before_update()` (impl's staging signal).
+  `dcp:impl-overlapped-clone` (CUDA only): with `device_clone=True`, the staging signal waits for a clone on the
+  device, not for the device-to-host copy, which goes on in the background.
 - `torch:impl`, `torch:nvrx` (+ `-temporal`): TorchAsyncCheckpoint. `torch:mcore` (+ `-temporal`):
   Megatron-Core's AsyncCallsQueue running `torch.save` (Megatron has no TorchAsyncCheckpoint).
 - `dcp:async_save-thread` / `-process` / `-pinned` / `-staged`: `torch.distributed.checkpoint.async_save`
@@ -250,6 +252,7 @@ PEERS: dict[str, Callable[[], Peer]] = {
     "dcp:impl": partial(_WriterPeer, "impl", True),
     "dcp:impl-temporal": partial(_WriterPeer, "impl", False),
     "dcp:impl-overlapped": partial(_WriterPeer, "impl", True, {"overlap_staging": True}),
+    "dcp:impl-overlapped-clone": partial(_WriterPeer, "impl", True, {"overlap_staging": True, "device_clone": True}),
     "dcp:nvrx": partial(_WriterPeer, "nvrx", True),
     "dcp:nvrx-temporal": partial(_WriterPeer, "nvrx", False),
     "dcp:async_save-thread": partial(_DcpAsyncSavePeer, "thread"),
@@ -278,6 +281,8 @@ def unavailable(name: str) -> str | None:
         return f"unknown peer {name!r}; known: {', '.join(PEERS)}"
     if name == "dcp:async_save-pinned" and not torch.cuda.is_available():
         return "pinned-memory staging of dcp.async_save needs CUDA"
+    if name == "dcp:impl-overlapped-clone" and not torch.cuda.is_available():
+        return "a device clone needs CUDA tensors (on the CPU this peer is dcp:impl-overlapped)"
     family, method = name.split(":")
     target_name = method.split("-")[0]
     if target_name not in ("impl", "nvrx", "mcore"):

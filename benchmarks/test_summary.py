@@ -81,6 +81,25 @@ def test_overlapped_goals_divide_the_return_and_the_stall_by_the_floor():
     assert "(a GPU goal; this run's CPU figure): 0.80x, correct (CPU tensors)" in goals
 
 
+def test_on_a_gpu_the_device_clone_peer_has_goals_of_its_own():
+    """The clone peer's stall ends at the clone on the device, not at the device-to-host copy: judged on its own."""
+    clone = _bench(
+        "stall",
+        "dcp:impl-overlapped-clone",
+        0.0002,
+        family="dcp",
+        snapshot="correct",
+        phases={"plan": 0.00001, "schedule": 0.00001, "staging wait": 0.00018},
+    )
+    run = {**RUN, "benchmarks": [*RUN["benchmarks"], clone]}
+    machine = {"cores": 2, "gpu": "GPU X", "torch": "2.13.0", "size_mib": 8, "threads": 1}
+    gpu_run = {**run, "machine_info": {"ckptspec": machine}}
+    assert "dcp:impl-overlapped-clone" not in "\n".join(goals_of(summary.BenchmarkRun(run)))  # a CPU run: no clone line
+    goals = "\n".join(goals_of(summary.BenchmarkRun(gpu_run)))
+    assert "- [x] `dcp:impl-overlapped-clone` stall until the state may change <= 1.0x the memcpy floor" in goals
+    assert "- [ ] `dcp:impl-overlapped`: not measured in this run" in goals
+
+
 def test_update_replaces_only_the_marked_block(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{summary.START}\nold\n{summary.END}\nafter\n")

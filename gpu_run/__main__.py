@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -65,10 +66,27 @@ def _carry(groups: list[str]) -> list[str]:
     return [f"gpu_run/wheelhouse/{group}" for group in groups]
 
 
+CALL_CARRY_MIB = 64  # what one device call carries: the checkout's files and the carried folders together
+ASIDE = "conformance/gpu"  # stored GPU runs: read by no stage, the first thing to move aside for a call
+
+
+def _tracked_mib(under: str = ".") -> float | None:
+    """The size of the files git tracks under `under` (what a device call copies), or None without git."""
+    try:
+        names = subprocess.run(
+            ["git", "ls-files", "-z", "--", under], capture_output=True, check=True, cwd=plan.ROOT
+        ).stdout.split(b"\0")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    paths = (plan.ROOT / os.fsdecode(name) for name in names if name)
+    return sum(path.stat().st_size for path in paths if path.is_file()) / (1 << 20)
+
+
 def _print_plan(wheelhouse: Path) -> None:
     print("stages (most important first):")
     for stage in plan.STAGES:
         print(f"  {stage.name:<20} {stage.budget_s:>4} s  --impl {stage.target:<12} {' '.join(stage.args)}")
+    checkout, aside = _tracked_mib(), _tracked_mib(ASIDE) or 0.0
     print(f"\ndevice calls (each within {plan.CALL_LIMIT_S} s, {plan.SETUP_S} s of it for the set-up):")
     for number in range(1, len(plan.CALLS) + 1):
         stages = plan.call_stages(number)
@@ -77,6 +95,12 @@ def _print_plan(wheelhouse: Path) -> None:
         total = plan.call_seconds(stages)
         print(f"  call {number}: {', '.join(s.name for s in stages)}  ({total} s; carry {sum(sizes):.1f} MiB)")
         print(f"    run tool: command='python3 -m gpu_run run --call {number} --pack', carry={_carry(groups)}")
+        if checkout is not None and checkout + sum(sizes) > CALL_CARRY_MIB:
+            over = checkout + sum(sizes) - CALL_CARRY_MIB
+            print(
+                f"    over the {CALL_CARRY_MIB} MiB a call carries by {over:.1f} MiB with the checkout's "
+                f"{checkout:.1f} MiB: move {ASIDE}/ ({aside:.1f} MiB, read by no stage) out of the tree for the call"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

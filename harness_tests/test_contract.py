@@ -48,6 +48,7 @@ BROKEN: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "saver without the capability": ({"CAPABILITIES": frozenset()}, 'does not declare capability "protocol"'),
     "PACKAGES of a wrong type": ({"PACKAGES": "torch"}, "PACKAGES must be a tuple of module names"),
+    "NCCL_BACKEND of a wrong type": ({"NCCL_BACKEND": ("cpu", "gloo")}, "NCCL_BACKEND must be a str"),
     "FORMAT without a loader": ({"FORMAT": object()}, "FORMAT must be a spec_tests.harness.target.formats"),
     "manager without a factory": (
         {"CAPABILITIES": frozenset({"protocol", "manager"})},
@@ -78,6 +79,15 @@ def test_every_builtin_adapter_keeps_the_contract_and_is_type_checked():
     for dotted in targets.builtin_targets().values():
         module = __import__(dotted, fromlist=["NAME"])
         targets._check_contract(module.NAME, module)
+
+
+def test_the_trainer_group_is_the_adapters_where_a_test_asks_for_nccl():
+    """torch's async_save refuses an NCCL-only group, so the DCP adapters name one with a CPU backend; the others
+    keep plain NCCL (NVRx's replication reads the backend's name), and gloo stays gloo for every target."""
+    dcp, impl = targets.load_target("dcp-thread"), targets.load_target("impl")
+    assert dcp.backend("nccl") == "cpu:gloo,cuda:nccl"
+    assert impl.backend("nccl") == "nccl"
+    assert dcp.backend("gloo") == impl.backend("gloo") == "gloo"
 
 
 def test_an_unknown_saver_option_is_the_callers_mistake():

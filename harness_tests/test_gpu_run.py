@@ -180,6 +180,13 @@ def test_results_name_harness_failures_and_never_charge_them_to_the_target(tmp_p
             "entry": {"clauses": ["P-STAGED-1"]},
             "failure": {"text": "AssertionError: 13 but should be 12"},
         },
+        {
+            "nodeid": "spec_tests/a.py::test_group",
+            "outcome": "failed",
+            "clauses": ["P-SNAP-2"],
+            "failure": {"text": "AssertionError: A CPU backend must be enabled for async save\nKeyError: 'saver'"},
+        },
+        {"nodeid": "spec_tests/a.py::test_flaky", "outcome": "xpass", "clauses": ["P-ISO-1"]},
     ]
     run = {"target": "t", "version": "1", "clauses": {}, "tensor_device": "cuda"}
     (tmp_path / "t1-lease.json").write_text(json.dumps({**run, "tests": tests}))
@@ -192,6 +199,8 @@ def test_results_name_harness_failures_and_never_charge_them_to_the_target(tmp_p
     assert rows["test_wait"][0].strip().startswith("not judged: harness")
     assert rows["test_bug"][0].strip().startswith("FAILS (not listed)")
     assert rows["test_listed"][0].strip().startswith("fails as listed")
+    assert rows["test_group"][0].strip().startswith("not judged: harness")
+    assert rows["test_flaky"][0].strip() == "passes (listed as an intermittent failure)"
     assert rows["test_bug"][1].strip() == "not reached"
     assert "KeyError: <class 'type'>" in text
     assert "charged to P-STAGED-1: AssertionError" in text

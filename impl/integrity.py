@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
 __all__ = [
@@ -48,7 +49,12 @@ def crc32(data: Any, value: int = 0) -> int:
 
 class ChecksumStream:
     """A write-only stream over ``stream`` that checksums what is written (CRC32; ``enabled=False``: none, ``take``
-    gives 0, to measure what the checksum pass costs)."""
+    gives 0, to measure what the checksum pass costs).
+
+    A write of at least ``OVERLAP_BYTES`` (a tensor's data) is checksummed on a helper thread while this thread
+    writes it: zlib and the file write both release the GIL, so the write costs the slower of the two, not their
+    sum. The checksum is complete when ``write`` returns, so no buffer is read after its write.
+    """
 
     def __init__(self, stream: IO[bytes], enabled: bool = True):
         self._stream = stream
@@ -57,10 +63,20 @@ class ChecksumStream:
         self._enabled = enabled
 
     def write(self, data: Any) -> int:
-        n = self._stream.write(data)
-        if self._enabled:
-            self._crc = zlib.crc32(data, self._crc)
-        self._total += len(memoryview(data).cast("B"))
+        view = memoryview(data).cast("B")
+        if not self._enabled:
+            n = self._stream.write(view)
+        elif view.nbytes < OVERLAP_BYTES:
+            n = self._stream.write(view)
+            self._crc = zlib.crc32(view, self._crc)
+        else:
+            checksum = _helper().submit(zlib.crc32, view, self._crc)
+            try:
+                n = self._stream.write(view)
+            finally:
+                crc = checksum.result()  # also when the write failed: the helper stops reading `view` first
+            self._crc = crc
+        self._total += view.nbytes
         return n
 
     def tell(self) -> int:
@@ -78,6 +94,18 @@ class ChecksumStream:
         """The CRC32 of the bytes written since the previous take (or the start)."""
         value, self._crc = self._crc, 0
         return value
+
+
+OVERLAP_BYTES = 1 << 20
+_helper_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _helper() -> ThreadPoolExecutor:
+    """This process's checksum threads (made again in a forked child, where the parent's threads do not exist)."""
+    global _helper_pool
+    if _helper_pool is None or _helper_pool[0] != os.getpid():
+        _helper_pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="ckpt-crc"))
+    return _helper_pool[1]
 
 
 def seal(body_crc: int, body_length: int, label: bytes) -> bytes:

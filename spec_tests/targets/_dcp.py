@@ -24,6 +24,9 @@ INSTALL = 'pip install "torch==2.13.0"'
 MODULES: dict[str, str] = {}  # no NVRx-shaped module: the protocol layer only
 PACKAGES = ("torch.distributed.checkpoint",)
 CAPABILITIES = frozenset({"protocol"})
+# async_save refuses a group with no CPU backend ("A CPU backend must be enabled for async save; try initializing
+# process group with 'cpu:gloo,cuda:nccl'"), so a trainer using it on GPUs makes its group this way.
+NCCL_BACKEND = "cpu:gloo,cuda:nccl"
 
 
 class _DcpHandle(SaveHandle):

@@ -3,9 +3,19 @@
 from pathlib import Path
 from typing import Any
 
-from spec_tests.targets._dcp import CAPABILITIES, DISTRIBUTION, INSTALL, MODULES, PACKAGES, DcpSaver
+from spec_tests.targets._dcp import CAPABILITIES, DISTRIBUTION, INSTALL, MODULES, NCCL_BACKEND, PACKAGES, DcpSaver
 
-__all__ = ["CAPABILITIES", "DISTRIBUTION", "EXPECTATIONS", "INSTALL", "MODULES", "NAME", "PACKAGES", "protocol_saver"]
+__all__ = [
+    "CAPABILITIES",
+    "DISTRIBUTION",
+    "EXPECTATIONS",
+    "INSTALL",
+    "MODULES",
+    "NAME",
+    "NCCL_BACKEND",
+    "PACKAGES",
+    "protocol_saver",
+]
 
 NAME = "dcp-process"
 EXPECTATIONS = str(Path(__file__).with_name("dcp-process.expectations.toml"))

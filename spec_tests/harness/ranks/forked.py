@@ -114,11 +114,11 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
     import torch
     import torch.distributed as dist
 
-    load_target(spec.target_name)
+    target = load_target(spec.target_name)
     if spec.backend == "nccl":
         torch.cuda.set_device(spec.devices[rank])
     dist.init_process_group(
-        spec.backend,
+        target.backend(spec.backend),
         store=dist.FileStore(spec.store_path, spec.world_size),
         rank=rank,
         world_size=spec.world_size,

@@ -350,10 +350,12 @@ class RankSide:
         if self._group == group_id:
             return
         self._leave()
+        from spec_tests.harness.target.loading import current_target
+
         if backend == "nccl":
             torch.cuda.set_device(self.world.local_rank % torch.cuda.device_count())
         dist.init_process_group(
-            backend,
+            current_target().backend(backend),
             store=dist.PrefixStore(f"pg{group_id}", self.store),
             rank=self.world.rank,
             world_size=n,

@@ -21,6 +21,7 @@ Names (the optional ones may be left out; the loader supplies the default):
     EXPECTATIONS: str | None           the path of its expectations file (known failures)
     INSTALL: str                       optional: the command that installs the target
     PACKAGES: tuple[str, ...]          optional: importable modules the target needs besides MODULES' (route 2)
+    NCCL_BACKEND: str                  optional: the trainer's process group where a test asks for NCCL
     FORMAT: CheckpointFormat           optional: how its checkpoints lie on disk (formats.DCP by default)
     install() -> None                  optional: called once per process before first use
     protocol_saver(**options) -> Saver with capability "protocol": a new saver (protocol.SAVER_OPTIONS)

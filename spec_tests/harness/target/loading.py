@@ -12,6 +12,7 @@ capabilities. An adapter module defines:
     EXPECTATIONS: str | None       path of its expectations file (known failures, strict xfail)
     PACKAGES: tuple[str, ...]      optional; importable modules it needs besides MODULES' (route 2)
     FORMAT: CheckpointFormat       optional; how its checkpoints lie on disk (spec_tests.harness.target.formats)
+    NCCL_BACKEND: str              optional; the trainer's process group when a test asks for NCCL (default "nccl")
     def install() -> None          optional; called once per process before first use
     def protocol_saver(**options)  with capability "protocol": a new Saver (spec_tests.harness.target.protocol)
     def checkpoint_manager(root, keep)  with capability "manager": a new CheckpointManager
@@ -138,6 +139,10 @@ class Target:
             raise MissingCapability(f"target {self.name!r} has no module for {spec_path!r}") from None
         return importlib.import_module(dotted)
 
+    def backend(self, requested: str) -> str:
+        """The backend string the trainer's process group is made with when a test asks for `requested`."""
+        return getattr(self.adapter, "NCCL_BACKEND", "nccl") if requested == "nccl" else requested
+
     def has(self, *capabilities: str) -> bool:
         return set(capabilities) <= self.capabilities
 
@@ -211,6 +216,7 @@ _REQUIRED: dict[str, tuple[tuple[type, ...], str]] = {
 _OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
     "INSTALL": ((str,), "a str"),
     "PACKAGES": ((tuple, list), "a tuple of module names"),
+    "NCCL_BACKEND": ((str,), 'a str such as "cpu:gloo,cuda:nccl"'),
 }
 
 
