@@ -8,7 +8,7 @@
                                            cores): writes mutation/results.json, then `python -m mutation.summary
                                            --update docs/spec-design.md` (`-- --sample 0` runs every mutant, `-- --resume`
                                            goes on with a stopped run, `-- --rejudge` re-runs the survivors)
-    spec(NAME)                             spec_tests against one release of spec_tests/harness/releases.py (NAME:
+    spec(NAME)                             spec_tests against one release of spec_tests/harness/records/releases.py (NAME:
                                            nvrx-0.4.1, dcp-thread-2.13.0, ...), on the Python that release needs;
                                            writes conformance/NAME.json
                                            `-- fault_injection` runs the fault suite instead (writes
@@ -19,7 +19,7 @@
     launched                               spec_tests on two torchrun "nodes" of this machine (2 x 4 ranks, loopback)
                                            against impl, compared verdict by verdict with a forked run (issue 19)
 
-The conformance table of the releases run here: `python -m spec_tests.harness.report conformance/*.json`; of the
+The conformance table of the releases run here: `python -m spec_tests.harness.records.report conformance/*.json`; of the
 stored runs: `python regenerate.py` (docs/results.md).
 """
 
@@ -34,7 +34,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))  # this tree's release list, whatever the Python that runs nox has installed
-from spec_tests.harness import releases  # noqa: E402
+from spec_tests.harness.records import releases  # noqa: E402
 
 RUN_OPTIONS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
 TORCH = f"torch=={releases.TORCH}"  # the README's pin: pip must never resolve a newer, CUDA-sized torch
@@ -90,7 +90,7 @@ def mutation(session: nox.Session) -> None:
     session.run("python", "-m", "mutation.summary")
 
 
-# The releases (spec_tests/harness/releases.py): one `spec(NAME)` and one `record(NAME)` session each.
+# The releases (spec_tests/harness/records/releases.py): one `spec(NAME)` and one `record(NAME)` session each.
 RELEASE_IDS = [nox.param(r.python, r.name, id=r.name) for r in releases.RELEASES]
 
 
@@ -124,7 +124,7 @@ def _install_release(session: nox.Session, release: releases.Release) -> None:
     imported = session.run(
         "python",
         "-c",
-        f"from spec_tests.harness.targets import load_target; print(load_target({release.target!r}).version)",
+        f"from spec_tests.harness.target.loading import load_target; print(load_target({release.target!r}).version)",
         silent=True,
     )
     if imported is None:  # --install-only: nothing was run
@@ -176,7 +176,7 @@ def record(session: nox.Session, name: str) -> None:
     """Record a release's run (its suites, releases.SUITES) as its stored run conformance/all/NAME.json, then
     regenerate every table and page from the stored runs (`python regenerate.py`).
 
-    What adding a release takes after its entry in spec_tests/harness/releases.py. Posargs go to pytest (`-- -n 2`).
+    What adding a release takes after its entry in spec_tests/harness/records/releases.py. Posargs go to pytest (`-- -n 2`).
     """
     release = releases.by_name()[name]
     _install_release(session, release)
@@ -211,7 +211,7 @@ def launched(session: nox.Session) -> None:
     session.run(
         "python",
         "-m",
-        "spec_tests.harness.loopback",
+        "spec_tests.harness.ranks.loopback",
         "--nodes",
         "2",
         "--nproc-per-node",

@@ -12,7 +12,7 @@ runs, the clauses' `symptom`s and the usage rules of `findings/advice.toml`). Ea
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
 The findings pages `docs/findings/<target>-<release>.md` (and their HTML copies, which the results page links to), the maintainer reports `findings/repro/<target>-<release>/
 <CLAUSE>.md` (with the reproducers' captured outputs) and the filterable page `docs/results.html` come from the
-stored runs too (spec_tests.harness.findings, spec_tests.harness.repro_reports, spec_tests.harness.report --html). `--check` makes everything in a
+stored runs too (spec_tests.harness.records.findings, spec_tests.harness.records.repro_reports, spec_tests.harness.records.report --html). `--check` makes everything in a
 temporary directory and compares. Run it from the repository root.
 """
 
@@ -30,11 +30,11 @@ from benchmarks import summary as benchmark_summary
 from fault_injection import matrix
 from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
-from spec_tests.harness import findings, glance, releases, report, repro_reports
+from spec_tests.harness.records import findings, glance, releases, report, repro_reports
 
 ROOT = Path(__file__).resolve().parent
 RUNS = "conformance/all"
-# The stored runs by the release list (spec_tests/harness/releases.py): impl and the releases judged on every
+# The stored runs by the release list (spec_tests/harness/records/releases.py): impl and the releases judged on every
 # clause area, then those judged on the protocol area only.
 RELEASES = [releases.REFERENCE, *(r.name for r in releases.full_suite())]
 PROTOCOL_ONLY = [r.name for r in releases.protocol_only()]

@@ -1,4 +1,4 @@
-"""A benchmark run's figures and how they print: the `Run` index and the Markdown formatting helpers.
+"""A benchmark run's figures and how they print: the `BenchmarkRun` index and the Markdown formatting helpers.
 
 Shared by the summary's sections and goals (benchmarks.summary).
 """
@@ -6,9 +6,9 @@ Shared by the summary's sections and goals (benchmarks.summary).
 from __future__ import annotations
 
 __all__ = [
+    "BenchmarkRun",
     "GiB",
     "MiB",
-    "Run",
     "floor_of",
     "fmt_bytes",
     "fmt_rate",
@@ -24,7 +24,7 @@ GiB = 1 << 30
 MiB = 1 << 20
 
 
-class Run:
+class BenchmarkRun:
     """The benchmarks of one run, indexed by figure."""
 
     def __init__(self, output_json: dict):
@@ -119,7 +119,7 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def floor_of(run: Run, nbytes: int, device: str) -> tuple[str, float | None]:
+def floor_of(run: BenchmarkRun, nbytes: int, device: str) -> tuple[str, float | None]:
     name = "d2h-pinned" if device == "cuda" else "memcpy"
     return name, run.ceiling_seconds(name, nbytes)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from benchmarks.figures import (
+    BenchmarkRun,
     MiB,
-    Run,
     floor_of,
     fmt_bytes,
     fmt_ratio,
@@ -28,7 +28,7 @@ def _goal(text: str, value: float | None, limit: float, measured: str) -> str:
     return f"- [{mark}] {text}: {measured}"
 
 
-def goals(run: Run) -> list[str]:
+def goals(run: BenchmarkRun) -> list[str]:
     """The performance goals of impl, checked against this run's figures."""
     lines = []
     gpu = bool(run.info.get("gpu"))
@@ -125,7 +125,7 @@ def goals(run: Run) -> list[str]:
     return lines
 
 
-def _overlapped(run: Run, gpu: bool, peer: str) -> list[str]:
+def _overlapped(run: BenchmarkRun, gpu: bool, peer: str) -> list[str]:
     """The goals of impl's overlapped staging: its return, and its stall until the state may change, each against
     the floor of its bytes (memcpy, or the pinned device-to-host copy on a GPU), measured in this run."""
     stall = run.one("stall", peer)

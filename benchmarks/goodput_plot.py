@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from benchmarks import goodput_summary
-from benchmarks.figures import Run
+from benchmarks.figures import BenchmarkRun
 
 __all__ = ["paths_for", "write"]
 
@@ -37,7 +37,7 @@ def write(output_json: dict, json_path: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
-    run = Run(output_json)
+    run = BenchmarkRun(output_json)
     found = goodput_summary.figures(run)
     if not found:
         return []
@@ -71,7 +71,7 @@ def _style(peer: str) -> dict:
     return {"color": _COLORS.get(method, "tab:blue"), "marker": "o" if family == "dcp" else "s"}
 
 
-def _steps(run: Run, found, path: Path) -> None:
+def _steps(run: BenchmarkRun, found, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     intervals = sorted({n for _, n in found})
@@ -126,7 +126,7 @@ def _steps(run: Run, found, path: Path) -> None:
     plt.close(fig)
 
 
-def _interval(run: Run, found, path: Path) -> None:
+def _interval(run: BenchmarkRun, found, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
 

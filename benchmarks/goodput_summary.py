@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.figures import Run, fmt_bytes, fmt_time, md_table
+from benchmarks.figures import BenchmarkRun, fmt_bytes, fmt_time, md_table
 
 __all__ = ["Figures", "alone", "figures", "goals", "order", "render", "render_compact", "wrong_peers"]
 
@@ -98,7 +98,7 @@ def _split(row: dict) -> tuple[list[float], list[float]]:
     return busy, idle
 
 
-def figures(run: Run) -> dict[tuple[str, int], Figures]:
+def figures(run: BenchmarkRun) -> dict[tuple[str, int], Figures]:
     """The figures of every goodput run that has a baseline run at its interval."""
     rows = {(r["peer"], r["interval"]): r for r in run.get(FIGURE)}
     out = {}
@@ -137,7 +137,7 @@ def figures(run: Run) -> dict[tuple[str, int], Figures]:
     return out
 
 
-def alone(run: Run) -> bool:
+def alone(run: BenchmarkRun) -> bool:
     """A run of the goodput benchmark alone (`-k goodput`): no save figures, so no save goals either."""
     return bool(run.get(FIGURE)) and not run.get("stall")
 
@@ -232,7 +232,7 @@ def _interval_table(found: dict[tuple[str, int], Figures], interval: int) -> lis
     return md_table(header, rows)
 
 
-def _pooled(run: Run, found: dict[tuple[str, int], Figures], peer: str) -> dict[str, float | None]:
+def _pooled(run: BenchmarkRun, found: dict[tuple[str, int], Figures], peer: str) -> dict[str, float | None]:
     """Medians over every run of `peer`: save call and time to durable (seconds, and in steps of each
     run's own m), and interference (each in-flight step over its run's m)."""
     call, durable, busy, update = [], [], [], []
@@ -256,7 +256,7 @@ def _pooled(run: Run, found: dict[tuple[str, int], Figures], peer: str) -> dict[
     }
 
 
-def _notes(run: Run, found: dict[tuple[str, int], Figures]) -> list[str]:
+def _notes(run: BenchmarkRun, found: dict[tuple[str, int], Figures]) -> list[str]:
     rows = run.get(FIGURE)
     loads = [x for r in rows for x in r.get("load_average", [])]
     base = sorted((f for (p, _), f in found.items() if p == BASELINE), key=lambda f: f.interval)
@@ -283,12 +283,12 @@ def _notes(run: Run, found: dict[tuple[str, int], Figures]) -> list[str]:
     return lines
 
 
-def _noise(run: Run) -> float | None:
+def _noise(run: BenchmarkRun) -> float | None:
     base = [r["wall_s"] / r["steps"] for r in run.get(FIGURE) if r["peer"] == BASELINE]
     return max(base) / min(base) - 1 if len(base) > 1 else None
 
 
-def goals(run: Run) -> list[str]:
+def goals(run: BenchmarkRun) -> list[str]:
     """impl's goals: the lowest slowdown of the peers with correct snapshots at every interval, and under
     GOAL_SLOWDOWN at the longest interval. impl's best peer at each interval stands for impl."""
     found = figures(run)
@@ -328,7 +328,7 @@ def goals(run: Run) -> list[str]:
     return lines
 
 
-def render(run: Run, heading: str = "###") -> list[str]:
+def render(run: BenchmarkRun, heading: str = "###") -> list[str]:
     """One table per save interval, the notes and the goals ([] if the run has no goodput rows)."""
     found = figures(run)
     if not found:
@@ -339,7 +339,7 @@ def render(run: Run, heading: str = "###") -> list[str]:
     return [*lines, "Goals for impl:", "", *goals(run), ""]
 
 
-def render_compact(run: Run) -> list[str]:
+def render_compact(run: BenchmarkRun) -> list[str]:
     """The table of docs/benchmarks.md: every peer over every interval, the notes and the goals ([] if no goodput rows)."""
     found = figures(run)
     if not found:

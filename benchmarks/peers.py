@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from benchmarks.dcp_stager import KeptStager, staging_options
 from spec_tests.harness import MissingCapability, load_target
-from spec_tests.harness.recipe import plan_async_save, recipe_modules
+from spec_tests.harness.target.recipe import plan_async_save, recipe_modules
 
 __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
 
@@ -74,7 +74,7 @@ class Peer:
 
 
 def plan_write(target_name: str, state_dict, path: str, **writer_kwargs):
-    """The documented recipe's planned save (spec_tests.harness.recipe) with the target's FileSystemWriterAsync."""
+    """The documented recipe's planned save (spec_tests.harness.target.recipe) with the target's FileSystemWriterAsync."""
     return plan_async_save(recipe_modules(load_target(target_name)), state_dict, path, **writer_kwargs)
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from benchmarks import goodput_summary
 from benchmarks.figures import (
+    BenchmarkRun,
     GiB,
-    Run,
     floor_of,
     fmt_bytes,
     fmt_rate,
@@ -42,7 +42,7 @@ START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 # ------------------------------------------------------------------------------------ sections
 
 
-def _ceilings(run: Run) -> list[str]:
+def _ceilings(run: BenchmarkRun) -> list[str]:
     rows = [
         [r["peer"], fmt_bytes(r["bytes"]), fmt_time(r["seconds"]), fmt_rate(r["bytes"], r["seconds"])]
         for r in sorted(run.get("ceiling"), key=lambda r: (r["peer"], r["bytes"]))
@@ -64,7 +64,7 @@ def stall_peer(record: dict) -> str:
     return label
 
 
-def _stall(run: Run, figure: str) -> list[str]:
+def _stall(run: BenchmarkRun, figure: str) -> list[str]:
     rows_in = run.get(figure)
     best = min((r["seconds"] for r in rows_in), default=None)
     rows = []
@@ -88,7 +88,7 @@ def _stall(run: Run, figure: str) -> list[str]:
     return md_table(["peer", "stall", "ms/GiB", "x floor", "x best", "phases", last], rows)
 
 
-def _durable(run: Run) -> list[str]:
+def _durable(run: BenchmarkRun) -> list[str]:
     rows_in = run.get("durable")
     best = min((r["seconds"] for r in rows_in), default=None)
     rows = []
@@ -108,7 +108,7 @@ def _durable(run: Run) -> list[str]:
     return md_table(["peer", "to committed", "x write+fsync", "x sync save", "x best", "fsync'ed"], rows)
 
 
-def _write(run: Run) -> list[str]:
+def _write(run: BenchmarkRun) -> list[str]:
     rows = []
     for r in sorted(run.get("write"), key=lambda r: (r["dest"], r["seconds"])):
         same = [o["seconds"] for o in run.get("write", dest=r["dest"])]
@@ -125,7 +125,7 @@ def _write(run: Run) -> list[str]:
     return md_table(["writer", "destination", "throughput", "of ceiling", "of best"], rows)
 
 
-def _d2h(run: Run) -> list[str]:
+def _d2h(run: BenchmarkRun) -> list[str]:
     rows = []
     for r in sorted(run.get("d2h"), key=lambda r: (r["peer"], r["bytes"])):
         ceiling = run.ceiling_seconds("d2h-pinned", r["bytes"])
@@ -140,7 +140,7 @@ def _d2h(run: Run) -> list[str]:
     return md_table(["path", "bytes", "throughput", "of pinned copy"], rows)
 
 
-def _memory(run: Run) -> list[str]:
+def _memory(run: BenchmarkRun) -> list[str]:
     rows = []
     for r in sorted(run.get("memory"), key=lambda r: r["peer"]):
         m = r["memory"]
@@ -177,7 +177,7 @@ def _memory(run: Run) -> list[str]:
     )
 
 
-def _load(run: Run) -> list[str]:
+def _load(run: BenchmarkRun) -> list[str]:
     rows_in = run.get("load")
     best = min((r["seconds"] for r in rows_in), default=None)
     rows = [
@@ -206,7 +206,7 @@ SECTIONS = [
 ]
 
 
-def _checksum_cost(run: Run) -> list[str]:
+def _checksum_cost(run: BenchmarkRun) -> list[str]:
     """benchmarks/test_checksums.py: `dcp:impl` with checksums (IN-1) on against off, as ratios."""
     on, off = run.one("checksums", "dcp:impl", checksums=True), run.one("checksums", "dcp:impl", checksums=False)
     if not on or not off:
@@ -221,7 +221,7 @@ def _checksum_cost(run: Run) -> list[str]:
 
 def render(output_json: dict, heading: str = "###") -> str:
     """The full Markdown summary of one run: goals, then one table per figure, then goodput."""
-    run = Run(output_json)
+    run = BenchmarkRun(output_json)
     alone = goodput_summary.alone(run)
     lines = [f"{heading} {run.label}", ""]
     if not alone:
@@ -236,14 +236,14 @@ def render(output_json: dict, heading: str = "###") -> str:
 
 def render_compact(output_json: dict, heading: str = "####") -> str:
     """One table per run for docs/benchmarks.md: each peer's main figures, the ceilings, the goals; the goodput table."""
-    run = Run(output_json)
+    run = BenchmarkRun(output_json)
     goodput = goodput_summary.render_compact(run)
     if goodput_summary.alone(run):
         return "\n".join([f"{heading} Goodput: {run.label}", "", *goodput]) + "\n"
     return _compact_saves(run, heading) + ("\n" + "\n".join(goodput) if goodput else "")
 
 
-def _compact_saves(run: Run, heading: str) -> str:
+def _compact_saves(run: BenchmarkRun, heading: str) -> str:
     best_stall = min((r["seconds"] for r in run.get("stall")), default=None)
     rows = []
     for r in sorted(run.get("stall"), key=lambda r: r["seconds"]):

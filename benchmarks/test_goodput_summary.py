@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import goodput_plot, goodput_summary, summary
-from benchmarks.figures import Run
+from benchmarks.figures import BenchmarkRun
 
 MiB = 1 << 20
 
@@ -56,7 +56,7 @@ RUN = {
 
 
 def test_slowdown_is_paired_within_the_run_and_wall_time_against_the_baseline():
-    found = goodput_summary.figures(Run(RUN))
+    found = goodput_summary.figures(BenchmarkRun(RUN))
     impl = found["dcp:impl", 5]
     assert impl.step_s == pytest.approx(0.1)  # the median of the steps without a save in flight
     assert impl.overhead_s == pytest.approx(0.02 + 2 * 0.1)  # the stall, and two steps that took twice as long
@@ -69,7 +69,7 @@ def test_slowdown_is_paired_within_the_run_and_wall_time_against_the_baseline():
 
 
 def test_a_wrong_snapshot_is_marked_and_never_ranked():
-    table = "\n".join(goodput_summary.render(Run(RUN)))
+    table = "\n".join(goodput_summary.render(BenchmarkRun(RUN)))
     assert "| `dcp:impl` | correct (1) | +22.0% | 0.820 | +10.0% | +0.0% | 1 | 20 ms (0.20) | 0 ms (0.00) |" in table
     assert "| `dcp:nvrx` | **wrong snapshot** (1 of 1, CPU tensors) | +0.1% |" in table
     assert table.index("`dcp:save`") < table.index("`dcp:nvrx`")  # the wrong one last, below slower peers
@@ -78,7 +78,7 @@ def test_a_wrong_snapshot_is_marked_and_never_ranked():
 
 
 def test_goals_compare_impl_with_the_correct_peers_only():
-    goals = goodput_summary.goals(Run(RUN))
+    goals = goodput_summary.goals(BenchmarkRun(RUN))
     assert goals[0].startswith("- [x] impl has the lowest slowdown of the peers with correct snapshots")
     assert "every 5: `dcp:impl` +22.0% vs `dcp:save` +30.0%" in goals[0]
     assert "every 10: `dcp:impl` +2.0% vs `dcp:save` +30.0%" in goals[0]  # nvrx, correct here, is still out

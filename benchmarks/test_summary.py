@@ -56,7 +56,7 @@ def test_ratios_use_the_fastest_ceiling_round_scaled_to_the_same_bytes():
 
 
 def test_goals_are_checked_against_the_figures():
-    goals = "\n".join(goals_of(summary.Run(RUN)))
+    goals = "\n".join(goals_of(summary.BenchmarkRun(RUN)))
     assert "- [x] `dcp:impl` stall <= 1.5x the memcpy floor, snapshot correct: 1.20x" in goals
     assert "- [ ] `dcp:impl` stall no worse than `dcp:nvrx`" in goals
     assert "- [ ] `dcp:impl` time to durable <= 1.05x synchronous `dcp.save`: 1.10x" in goals  # missed, by how much
@@ -75,7 +75,7 @@ def test_overlapped_goals_divide_the_return_and_the_stall_by_the_floor():
         phases={"plan": 0.00001, "schedule": 0.00001, "staging wait": 0.00038},
     )
     run = {**RUN, "benchmarks": [*RUN["benchmarks"], overlapped]}
-    goals = "\n".join(goals_of(summary.Run(run)))
+    goals = "\n".join(goals_of(summary.BenchmarkRun(run)))
     assert "- [x] `dcp:impl-overlapped` returns within 0.05x the memcpy floor: 0.04x" in goals
     assert "- [x] `dcp:impl-overlapped` stall until the state may change <= 1.0x the memcpy floor" in goals
     assert "(a GPU goal; this run's CPU figure): 0.80x, correct (CPU tensors)" in goals
@@ -94,8 +94,8 @@ def test_on_a_gpu_the_device_clone_peer_has_goals_of_its_own():
     run = {**RUN, "benchmarks": [*RUN["benchmarks"], clone]}
     machine = {"cores": 2, "gpu": "GPU X", "torch": "2.13.0", "size_mib": 8, "threads": 1}
     gpu_run = {**run, "machine_info": {"ckptspec": machine}}
-    assert "dcp:impl-overlapped-clone" not in "\n".join(goals_of(summary.Run(run)))  # a CPU run: no clone line
-    goals = "\n".join(goals_of(summary.Run(gpu_run)))
+    assert "dcp:impl-overlapped-clone" not in "\n".join(goals_of(summary.BenchmarkRun(run)))  # a CPU run: no clone line
+    goals = "\n".join(goals_of(summary.BenchmarkRun(gpu_run)))
     assert "- [x] `dcp:impl-overlapped-clone` stall until the state may change <= 1.0x the memcpy floor" in goals
     assert "- [ ] `dcp:impl-overlapped`: not measured in this run" in goals
 

@@ -42,7 +42,7 @@ CASES = [
 ] + [(writer, dest) for dest in ("msc-posix", "msc-s3") for writer in ("dcp:impl", "dcp:nvrx", "dcp:save")]
 
 
-class Storage:
+class WriteStorage:
     """The MSC side of the run: config file, POSIX base directory and S3 bucket."""
 
     def __init__(self, root, endpoint: str):
@@ -83,13 +83,13 @@ class Storage:
 
 @pytest.fixture(scope="session")
 def storage(tmp_path_factory, s3_endpoint):
-    return Storage(tmp_path_factory.mktemp("msc"), s3_endpoint)
+    return WriteStorage(tmp_path_factory.mktemp("msc"), s3_endpoint)
 
 
 class Destination:
     """Fresh paths (or msc:// URLs) for one destination, and removal of what was written there."""
 
-    def __init__(self, dest: str, paths, storage: Storage | None):
+    def __init__(self, dest: str, paths, storage: WriteStorage | None):
         self.dest, self.paths, self.storage = dest, paths, storage
 
     def new(self) -> str:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from fault_injection.shm_watch import ShmWatch
-from spec_tests.harness.reaper import harness_pids
+from spec_tests.harness.ranks.reaper import harness_pids
 
 __all__ = ["GRACE", "Audit"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from fault_injection import faultfs
 from spec_tests.harness import alive, run_on_ranks, workloads
-from spec_tests.harness.processes import collect_garbage
+from spec_tests.harness.ranks.reaper import collect_garbage
 
 __all__ = [
     "BOUND",

@@ -7,14 +7,14 @@
         first run `pytest fault_injection -n auto -q -p no:randomly --impl T --conformance-json
         DIR/faults-T.json` per target (DIR defaults to conformance/), timing each run, then report on
         those files, with the wall times. Pytest exit codes 0 and 1 are data; any other is an error.
-        The run and the command line's error handling are spec_tests.harness.runs' (`run_target`, `cli`),
+        The run and the command line's error handling are spec_tests.harness.records.runs' (`run_target`, `cli`),
         shared with the conformance table.
 
-Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spec_tests.harness.runs). A test's fault
+Input is what `--conformance-json` writes (see spec_tests.harness.plugin and spec_tests.harness.records.runs). A test's fault
 is the family of the FI-* clauses it cites (FI-RANK-1 -> FI-RANK; FI-ORPHAN-1, cited by every fault
 test, does not count); its phase is the first `-`-separated word of its parameter id that names a
 phase (`test_killed_worker[write-child]` -> write). A cell aggregates the outcomes of the tests of
-that fault, phase and target in verdict words (spec_tests.harness.verdicts.judge_tests: a known failure is worded by
+that fault, phase and target in verdict words (spec_tests.harness.records.verdicts.judge_tests: a known failure is worded by
 the basis of the clause its expectations entry names), or says "n/a" where no test exists: the fault cannot happen
 in that phase. The row "leftovers (audit)" says whether the orphan audit (FI-ORPHAN-1) failed a test of that phase:
 "leaves processes" if it did, "passes" if tests of the phase ran without such a failure.
@@ -23,7 +23,6 @@ in that phase. The row "leftovers (audit)" says whether the orphan audit (FI-ORP
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -33,8 +32,9 @@ from pathlib import Path
 
 from spec_tests.harness import Record, load_run, write_block
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.runs import cli, run_parser, run_target
-from spec_tests.harness.verdicts import judge_tests
+from spec_tests.harness.records.run_file import PhaseRecord, RunFile
+from spec_tests.harness.records.runs import cli, run_parser, run_target
+from spec_tests.harness.records.verdicts import judge_tests
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
@@ -74,28 +74,16 @@ class TargetRun:
     """One target's recorded fault-suite run: its label, its records, and the wall time if measured."""
 
     label: str
-    records: tuple  # (nodeid, outcome, when, clauses, message) per recorded phase of a test
-    tests: dict[str, Record]  # nodeid -> its record, worst phase (spec_tests.harness.runs.load_run)
+    records: tuple[PhaseRecord, ...]  # every recorded phase of every test
+    tests: dict[str, Record]  # nodeid -> its record, worst phase (spec_tests.harness.records.runs.load_run)
     registry: dict  # the clauses: the run's, then the project's
     wall_s: float | None = None
 
-    @property
-    def outcomes(self) -> dict[str, str]:
-        return {nodeid: record.outcome for nodeid, record in self.tests.items()}
-
-    @property
-    def clauses(self) -> dict[str, frozenset[str]]:
-        return {nodeid: record.cited for nodeid, record in self.tests.items()}
-
 
 def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
-    """Read one conformance JSON file (validated by spec_tests.harness.runs.load_run)."""
+    """Read one conformance JSON file (validated by spec_tests.harness.records.runs.load_run)."""
     run = load_run(path)
-    data = json.loads(Path(path).read_text())
-    records = tuple(
-        (t["nodeid"], t["outcome"], t.get("when", "call"), tuple(t["clauses"]), t.get("message", ""))
-        for t in data["tests"]
-    )
+    records = tuple(RunFile.read(path).tests)
     return TargetRun(run.label, records, dict(run.tests), {**run.clauses, **clause_registry.load()}, wall_s)
 
 
@@ -123,13 +111,13 @@ def _fault_cell(run: TargetRun, family: str, phase: str) -> str:
 
 
 def _audit_cell(run: TargetRun, phase: str) -> str:
-    in_phase = {n for n in run.outcomes if phase_of(n) == phase and families(run.clauses[n])}
+    in_phase = {n for n, r in run.tests.items() if phase_of(n) == phase and families(r.cited)}
     if not in_phase:
         return NOT_APPLICABLE
     flagged = {
-        n
-        for n, outcome, when, _, message in run.records
-        if n in in_phase and when == "teardown" and outcome == "error" and "FI-ORPHAN-1" in message
+        r.nodeid
+        for r in run.records
+        if r.nodeid in in_phase and r.when == "teardown" and r.outcome == "error" and "FI-ORPHAN-1" in r.message
     }
     if flagged:
         return f"leaves processes ({len(flagged)} of {len(in_phase)} tests)"

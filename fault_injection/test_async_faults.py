@@ -28,7 +28,6 @@ from fault_injection.faults import (
     on_ranks,
     wait_for_pids,
 )
-from fault_injection.shared_runs import shared_run
 from spec_tests.harness import (
     HUNG,
     RankFailures,
@@ -41,6 +40,7 @@ from spec_tests.harness import (
     workloads,
     world,
 )
+from spec_tests.harness.shared_runs import shared
 
 WORLD = 2
 VICTIM = 1  # the rank (or the rank whose worker) the fault hits; rank 0 is DCP's coordinator
@@ -210,10 +210,11 @@ def _worker_killed(tmp_path_factory, phase: str) -> tuple[str, list]:
     """The run of a save whose worker (or writer process) is killed in `phase`: (its directory, each rank's
     WorkerKilled), made once per session for FI-WORKER-1 and its weak level."""
 
-    def make(tmp):
+    def make():
+        tmp = str(tmp_path_factory.mktemp(f"worker-killed-{phase}"))
         return tmp, on_ranks(WORLD, _killed_worker, tmp, phase, timeout=180)
 
-    return shared_run(tmp_path_factory, f"worker-killed-{phase}", make)
+    return shared(tmp_path_factory, f"worker-killed-{phase}", make)
 
 
 def _skip_unless_the_writer_died(tmp, phase):

@@ -31,8 +31,8 @@ import torch.distributed as dist
 from fault_injection import faultfs, saves
 from fault_injection.crash_points import crash_points, durability_problems, in_child, report_crashes, run_phases
 from fault_injection.faults import on_ranks
-from fault_injection.shared_runs import shared_run
 from spec_tests.harness import assert_state_dict_equal, current_target, remove
+from spec_tests.harness.shared_runs import shared
 
 
 def _leave_a_temporary_file_and_die() -> None:
@@ -211,10 +211,11 @@ def _saved_again(tmp_path_factory, phase: str) -> tuple:
     """crash_points' result for the restart of `_restart_and_save`, made once per session for FI-CRASH-4 and its
     weak level."""
 
-    def make(tmp):
+    def make():
+        tmp = str(tmp_path_factory.mktemp(f"saved-again-{phase}"))
         return on_ranks(1, _local_crashes, tmp, phase, _restart_and_save, timeout=240, backend="gloo")[0]
 
-    return shared_run(tmp_path_factory, f"saved-again-{phase}", make)
+    return shared(tmp_path_factory, f"saved-again-{phase}", make)
 
 
 def _counting_against(problems: list[str], level: str) -> list[str]:

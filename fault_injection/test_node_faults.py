@@ -15,8 +15,6 @@ pytest session without ending it, so node faults are driven from outside, by lau
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
 import json
 import os
 import time
@@ -26,7 +24,9 @@ import pytest
 
 from fault_injection import faults
 from fault_injection.faults import BOUND, EXIT_BOUND, SAVE_PHASES
-from spec_tests.harness import HUNG, loopback
+from spec_tests.harness import HUNG
+from spec_tests.harness.ranks import loopback
+from spec_tests.harness.shared_runs import shared
 
 LAUNCH_BOUND = 240.0  # seconds for a launch (start-up of torch and the target on a loaded machine included)
 JOB_END_BOUND = 60.0  # seconds for node 0's torchrun to end the job once its rank has failed
@@ -54,43 +54,17 @@ class LostNode:
     output: str
 
 
-_SCENARIOS: dict[str, LostNode] = {}  # phase -> its scenario, run once per phase and session for both tests
 # Waiting for another xdist worker's run of a scenario: at most two launches and the failed save's bounds.
 SHARED_WAIT = 2 * LAUNCH_BOUND + BOUND + JOB_END_BOUND + EXIT_BOUND + 60
 
 
 def _scenario(target, tmp_path_factory, phase) -> LostNode:
+    """The scenario of `phase`, run once per session for both tests (spec_tests.harness.shared_runs: each run
+    starts eight processes)."""
     if phase == "plan" and not target.has("storage_writer"):
         pytest.skip("the target has no storage writer, so its saves have no planning phase")
-    if phase not in _SCENARIOS:
-        _SCENARIOS[phase] = _shared_scenario(tmp_path_factory, phase)
-    return _SCENARIOS[phase]
-
-
-def _shared_scenario(tmp_path_factory, phase) -> LostNode:
-    """The scenario of `phase`, run once per session: under xdist the two tests of a phase may land on two
-    workers, and the first to ask runs it (each run starts eight processes) while the other waits for its result
-    in the session's shared temporary directory."""
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run_id is None:
-        return _lose_node(tmp_path_factory.mktemp(f"lost-node-{phase}"), phase)
-    shared = tmp_path_factory.getbasetemp().parent  # popen-gwN's parent: one directory per xdist session
-    result = shared / f"lost-node-{run_id}-{phase}.json"
-    with open(shared / f"lost-node-{run_id}-{phase}.lock", "w") as lock:
-        deadline = time.monotonic() + SHARED_WAIT
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"another worker's lost-node scenario ({phase}) held its lock past {SHARED_WAIT:g}s")
-                time.sleep(0.2)
-        if result.exists():
-            return LostNode(**json.loads(result.read_text()))
-        lost = _lose_node(tmp_path_factory.mktemp(f"lost-node-{phase}"), phase)
-        result.write_text(json.dumps(dataclasses.asdict(lost)))
-        return lost
+    key = f"lost-node-{phase}"
+    return shared(tmp_path_factory, key, lambda: _lose_node(tmp_path_factory.mktemp(key), phase), wait=SHARED_WAIT)
 
 
 def _lose_node(tmp_path, phase) -> LostNode:

@@ -15,8 +15,8 @@ import pytest
 
 from fault_injection import saves
 from fault_injection.faults import BOUND, EXIT_BOUND, on_ranks
-from fault_injection.shared_runs import shared_run
 from spec_tests.harness import HUNG, async_core, close_quietly, current_target, outcome_of, world
+from spec_tests.harness.shared_runs import shared
 
 WORLD = 2
 FAULTS = {  # test id (phase first) -> (what the proxy does, in words); 5xx on data objects alone: MSC-3
@@ -57,7 +57,7 @@ def _faulty_save(s3, tmp_path_factory, fault: str) -> FaultySave:
     (the endpoint is this worker's: the facts are read here)."""
     inject, _ = FAULTS[fault]
 
-    def make(_tmp):
+    def make():
         prefix = uuid.uuid4().hex
         inject(s3.proxy)
         try:
@@ -67,7 +67,7 @@ def _faulty_save(s3, tmp_path_factory, fault: str) -> FaultySave:
         committed = [k for k in s3.keys(f"{prefix}/new/") if k.endswith(".metadata")]
         return FaultySave(outcomes, committed, _old_loads(s3, prefix))
 
-    return shared_run(tmp_path_factory, f"s3-{fault}", make)
+    return shared(tmp_path_factory, f"s3-{fault}", make)
 
 
 def _old_loads(s3, prefix) -> str:

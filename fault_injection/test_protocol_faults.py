@@ -2,7 +2,7 @@
 dcp-process, dcp-staged): the same faults in the same phases as the other modules of this suite, which drive the
 AsyncCallsQueue API that these targets lack (targets that have it are judged there and skip here).
 
-The FI clauses read in protocol terms (spec_tests.harness.protocol): "the save raises CheckpointException on every
+The FI clauses read in protocol terms (spec_tests.harness.target.protocol): "the save raises CheckpointException on every
 rank" is "start() or wait() raises on every rank", "the same queue" is "the same saver", "close(abort=True)" is
 "abort() of the save in flight". A fault is placed in a phase by the file operation it hits, in the trainer and
 every thread and forked process of its save (fault_injection.faultfs): plan is the mkdir of the checkpoint
@@ -11,7 +11,7 @@ spawned process (dcp-process's checkpoint daemon) is out of the layer's reach: w
 skips saying so instead of judging a fault that never happened. Damage after commit needs no layer: the files of
 a committed checkpoint are changed at rest and loaded with stock `torch.distributed.checkpoint.load`.
 
-File names are the target's format's (spec_tests.harness.formats): DCP's `*.distcp` and `.metadata` stand for the
+File names are the target's format's (spec_tests.harness.target.formats): DCP's `*.distcp` and `.metadata` stand for the
 format's data files and commit marker; a format without a marker has no finalize phase (its cells are skipped,
 saying so), and a writer that writes elsewhere and moves its files in gives the layer no write to act on.
 """
@@ -30,7 +30,6 @@ import torch.distributed as dist
 from fault_injection import faultfs
 from fault_injection.crash_points import in_child
 from fault_injection.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, on_ranks
-from fault_injection.shared_runs import shared_run
 from spec_tests.drivers.damage import Damage, apply, files_under
 from spec_tests.drivers.protocol_saves import (
     WARM_BOUND,
@@ -43,8 +42,9 @@ from spec_tests.drivers.protocol_saves import (
     start,
 )
 from spec_tests.harness import HUNG, attempt, remove, wait_for_file, world
-from spec_tests.harness.formats import checkpoint_format
-from spec_tests.harness.protocol import protocol_saver
+from spec_tests.harness.shared_runs import shared
+from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.protocol import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")
 WORLD = 2
@@ -126,10 +126,11 @@ def _storage_errors_run(tmp_path_factory, phase: str) -> tuple[str, list]:
     FI-STORAGE-1/2 and FI-STORAGE-2w; skips a phase the format does not have, or where no fault fired."""
     _in_format(STORAGE_FAULTS[phase, ERRNOS[0]][1])
 
-    def make(tmp):
+    def make():
+        tmp = str(tmp_path_factory.mktemp(f"storage-errors-{phase}"))
         return tmp, on_ranks(WORLD, _storage_errors, tmp, phase, timeout=200)
 
-    tmp, results = shared_run(tmp_path_factory, f"storage-errors-{phase}", make)
+    tmp, results = shared(tmp_path_factory, f"storage-errors-{phase}", make)
     if not any(r[e][1] for r in results for e in r):
         pytest.skip(NOT_REACHED)
     return tmp, results

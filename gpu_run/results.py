@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from gpu_run.plan import DCP_TARGETS, RELEASES
+from spec_tests.harness.records.run_file import PhaseRecord, RunFile
 
 START, END = "<!-- gpu-results:start -->", "<!-- gpu-results:end -->"
 # (a regular expression searched in a failure's text, what it means): failures of the harness, not of the target.
@@ -47,17 +48,17 @@ def _column(stage: str) -> str:
     return re.sub(r"-(lease|gpu)$", "", stage)
 
 
-def _cell(test: dict) -> tuple[str, str | None]:
+def _cell(test: PhaseRecord) -> tuple[str, str | None]:
     """The cell's words and, for a failure, the note that explains it."""
     # The recorded failure text is cut at its end for long rank tracebacks; the message keeps the end.
-    outcome = test["outcome"]
-    text = (test.get("failure") or {}).get("text", "") + "\n" + test.get("message", "")
+    outcome = test.outcome
+    text = (test.failure.text if test.failure else "") + "\n" + test.message
     if outcome == "passed":
         return "passes", None
     if outcome == "xpass":
         return "passes (listed as an intermittent failure)", None
     if outcome == "skipped":
-        return f"skipped ({test.get('message', '').split(': ', 1)[-1][:60]})", None
+        return f"skipped ({test.message.split(': ', 1)[-1][:60]})", None
     if outcome in ("failed", "error"):
         for pattern, meaning in HARNESS_CAUSES:
             if re.search(pattern, text):
@@ -68,9 +69,18 @@ def _cell(test: dict) -> tuple[str, str | None]:
         return "FAILS (not listed)", f"the orphan audit (FI-ORPHAN-1) found {len(left)} leftovers: {shown}{more}"
     first = _root_error(text)
     if outcome == "xfail":
-        clauses = ", ".join((test.get("entry") or {}).get("clauses") or []) or "?"
-        if first.startswith(("RankFailures", "spec_tests.harness.ranks.RankFailures")) or not first:
-            first = "as listed: " + test.get("message", "").split("] ", 1)[-1]  # the entry's reason
+        clauses = ", ".join(test.entry.clauses if test.entry else ()) or "?"
+        if (
+            first.startswith(
+                (
+                    "RankFailures",
+                    "spec_tests.harness.ranks.RankFailures",
+                    "spec_tests.harness.ranks.vocabulary.RankFailures",
+                )
+            )
+            or not first
+        ):
+            first = "as listed: " + test.message.split("] ", 1)[-1]  # the entry's reason
         return "fails as listed", f"charged to {clauses}: {first[:160]}"
     return "FAILS (not listed)", first[:200]
 
@@ -88,17 +98,16 @@ def render(folder: Path) -> str:
     summary = json.loads((folder / "summary.json").read_text())
     runs = {}
     for path in sorted(folder.glob("*.json")):
-        data = json.loads(path.read_text())
-        if path.name != "summary.json" and "tests" in data:
-            runs[_column(path.stem)] = data
+        if path.name != "summary.json" and "tests" in json.loads(path.read_text()):
+            runs[_column(path.stem)] = RunFile.read(path)
     columns = [c for c in _ORDER if c in runs] + sorted(set(runs) - set(_ORDER))
     cells: dict[str, dict[str, str]] = {}
     clauses: dict[str, str] = {}
     notes: list[str] = []
     for column in columns:
-        for test in runs[column]["tests"]:
-            row = test["nodeid"]
-            clauses[row] = ", ".join(test.get("clauses") or [])
+        for test in runs[column].tests:
+            row = test.nodeid
+            clauses[row] = ", ".join(test.clauses)
             words, note = _cell(test)
             if note:
                 notes.append(f"{column}, `{row.split('::', 1)[1]}`: {note}")
@@ -108,7 +117,7 @@ def render(folder: Path) -> str:
     lines = [
         f"Run {folder.name}: {machine.get('gpu')}, torch {machine.get('torch')} (CUDA {machine.get('cuda')}), "
         f"Python {machine.get('python')}; tensor device of the snapshot family: "
-        + ", ".join(sorted({str(run.get("tensor_device")) for run in runs.values()}))
+        + ", ".join(sorted({str(run.tensor_device) for run in runs.values()}))
         + ". Each target's stage ran at the same time as the others (two pytest workers each); "
         'a test that its stage\'s budget cut before it ran reads "not reached".',
         "",

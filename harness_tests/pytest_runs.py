@@ -2,7 +2,7 @@
 
 `run_pytest(args, cwd=...)` runs pytest with ARGS in a process of its own, with a clean environment (no
 CKPTSPEC_* or PYTEST_* variable of the outer run, xdist's `auto` bounded to 2 workers) and a timeout, and
-returns a `Run`: exit status, output, and, with `probe=True`, what each collecting process collected
+returns a `PytestRun`: exit status, output, and, with `probe=True`, what each collecting process collected
 (harness_tests.collect_probe).
 
 By default the process is forked from a server that has already imported torch, pytest, hypothesis and the
@@ -36,7 +36,7 @@ BROKEN = (3,)
 
 
 @dataclass
-class Run:
+class PytestRun:
     args: list[str]
     code: int
     output: str
@@ -78,7 +78,7 @@ def run_pytest(
     env: dict[str, str] | None = None,
     timeout: float = TIMEOUT_S,
     fresh: bool = False,
-) -> Run:
+) -> PytestRun:
     """Run pytest with `args` in `cwd`; see the module docstring."""
     env = dict(env or clean_env())
     with tempfile.TemporaryDirectory(prefix="ckptspec-probe-") as out:
@@ -94,7 +94,7 @@ def run_pytest(
         else:
             code, output = _forked_pytest(args, Path(cwd), env, timeout, Path(out) / "output.log")
         collected = {path.stem: path.read_text().splitlines() for path in Path(out).glob("*.txt")}
-    return Run(args, code, output, collected)
+    return PytestRun(args, code, output, collected)
 
 
 SERVER_PRELOAD = ["torch", "torch.distributed", "pytest", "hypothesis", "spec_tests.harness.plugin"]

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
-from spec_tests.harness import targets
-from spec_tests.harness.protocol import SAVER_OPTIONS, protocol_saver
+from spec_tests.harness.target import loading as targets
+from spec_tests.harness.target.protocol import SAVER_OPTIONS, protocol_saver
 
 
 def _adapter(**names: Any) -> types.ModuleType:
@@ -49,7 +49,7 @@ BROKEN: dict[str, tuple[dict[str, Any], str]] = {
     "saver without the capability": ({"CAPABILITIES": frozenset()}, 'does not declare capability "protocol"'),
     "PACKAGES of a wrong type": ({"PACKAGES": "torch"}, "PACKAGES must be a tuple of module names"),
     "NCCL_BACKEND of a wrong type": ({"NCCL_BACKEND": ("cpu", "gloo")}, "NCCL_BACKEND must be a str"),
-    "FORMAT without a loader": ({"FORMAT": object()}, "FORMAT must be a spec_tests.harness.formats"),
+    "FORMAT without a loader": ({"FORMAT": object()}, "FORMAT must be a spec_tests.harness.target.formats"),
     "manager without a factory": (
         {"CAPABILITIES": frozenset({"protocol", "manager"})},
         'declares capability "manager" but defines no checkpoint_manager(root, keep)',
@@ -100,7 +100,7 @@ _THROWAWAY = '''\
 """A throw-away target: torch's synchronous dcp.save behind the protocol layer."""
 from typing import Any
 
-from spec_tests.harness.protocol import SaveHandle, Saver
+from spec_tests.harness.target.protocol import SaveHandle, Saver
 
 NAME = "throwaway"
 DISTRIBUTION = None

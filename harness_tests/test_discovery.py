@@ -15,7 +15,8 @@ from importlib import metadata
 
 import pytest
 
-from spec_tests.harness import clauses, targets
+from spec_tests.harness import clauses
+from spec_tests.harness.target import loading as targets
 
 
 def test_builtin_targets_are_the_adapter_modules():

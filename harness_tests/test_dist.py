@@ -12,9 +12,8 @@ import torch
 import torch.distributed as dist
 
 from harness_tests.pytest_runs import clean_env, run_pytest
-from spec_tests.harness import launched
 from spec_tests.harness.processes import alive
-from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
+from spec_tests.harness.ranks import RankFailures, RankPool, launched, rank_state, ranks, run_on_ranks, world
 
 
 def _sum_of_ranks():

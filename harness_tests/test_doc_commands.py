@@ -33,8 +33,8 @@ import tomllib
 
 import pytest
 
-from spec_tests.harness import releases
-from spec_tests.harness.runs import REPO_ROOT
+from spec_tests.harness.records import releases
+from spec_tests.harness.records.runs import REPO_ROOT
 
 PAGES = [
     "README.md",
@@ -213,7 +213,7 @@ def test_the_pages_show_commands():
 
 def test_a_wrong_command_is_caught(pytest_help):
     with pytest.raises(AssertionError, match="does not take"):
-        _check_python(["python", "-m", "spec_tests.harness.report", "x.json", "--udpate", "y.md"], pytest_help)
+        _check_python(["python", "-m", "spec_tests.harness.records.report", "x.json", "--udpate", "y.md"], pytest_help)
     with pytest.raises(AssertionError, match="pytest does not know"):
         _check_pytest(["spec_tests", "--implementation", "nvrx"], pytest_help)
     with pytest.raises(AssertionError, match="no session"):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from spec_tests.harness import expectations
-from spec_tests.harness.targets import load_target
+from spec_tests.harness.target.loading import load_target
 
 _FILE = """\
 [[xfail]]

@@ -1,10 +1,10 @@
-"""The forkserver's preload probe (spec_tests/harness/fork_safety.py) answers what a forked child can do."""
+"""The forkserver's preload probe (spec_tests/harness/ranks/fork_safety.py) answers what a forked child can do."""
 
 from __future__ import annotations
 
 import torch
 
-from spec_tests.harness.fork_safety import cuda_survives_fork, forked_child_can_use
+from spec_tests.harness.ranks.fork_safety import cuda_survives_fork, forked_child_can_use
 
 
 def test_a_child_forked_after_the_imports_computes_on_the_cpu() -> None:

@@ -1,5 +1,5 @@
 """The GPU run (gpu_run, docs/gpu.md) stays runnable without a GPU to try it on: its plan fits the device calls, its
-releases are the release list's (spec_tests/harness/releases.py), and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
+releases are the release list's (spec_tests/harness/records/releases.py), and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 
 from gpu_run import __main__ as cli
 from gpu_run import plan, runner
-from spec_tests.harness import clauses, releases
-from spec_tests.harness.targets import builtin_targets
+from spec_tests.harness import clauses
+from spec_tests.harness.records import releases
+from spec_tests.harness.target.loading import builtin_targets
 
 
 def test_every_stage_is_in_one_call_and_every_call_fits_a_device_command():
@@ -187,8 +188,9 @@ def test_results_name_harness_failures_and_never_charge_them_to_the_target(tmp_p
         },
         {"nodeid": "spec_tests/a.py::test_flaky", "outcome": "xpass", "clauses": ["P-ISO-1"]},
     ]
-    (tmp_path / "t1-lease.json").write_text(json.dumps({"tensor_device": "cuda", "tests": tests}))
-    (tmp_path / "t2-lease.json").write_text(json.dumps({"tensor_device": "cuda", "tests": tests[:1]}))
+    run = {"target": "t", "version": "1", "clauses": {}, "tensor_device": "cuda"}
+    (tmp_path / "t1-lease.json").write_text(json.dumps({**run, "tests": tests}))
+    (tmp_path / "t2-lease.json").write_text(json.dumps({**run, "tests": tests[:1]}))
     text = results.render(tmp_path)
     rows = {
         line.split("|")[1].strip(" `"): line.split("|")[3:5] for line in text.splitlines() if line.startswith("| `")

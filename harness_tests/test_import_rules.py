@@ -2,6 +2,7 @@
 
 - No module imports a test module (`test_*.py`): what two test modules share lives in a module of its own.
 - No module imports a private name (a leading underscore) of a module outside its own package.
+- No two classes of the suite's packages share a name (one name per concept).
 The layers themselves (who may import whom) are import-linter's, run by CI as `lint-imports`.
 """
 
@@ -72,7 +73,7 @@ def test_no_module_imports_a_test_module_or_another_packages_private_name():
     ("source", "broken"),
     [
         ("from spec_tests.protocol.test_failures import data_file\n", "imports the test module"),
-        ("from spec_tests.harness.ranks import _job\n", "imports the private name(s) _job"),
+        ("from spec_tests.harness.ranks.forked import _job\n", "imports the private name(s) _job"),
     ],
 )
 def test_the_rules_catch_a_test_module_import_and_a_private_name(tmp_path, source, broken):
@@ -83,3 +84,29 @@ def test_the_rules_catch_a_test_module_import_and_a_private_name(tmp_path, sourc
     problems = [p for p in _problems(modules) if "offender" in p]
     assert len(problems) == 1, problems
     assert broken in problems[0], problems
+
+
+def _classes(modules: dict[str, Path]) -> dict[str, list[str]]:
+    """Every class name defined in the modules, with where each is defined."""
+    found: dict[str, list[str]] = {}
+    for name, path in sorted(modules.items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_no_two_classes_share_a_name():
+    """One name per concept across the suite's packages (the standalone reproducers of findings/repro, which copy
+    what they need, stand apart)."""
+    shared = {name: where for name, where in _classes(_modules()).items() if len(where) > 1}
+    assert not shared, "classes sharing a name (rename one):\n" + "\n".join(f"{n}: {w}" for n, w in shared.items())
+
+
+def test_the_class_name_rule_sees_a_second_class_of_a_name(tmp_path):
+    second = tmp_path / "second.py"
+    second.write_text("class RankPool:\n    pass\n")
+    modules = {**_modules(), "fault_injection.second": second}
+    where = _classes(modules)["RankPool"]
+    assert len(where) == 2, where
+    assert "fault_injection.second:1" in where, where

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness_tests.pytest_runs import clean_env, run_pytest
-from spec_tests.harness import loopback
+from spec_tests.harness.ranks import loopback
 
 LAUNCH_TIMEOUT = 420.0
 DIST = "harness_tests/test_dist.py"

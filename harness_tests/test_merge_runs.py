@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests.harness.merge_runs import main, merge
-from spec_tests.harness.runs import OUTCOMES, ReportError, load_run
+from spec_tests.harness.records.merge_runs import main, merge
+from spec_tests.harness.records.runs import OUTCOMES, ReportError, load_run
 
 NODEIDS = ["t.py::a", "t.py::b", "t.py::c[x]", "t.py::c[y]"]
 CLAUSES = {"X-1": {"statement": "one", "source": "s"}}
@@ -37,19 +37,19 @@ def test_the_latest_run_of_each_test_is_kept_whole(tmp_path_factory, given_runs)
         model.update(run)
     merged = merge(paths)
     got: dict = {}
-    for test in merged["tests"]:
-        got.setdefault(test["nodeid"], []).append((test["when"], test["outcome"]))
+    for test in merged.tests:
+        got.setdefault(test.nodeid, []).append((test.when, test.outcome))
     assert got == {n: list(recs) for n, recs in model.items()}
-    assert merged["merged_from"] == [str(p) for p in paths]
+    assert merged.merged_from == [str(p) for p in paths]
     out = tmp / "merged.json"
-    out.write_text(json.dumps(merged))
+    merged.write(out)
     assert load_run(out).label == "impl 1.0"
 
 
 def test_the_clause_registry_is_the_union_with_the_later_entry_winning(tmp_path):
     old = _write(tmp_path / "a.json", {}, clauses={"X-1": {"statement": "old"}, "X-2": {"statement": "two"}})
     new = _write(tmp_path / "b.json", {}, clauses={"X-1": {"statement": "new"}})
-    assert merge([old, new])["clauses"] == {"X-1": {"statement": "new"}, "X-2": {"statement": "two"}}
+    assert merge([old, new]).clauses == {"X-1": {"statement": "new"}, "X-2": {"statement": "two"}}
 
 
 @pytest.mark.parametrize(("target", "version"), [("nvrx", "1.0"), ("impl", "2.0")])

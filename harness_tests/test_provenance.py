@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 from harness_tests.pytest_runs import clean_env, run_pytest
-from spec_tests.harness import advice, provenance, releases
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness.cli import summary
-from spec_tests.harness.merge_runs import merge
-from spec_tests.harness.runs import Record, Run, load_run
+from spec_tests.harness.records import advice, provenance, releases
+from spec_tests.harness.records.merge_runs import merge
+from spec_tests.harness.records.runs import Record, Run, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAUSES = {"X-1": {"statement": "one", "source": "s"}}
@@ -35,8 +35,8 @@ def test_a_merged_run_keeps_every_parts_provenance_once_in_order(tmp_path):
         _run(tmp_path / "again.json", "t.py::a", first),
     ]
     merged = merge(paths)
-    assert merged["provenance"] == [first, second]
-    assert merged["format"] == provenance.FORMAT
+    assert merged.provenance == [first, second]
+    assert merged.format == provenance.FORMAT
 
 
 def test_a_recorded_run_says_where_it_came_from(tmp_path):
@@ -65,7 +65,9 @@ def test_a_recorded_run_says_where_it_came_from(tmp_path):
 def test_every_stored_run_has_provenance_and_the_listed_runs_name_their_release():
     for path in sorted((ROOT / "conformance" / "all").glob("*.json")):
         run = load_run(path)
-        assert run.provenance, f"{path.name}: no provenance (python -m spec_tests.harness.provenance --reconstruct)"
+        assert run.provenance, (
+            f"{path.name}: no provenance (python -m spec_tests.harness.records.provenance --reconstruct)"
+        )
         for part in run.provenance:
             assert releases.base_version(str(part["version"])) in path.stem or path.stem == releases.REFERENCE
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
-from spec_tests.harness import expectations, record_failures
+from spec_tests.harness import expectations
+from spec_tests.harness.records import record_failures
+from spec_tests.harness.records.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
 
 _FILE = """\
 # a comment that must survive
@@ -27,25 +30,26 @@ _RANKS = "RankFailures: 1 of 2 ranks failed:\n\nrank 1 raised\n    Traceback (mo
 _ABORT = _RANKS + "    TypeError: close() got an unexpected keyword argument 'abort'\n[AQ-11] statement"
 
 
-def _record(test: str, clause: str, failure_type: str, text: str) -> dict:
-    entry = {"clauses": [clause], "verdict": None, "intermittent": None}
-    failure = {"type": failure_type, "text": text}
-    return {"nodeid": test, "outcome": "xfail", "clauses": [clause], "entry": entry, "failure": failure}
+def _record(test: str, clause: str, failure_type: str, text: str) -> PhaseRecord:
+    entry = EntryRecord((clause,))
+    return PhaseRecord(test, "xfail", clauses=(clause,), entry=entry, failure=FailureRecord(failure_type, text))
 
 
 def test_proposals_are_the_targets_exception_and_stable_words(tmp_path):
     path = tmp_path / "x.expectations.toml"
     path.write_text(_FILE)
-    run = {
-        "version": "1.0",
-        "tests": [
+    run = RunFile(
+        "t",
+        "1.0",
+        {},
+        [
             _record("t.py::test_abort[persistent]", "AQ-11", "RankFailures", _ABORT),
             _record("t.py::test_abort[temporal]", "AQ-11", "RankFailures", _ABORT),
             _record("t.py::test_hang", "AQ-7", "BoundExceeded", "BoundExceeded: finalize did not return within 90 s"),
             _record("t.py::test_mixed[a]", "AQ-3", "ValueError", "ValueError: one way"),
             _record("t.py::test_mixed[b]", "AQ-3", "KeyError", "KeyError: 'another'"),
         ],
-    }
+    )
     proposals, problems = record_failures.propose(run, expectations.load(str(path)))
     by_test = {entry.test: fields for entry, fields in proposals.items()}
     assert by_test["t.py::test_abort"] == {
@@ -71,18 +75,15 @@ def test_proposals_are_the_targets_exception_and_stable_words(tmp_path):
 def test_new_stubs_one_entry_per_uncovered_failure_that_loads_and_fits_it(tmp_path, capsys):
     path = tmp_path / "mine.expectations.toml"
     path.write_text("# Known failures of mine.\nxfail = []\n")
-    failed = {**_record("t.py::test_abort[persistent]", "AQ-11", "RankFailures", _ABORT), "outcome": "failed"}
-    several = {
-        **_record("t.py::test_two", "AQ-5", "ValueError", "ValueError: the request was refused at close"),
-        "outcome": "error",
-        "clauses": ["AQ-5", "AQ-6"],
-    }
-    run = {
-        "version": "1.0",
-        "tests": [failed, several, {**failed, "nodeid": "t.py::test_ok", "outcome": "passed"}],
-    }
+    failed = replace(_record("t.py::test_abort[persistent]", "AQ-11", "RankFailures", _ABORT), outcome="failed")
+    several = replace(
+        _record("t.py::test_two", "AQ-5", "ValueError", "ValueError: the request was refused at close"),
+        outcome="error",
+        clauses=("AQ-5", "AQ-6"),
+    )
+    run = RunFile("t", "1.0", {}, [failed, several, replace(failed, nodeid="t.py::test_ok", outcome="passed")])
     run_file = tmp_path / "run.json"
-    run_file.write_text(json.dumps(run))
+    run.write(run_file)
     assert record_failures.main([str(run_file), str(path), "--new", "--write"]) == 0
     expectations.load.cache_clear()
     entries = {e.test: e for e in expectations.load(str(path))}

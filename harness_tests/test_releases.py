@@ -1,4 +1,4 @@
-"""The release list (spec_tests/harness/releases.py) and what is written from it elsewhere: pyproject.toml's extras
+"""The release list (spec_tests/harness/records/releases.py) and what is written from it elsewhere: pyproject.toml's extras
 never downgrade an installed library, the stored runs are the listed releases', and the list imports without torch."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from spec_tests.harness import clauses, releases
-from spec_tests.harness.targets import builtin_targets
+from spec_tests.harness import clauses
+from spec_tests.harness.records import releases
+from spec_tests.harness.target.loading import builtin_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -80,8 +81,8 @@ def test_the_release_list_and_the_run_readers_import_without_torch():
     """gpu_run imports the list before anything is installed; `ckptspec report` reads stored runs without torch."""
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['psutil'] = None\n"
-        "import spec_tests.harness.releases, spec_tests.harness.report, spec_tests.harness.findings\n"
-        "import spec_tests.harness.provenance, spec_tests.harness.cli\n"
+        "import spec_tests.harness.records.releases, spec_tests.harness.records.report, spec_tests.harness.records.findings\n"
+        "import spec_tests.harness.records.provenance, spec_tests.harness.cli\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import results_page, verdicts
-from spec_tests.harness.report import clause_verdict, main
-from spec_tests.harness.runs import REPO_ROOT, load_run
+from spec_tests.harness.records import results_page, verdicts
+from spec_tests.harness.records.report import clause_verdict, main
+from spec_tests.harness.records.runs import REPO_ROOT, load_run
 
 PAGE = REPO_ROOT / "docs" / "results.html"
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_tests.harness.targets import MissingCapability
+from spec_tests.harness.target.loading import MissingCapability
 from spec_tests.nvrx_api import RELEASED, check_documented, documented_cases, has_name, names_of
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness.protocol import SaveHandle, Saver
+from spec_tests.harness.target.protocol import SaveHandle, Saver
 
 NAME = "sync-dcp"
 DISTRIBUTION = "torch"  # the report's column shows the installed torch version

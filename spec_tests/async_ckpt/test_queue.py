@@ -34,7 +34,7 @@ from spec_tests.async_ckpt.queue_runs import (
     failed_call_dropped,
     unpicklable,
 )
-from spec_tests.harness import devices, strategies, workloads
+from spec_tests.harness import strategies, workloads
 from spec_tests.harness.asserts import assert_each_rank, assert_equal, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.processes import (
     CALLER_CLASSES,
@@ -43,7 +43,7 @@ from spec_tests.harness.processes import (
     close_quietly,
     remove,
 )
-from spec_tests.harness.ranks import ranks, world
+from spec_tests.harness.ranks import devices, ranks, world
 from spec_tests.harness.warm_savers import examples_on_warm_ranks, kept
 
 # ------------------------------------------------------------------------ indices and order

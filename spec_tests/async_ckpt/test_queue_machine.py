@@ -38,7 +38,7 @@ class Finalized:
 
 
 @dataclass(frozen=True)
-class Closed:
+class CloseSeen:
     finalize_fns_run: list
     schedule_after_close: str  # "returned" or the class name of what it raised
 
@@ -82,7 +82,7 @@ def _close():
     before = len(log)
     bounded(60, "close()", queue.close)
     after = attempt(queue.schedule_async_request, async_core().AsyncRequest(None, (), [])).text
-    return Closed(log[before:], after)
+    return CloseSeen(log[before:], after)
 
 
 def _pending():

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 
 from spec_tests.harness.processes import CALLERS
-from spec_tests.harness.targets import ENV_VAR, current_target
+from spec_tests.harness.target.loading import ENV_VAR, current_target
 
 _HOLDER = textwrap.dedent("""
     import sys, types

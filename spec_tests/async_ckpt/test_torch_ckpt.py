@@ -9,11 +9,12 @@ import torch
 
 from spec_tests.async_ckpt.pickle_probe import PidOnPickle, pickled_by
 from spec_tests.drivers import saving
-from spec_tests.harness import devices, strategies, workloads
+from spec_tests.harness import strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.processes import CALLERS, remove
+from spec_tests.harness.ranks import devices
 from spec_tests.harness.shared_runs import shared
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
 from spec_tests.harness.warm_savers import examples_on_warm_ranks, kept
 
 pytestmark = pytest.mark.needs("torch_async_checkpoint")

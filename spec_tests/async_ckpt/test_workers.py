@@ -15,7 +15,7 @@ from spec_tests.harness import workloads
 from spec_tests.harness.asserts import HUNG, assert_equal, attempt, bounded
 from spec_tests.harness.processes import CALLER_CLASSES, STARTUP_BOUND, alive, async_core, wait_for_file
 from spec_tests.harness.ranks import ranks
-from spec_tests.harness.targets import ENV_VAR, current_target
+from spec_tests.harness.target.loading import ENV_VAR, current_target
 
 
 def _slow_preload(marker, value):

@@ -11,11 +11,12 @@ not see later in-place updates); ``restore_tensor_device`` has nothing to move.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
 from spec_tests.harness.workloads import PickleGate
 
 __all__ = ["CpuTensorAwareStateDict", "Slot", "TargetsTensorAwareStateDict"]
@@ -32,17 +33,17 @@ still collect (and skip on `needs`)."""
 class Slot:
     """Where a popped tensor was: its shape and dtype."""
 
-    def __init__(self, tensor: torch.Tensor):
+    def __init__(self, tensor: torch.Tensor) -> None:
         self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Slot) and (self.shape, self.dtype) == (other.shape, other.dtype)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Slot({self.shape}, {self.dtype})"
 
 
-def _leaves(obj):
+def _leaves(obj: Any) -> Iterator[tuple[Any, Any]]:
     """(container, key) of every non-container value under obj, depth first."""
     keys = list(obj.keys()) if isinstance(obj, dict) else range(len(obj))
     for key in keys:
@@ -55,7 +56,7 @@ def _leaves(obj):
 class CpuTensorAwareStateDict(TargetsTensorAwareStateDict):
     """A nested dict/list state dict of CPU tensors and plain values."""
 
-    def __init__(self, state_dict: dict):
+    def __init__(self, state_dict: dict[str, Any]) -> None:
         self.state_dict = state_dict
         self._hollow = False
 
@@ -68,11 +69,11 @@ class CpuTensorAwareStateDict(TargetsTensorAwareStateDict):
         return self._hollow
 
     @property
-    def tensors(self):
+    def tensors(self) -> list[torch.Tensor]:
         self._check(False, "tensors")
         return [c[k] for c, k in _leaves(self.state_dict) if isinstance(c[k], torch.Tensor)]
 
-    def pop_tensors(self):
+    def pop_tensors(self) -> list[torch.Tensor]:
         popped = self.tensors
         for c, k in _leaves(self.state_dict):
             if isinstance(c[k], torch.Tensor):
@@ -80,7 +81,7 @@ class CpuTensorAwareStateDict(TargetsTensorAwareStateDict):
         self._hollow = True
         return popped
 
-    def insert_tensors(self, tensor_data):
+    def insert_tensors(self, tensor_data: Iterable[torch.Tensor]) -> None:
         self._check(True, "insert_tensors")
         slots = [(c, k) for c, k in _leaves(self.state_dict) if isinstance(c[k], Slot)]
         data = list(tensor_data)
@@ -90,19 +91,19 @@ class CpuTensorAwareStateDict(TargetsTensorAwareStateDict):
             c[k] = tensor
         self._hollow = False
 
-    def init_tensors(self):
+    def init_tensors(self) -> None:
         self._check(True, "init_tensors")
         self.insert_tensors(
             [torch.empty(c[k].shape, dtype=c[k].dtype) for c, k in _leaves(self.state_dict) if isinstance(c[k], Slot)]
         )
 
-    def copy_tensors_to_cpu(self, non_blocking=False):
+    def copy_tensors_to_cpu(self, non_blocking: bool = False) -> None:
         self._check(False, "copy_tensors_to_cpu")
         for c, k in _leaves(self.state_dict):
             if isinstance(c[k], torch.Tensor):
                 c[k] = c[k].detach().to("cpu", copy=True)
 
-    def restore_tensor_device(self, non_blocking=True):
+    def restore_tensor_device(self, non_blocking: bool = True) -> None:
         self._check(False, "restore_tensor_device")
 
 

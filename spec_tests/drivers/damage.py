@@ -12,14 +12,16 @@ per row of its matrix) both drive them.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from hypothesis import strategies as st
 
 from spec_tests.drivers import saving
-from spec_tests.drivers.local import find_then_load, manager, node_root, rank_value, save, tasd
+from spec_tests.drivers.local import Found, find_then_load, manager, node_root, rank_value, save, tasd
 from spec_tests.harness import strategies
 from spec_tests.harness.asserts import attempt
 from spec_tests.harness.processes import remove
@@ -52,7 +54,7 @@ class Damage:
         return f"{self.kind} of {os.path.basename(path)} (at {self.where:.3f}, bit {self.bit})"
 
 
-def damages(kinds=KINDS):
+def damages(kinds: Sequence[str] = KINDS) -> st.SearchStrategy[Damage]:
     return st.builds(
         Damage,
         kind=st.sampled_from(kinds),
@@ -108,13 +110,13 @@ def _pick(files: list[str], which: str) -> list[str]:
     return files
 
 
-def _share(value, src: int):
+def _share(value: Any, src: int) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=src)
     return box[0]
 
 
-def load_damaged_checkpoint(base: str, state_dict, damage: Damage, which: str = "any") -> str | None:
+def load_damaged_checkpoint(base: str, state_dict: dict[str, Any], damage: Damage, which: str = "any") -> str | None:
     """On every rank: save, save a changed copy (the source of swaps), damage the first checkpoint on rank 0,
     load it with the target's CachedMetadataFileSystemReader.
 
@@ -146,7 +148,9 @@ def load_damaged_checkpoint(base: str, state_dict, damage: Damage, which: str = 
     return "detected"
 
 
-def load_damaged_local(base: str, layout, damage: Damage, holder: int, from_rank: bool, every_file: bool = False):
+def load_damaged_local(
+    base: str, layout: tuple[int, int] | None, damage: Damage, holder: int, from_rank: bool, every_file: bool = False
+) -> tuple[str | None, Found | None]:
     """On every rank: save iteration 1 (and 2 under another root, the source of another iteration's parts),
     damage one file (or `every_file`) of rank `holder`'s storage, then find_latest and load with fresh managers.
 
@@ -176,14 +180,14 @@ def load_damaged_local(base: str, layout, damage: Damage, holder: int, from_rank
 class Planted:
     """Unpickling this creates the directory `marker`: the observable stand-in for arbitrary code."""
 
-    def __init__(self, marker: str):
+    def __init__(self, marker: str) -> None:
         self.marker = marker
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
         return (os.mkdir, (self.marker,))
 
 
-def plant_then_load(base: str, layout):
+def plant_then_load(base: str, layout: tuple[int, int] | None) -> tuple[bool, Found]:
     """On every rank: save iteration 1, replace every file of rank 0's storage by a planted pickle (a valid
     torch.save file), then find_latest and load with fresh managers. Returns (whether the code ran, Found)."""
     rank, _ = world()

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -20,7 +22,7 @@ from spec_tests.drivers.cpu_state_dict import CpuTensorAwareStateDict
 from spec_tests.harness.asserts import assert_each_rank, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.processes import async_core, remove
 from spec_tests.harness.ranks import rank_state, world
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
 
 __all__ = [
     "BOUND",
@@ -49,7 +51,7 @@ BOUND = 60.0
 """Seconds any one collective call of a manager may take in these tests (they move a few KiB)."""
 
 
-def module(name: str):
+def module(name: str) -> Any:
     """The target's local module, e.g. module("ckpt_managers.local_manager")."""
     return current_target().module("local." + name)
 
@@ -58,12 +60,12 @@ def node_root(base: str, rank: int) -> str:
     return os.path.join(base, f"node{rank}")
 
 
-def lose_nodes(base: str, lost) -> None:
+def lose_nodes(base: str, lost: Iterable[int]) -> None:
     """Delete the local storage of the `lost` ranks (the rank pool must be restarted afterwards)."""
     remove(*(node_root(base, rank) for rank in lost))
 
 
-def strategy(replication):
+def strategy(replication: tuple[int, int] | None) -> Any:
     """The target's CliqueReplicationStrategy for replication=(jump, factor), or None.
 
     Cached per rank process: creating one creates process groups, a collective every rank repeats.
@@ -77,14 +79,14 @@ def strategy(replication):
     return cache[replication]
 
 
-def manager(base: str, replication=None):
+def manager(base: str, replication: tuple[int, int] | None = None) -> Any:
     """A new LocalCheckpointManager for this rank, on this rank's node-local root."""
     rank, _ = world()
     lm = module("ckpt_managers.local_manager")
     return lm.LocalCheckpointManager(node_root(base, rank), repl_strategy=strategy(replication))
 
 
-def tasd(state_dict: dict) -> CpuTensorAwareStateDict:
+def tasd(state_dict: dict[str, Any]) -> CpuTensorAwareStateDict:
     """The suite's CPU TensorAwareStateDict over a copy of state_dict.
 
     The copy's tensors live in private memory, like a trainer's (what arrives over the rank pool's
@@ -92,7 +94,7 @@ def tasd(state_dict: dict) -> CpuTensorAwareStateDict:
     return CpuTensorAwareStateDict(copy.deepcopy(state_dict))
 
 
-def save(mgr, state: CpuTensorAwareStateDict, iteration: int, mode: str = "sync"):
+def save(mgr: Any, state: CpuTensorAwareStateDict, iteration: int, mode: str = "sync") -> Any:
     """Save and wait until the save is finalized; return what save() returned.
 
     mode: "sync" (is_async=False), or "temporal" / "persistent" (is_async=True through a new AsyncCallsQueue
@@ -113,11 +115,11 @@ class Found:
 
     latest: int  # find_latest()
     load: str  # "returned", or the class name of what load() raised
-    part_id: tuple | None = None  # load()'s
-    state_dict: dict | None = field(default=None, compare=False, repr=False)  # load()'s; see assert_found
+    part_id: tuple[Any, ...] | None = None  # load()'s
+    state_dict: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # load()'s; see assert_found
 
 
-def find_then_load(mgr) -> Found:
+def find_then_load(mgr: Any) -> Found:
     """find_latest(), then load() whatever it found. Every call is bounded; a bound exceeded fails the rank."""
     latest = bounded(BOUND, "find_latest()", mgr.find_latest)
     loaded = attempt(mgr.load, bound=BOUND, what="load()", hung_fails=True)
@@ -127,7 +129,7 @@ def find_then_load(mgr) -> Found:
     return Found(latest, loaded.text, tuple(part_id), tensors.state_dict)
 
 
-def assert_found(results: list[Found], iteration: int, states: list, what: str) -> None:
+def assert_found(results: list[Found], iteration: int, states: list[Any], what: str) -> None:
     """Every rank found `iteration` and loaded exactly states[rank], as part (iteration, rank, '')."""
     __tracebackhide__ = True
     assert_each_rank(
@@ -147,18 +149,18 @@ def assert_nothing_found(results: list[Found], what: str) -> None:
     assert_each_rank("found", results, Found(-1, "CheckpointingException"), call=what)
 
 
-def save_values(base: str, layout, iteration: int, mode: str = "sync") -> None:
+def save_values(base: str, layout: tuple[int, int] | None, iteration: int, mode: str = "sync") -> None:
     """On every rank: save rank_value(rank, iteration) with a new manager."""
     rank, _ = world()
     save(manager(base, layout), tasd(rank_value(rank, iteration)), iteration, mode)
 
 
-def try_save_values(base: str, layout, iteration: int, mode: str = "sync") -> str:
+def try_save_values(base: str, layout: tuple[int, int] | None, iteration: int, mode: str = "sync") -> str:
     """save_values, reporting "returned" or the class name of what save() raised (a bound exceeded fails)."""
     return attempt(save_values, base, layout, iteration, mode, hung_fails=True).text
 
 
-def fresh_find_then_load(base: str, layout):
+def fresh_find_then_load(base: str, layout: tuple[int, int] | None) -> Found:
     """On every rank: find_then_load with a new manager."""
     return find_then_load(manager(base, layout))
 
@@ -185,7 +187,7 @@ PART_SLACK = 8 * 1024
 """What a part may take beyond its payload (file format, pickled objects)."""
 
 
-def rank_value(rank: int, iteration: int) -> dict:
+def rank_value(rank: int, iteration: int) -> dict[str, Any]:
     """A per-rank, per-iteration state dict: tensors, plain values, and a PAYLOAD-byte tensor."""
     base = 1000 * iteration + 10 * rank
     return {

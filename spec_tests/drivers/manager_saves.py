@@ -16,8 +16,8 @@ import torch
 from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.harness.asserts import assert_state_dict_equal, attempt, bounded
-from spec_tests.harness.manager import CheckpointManager, checkpoint_manager
 from spec_tests.harness.ranks import world
+from spec_tests.harness.target.manager import CheckpointManager, checkpoint_manager
 
 __all__ = [
     "BOUND",

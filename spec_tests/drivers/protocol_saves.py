@@ -2,7 +2,7 @@
 
 Each rank saves its own keys (`rank_state(rank, version)`), so a checkpoint is complete only with every rank's
 data. Where a checkpoint lies, whether it is complete and how it is read back is the target's format
-(spec_tests.harness.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
+(spec_tests.harness.target.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
 with the format's loader in this process, no process group; `committed` and `data_file` ask the same format.
 """
 
@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Any
 
 import torch
 
 from spec_tests.drivers.saving import template
-from spec_tests.harness.asserts import assert_state_dict_equal, attempt, bounded
-from spec_tests.harness.formats import checkpoint_format
-from spec_tests.harness.protocol import SaveHandle, Saver, protocol_saver
+from spec_tests.harness.asserts import Outcome, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.ranks import world
+from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.protocol import SaveHandle, Saver, protocol_saver
 
 __all__ = [
     "BOUND",
@@ -44,29 +45,29 @@ WARM_BOUND = 120.0
 tens of seconds on a loaded machine); the clauses' bounds apply to the saves after it."""
 
 
-def rank_state(rank: int, version: int, numel: int = 12) -> dict:
+def rank_state(rank: int, version: int, numel: int = 12) -> dict[str, Any]:
     """What rank `rank` saves as checkpoint `version`: its own keys, a tensor and a plain value."""
     weight = torch.arange(numel, dtype=torch.float32) + 1000 * version + rank
     return {f"r{rank}": {"w": weight, "step": version}}
 
 
-def expected(world_size: int, version: int, numel: int = 12) -> dict:
+def expected(world_size: int, version: int, numel: int = 12) -> dict[str, Any]:
     """The whole checkpoint `version`: every rank's state dict."""
-    whole: dict = {}
+    whole: dict[str, Any] = {}
     for rank in range(world_size):
         whole.update(rank_state(rank, version, numel))
     return whole
 
 
-def start(saver: Saver, state_dict: dict, path: str) -> SaveHandle:
+def start(saver: Saver, state_dict: dict[str, Any], path: str) -> SaveHandle:
     return bounded(BOUND, "start()", saver.start, state_dict, path)
 
 
-def wait(handle: SaveHandle, bound: float = BOUND):
+def wait(handle: SaveHandle, bound: float = BOUND) -> Any:
     return bounded(bound, "wait()", handle.wait)
 
 
-def save(state_dict: dict, path: str, saver: Saver | None = None, bound: float = BOUND) -> None:
+def save(state_dict: dict[str, Any], path: str, saver: Saver | None = None, bound: float = BOUND) -> None:
     """One complete save (start, wait, each within `bound`) with a saver of its own unless one is given, which it
     closes; a new saver's first save gets WARM_BOUND (it starts the saver's workers)."""
     own = saver is None
@@ -79,7 +80,7 @@ def save(state_dict: dict, path: str, saver: Saver | None = None, bound: float =
             bounded(bound, "close()", saver.close)
 
 
-def warm_saver(path: str, **options) -> Saver:
+def warm_saver(path: str, **options: Any) -> Saver:
     """A new saver that has completed one save, to `path` + ".warm", as a trainer's has; collective."""
 
     saver = protocol_saver(**options)
@@ -93,12 +94,12 @@ def committed(path: str, world_size: int) -> bool:
     return checkpoint_format().committed(path, world_size)
 
 
-def load(want: dict, path: str) -> dict:
+def load(want: dict[str, Any], path: str) -> dict[str, Any]:
     """The checkpoint at `path` read back by the target's format (this process, no process group): want's keys."""
     return checkpoint_format().load(path, template(want))
 
 
-def assert_loads(path: str, want: dict, call: str = "") -> None:
+def assert_loads(path: str, want: dict[str, Any], call: str = "") -> None:
     """The checkpoint at `path` loads, by the target's format, to exactly `want` (P-LOAD-1 for DCP's format)."""
     fmt = checkpoint_format()
     assert_state_dict_equal(
@@ -139,7 +140,7 @@ def data_file(path: str, rank: int) -> str:
     return checkpoint_format().data_file(path, rank)
 
 
-def save_outcome(path, version: int = 1):
+def save_outcome(path: str, version: int = 1) -> Outcome:
     """What a whole save (start, then wait) of checkpoint `version` by a warm saver did on this rank, within BOUND."""
     rank, _ = world()
     saver = warm_saver(path)

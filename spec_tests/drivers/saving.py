@@ -2,7 +2,7 @@
 
 Every helper reaches the target only through its documented module paths (`async_ckpt.core`,
 `async_ckpt.filesystem_async`, `async_ckpt.state_dict_saver`), and saves through the one recipe of
-spec_tests.harness.recipe; loading and inspection use stock `torch.distributed.checkpoint`, never the target.
+spec_tests.harness.target.recipe; loading and inspection use stock `torch.distributed.checkpoint`, never the target.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 from multiprocessing import util as mp_util
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -19,8 +20,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from spec_tests.harness import workloads
 from spec_tests.harness.asserts import assert_state_dict_equal, bounded
 from spec_tests.harness.ranks import rank_state
-from spec_tests.harness.recipe import plan_async_save, planned_save, recipe_modules
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
+from spec_tests.harness.target.recipe import plan_async_save, planned_save, recipe_modules
 
 __all__ = [
     "FINALIZE_BOUND",
@@ -45,7 +46,7 @@ FINALIZE_BOUND = 90.0
 worker (or, for some targets, a multiprocessing manager) on a loaded CI machine; it only has to catch hangs."""
 
 
-def module(name: str):
+def module(name: str) -> Any:
     """The target's `async_ckpt.<name>` module."""
     return current_target().module(f"async_ckpt.{name}")
 
@@ -55,11 +56,11 @@ class DecentralizedPlanner(DefaultSavePlanner):
 
     can_run_decentralized_global_plan = True
 
-    def create_decentralized_global_plan(self, local_plan):
+    def create_decentralized_global_plan(self, local_plan: Any) -> Any:
         return local_plan
 
 
-def queue(persistent: bool):
+def queue(persistent: bool) -> Any:
     """The rank's AsyncCallsQueue, kept for the rank's lifetime so its worker stays warm across examples.
 
     One per MSC_CONFIG value, since a worker keeps the environment it started with. It is closed when the
@@ -72,12 +73,12 @@ def queue(persistent: bool):
     return rank_state[key]
 
 
-def plan(state_dict, writer, **kwargs):
+def plan(state_dict: dict[str, Any], writer: Any, **kwargs: Any) -> Any:
     """save_state_dict_async_plan(state_dict, writer, **kwargs)."""
     return module("state_dict_saver").save_state_dict_async_plan(state_dict, writer, **kwargs)
 
 
-def request(writer, plan_ret, gate: str | None = None):
+def request(writer: Any, plan_ret: Any, gate: str | None = None) -> Any:
     """The seed-000 AsyncRequest: the writer's save function, finalized by save_state_dict_async_finalize.
 
     With `gate`, the save function waits for the gate file before writing.
@@ -88,21 +89,21 @@ def request(writer, plan_ret, gate: str | None = None):
     return planned.request()
 
 
-def finalize(q, bound: float = FINALIZE_BOUND):
+def finalize(q: Any, bound: float = FINALIZE_BOUND) -> Any:
     return bounded(
         bound, "maybe_finalize_async_calls(blocking=True, no_dist=False)", q.maybe_finalize_async_calls, True, False
     )
 
 
 def async_save(
-    state_dict,
+    state_dict: dict[str, Any],
     path: str,
     *,
     persistent: bool | None = False,
     bound: float = FINALIZE_BOUND,
-    plan_kwargs: dict | None = None,
-    **writer_kwargs,
-):
+    plan_kwargs: dict[str, Any] | None = None,
+    **writer_kwargs: Any,
+) -> Any:
     """Plan, schedule on the rank's queue and finalize (blocking); `persistent=None` runs it with execute_sync.
 
     The temporal caller is the default: a fork costs far less than starting a persistent worker, and the
@@ -115,13 +116,13 @@ def async_save(
 
 
 def save_with(
-    writer,
-    state_dict,
+    writer: Any,
+    state_dict: dict[str, Any],
     *,
     persistent: bool | None = False,
     bound: float = FINALIZE_BOUND,
-    plan_kwargs: dict | None = None,
-):
+    plan_kwargs: dict[str, Any] | None = None,
+) -> Any:
     """async_save with a writer the caller made."""
     req = plan_async_save(recipe_modules(), state_dict, writer=writer, planner=None, plan_kwargs=plan_kwargs).request()
     if persistent is None:
@@ -133,7 +134,7 @@ def save_with(
     return writer
 
 
-def template(obj):
+def template(obj: Any) -> Any:
     """A state dict of the same structure to load into: zeroed tensors, None for every other value."""
     if isinstance(obj, torch.Tensor):
         return torch.zeros_like(obj)
@@ -144,14 +145,14 @@ def template(obj):
     return None
 
 
-def load(expected, path: str, reader=None):
+def load(expected: Any, path: str, reader: Any = None) -> Any:
     """Load the checkpoint at `path` with stock dcp.load (this process only) into template(expected)."""
     target = template(expected)
     dcp.load(target, storage_reader=reader if reader is not None else FileSystemReader(path), no_dist=True)
     return target
 
 
-def mismatch(actual, expected, call: str) -> str | None:
+def mismatch(actual: Any, expected: Any, call: str) -> str | None:
     """assert_state_dict_equal's message, or None when equal: a rank returns it, so that a failing
     hypothesis example does not cost the warm ranks while hypothesis shrinks it."""
     try:
@@ -161,7 +162,7 @@ def mismatch(actual, expected, call: str) -> str | None:
     return None
 
 
-def read_metadata(path: str):
+def read_metadata(path: str) -> Any:
     return FileSystemReader(path).read_metadata()
 
 

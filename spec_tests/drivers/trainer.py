@@ -12,15 +12,16 @@ for it and exits with its exit code.
 
 import multiprocessing
 import sys
+from typing import Any
 
 import torch.distributed as dist
 
 from spec_tests.drivers.protocol_saves import rank_state
-from spec_tests.harness.protocol import protocol_saver
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
+from spec_tests.harness.target.protocol import protocol_saver
 
 
-def main(path: str):
+def main(path: str) -> Any:
     """Start the save and return the saver, which the trainer keeps to its end (but never closes)."""
     current_target()  # installs the adapter, as a rank does
     dist.init_process_group("gloo", store=dist.FileStore(path + ".store", 1), rank=0, world_size=1)

@@ -1,26 +1,23 @@
 """The harness: everything the suites share, and nothing that knows a clause area or a target's internals.
 
-Modules (one concept each):
-    targets     Target, adapters, capabilities; how every process resolves the same target
-    clauses     the clause registry (spec_tests/clauses/*.toml)
+Sub-packages (one job each; each one's __init__ lists its modules):
+    ranks       running a body on N ranks: the Runner seam and its vocabulary, the forked runner (the default), the
+                launched runner, the reaper
+    target      the target surface: loading a target, the adapter contract, the protocol and manager layers,
+                formats, the documented recipe
+    records     recorded runs and everything that reads them: verdicts, the table, findings, the results page,
+                merging runs, recording failures, the release list
+
+Modules beside them:
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
     profiles    the hypothesis profiles (ci, explore, nightly) and which one a run loads
-    rank_runs   the vocabulary of a rank run (outcomes, the RankFailures report, per-rank state, the Runner seam)
-    fork_safety whether ranks forked after importing the target can still use CUDA (what the forkserver preloads)
-    ranks       the multi-rank runner (run a body on N forked ranks, with a bound and a report of every rank)
-    launched    under torchrun: rank 0 drives the session and the bodies run on the launched ranks
-    launched_rank  what a launched rank does with one body (process group, pool state, stop requests)
-    loopback    several torchrun "nodes" on this machine; comparing the verdicts of two runs
-    recipe      the documented async save recipe (plan_async_save), written once for every caller
+    cli         the `ckptspec` command (judge the installed library, read stored runs)
+    clauses     the clause registry (spec_tests/clauses/*.toml)
+    expectations  a target's known failures (its expectations file), read by the plugin and record_failures
+    asserts     bounded calls and their outcomes; the assertion family (one message shape)
     processes   the async core and its callers; observing processes and files from outside; cleaning up
     warm_savers one saver kept warm on a rank across the examples of a property test (kept, end_kept)
-    asserts     bounded calls and their outcomes; the assertion family (one message shape)
-    runs        recorded runs (conformance JSON) read back, and the command that makes one
-    verdicts    verdict words: what a run says about a clause
-    report      the conformance table (clause x target) and its command line (also --html: results_page)
-    results_page  the filterable HTML page of every clause against every run (docs/results.html)
-    findings    docs/findings/<target>-<release>.md: what a release breaks, by severity
-    blocks      the generated blocks of Markdown files (print or update between marker lines)
+    shared_runs one run shared by a strict test and its weak test
     workloads   small state dicts and functions run by requests
     strategies  hypothesis strategies for state dicts and tensors
     s3          an S3 endpoint on loopback with a fault proxy, and its fixture (moto is imported on demand)
@@ -47,11 +44,11 @@ if TYPE_CHECKING:
         bounded,
         outcome_of,
     )
-    from spec_tests.harness.blocks import update_file, write_block
     from spec_tests.harness.processes import CALLERS, alive, async_core, close_quietly, exists, remove, wait_for_file
-    from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, ranks, run_on_ranks, world
-    from spec_tests.harness.runs import Record, ReportError, load_run
-    from spec_tests.harness.targets import MissingCapability, Target, current_target, load_target
+    from spec_tests.harness.ranks import RankFailures, RankPool, rank_state, run_on_ranks, world
+    from spec_tests.harness.records.blocks import update_file, write_block
+    from spec_tests.harness.records.runs import Record, ReportError, load_run
+    from spec_tests.harness.target.loading import MissingCapability, Target, current_target, load_target
 
 __all__ = [
     "CALLERS",
@@ -78,7 +75,6 @@ __all__ = [
     "load_target",
     "outcome_of",
     "rank_state",
-    "ranks",
     "remove",
     "run_on_ranks",
     "update_file",
@@ -105,13 +101,13 @@ _HOMES = {
         ),
         "asserts",
     ),
-    **dict.fromkeys(("update_file", "write_block"), "blocks"),
+    **dict.fromkeys(("update_file", "write_block"), "records.blocks"),
     **dict.fromkeys(
         ("CALLERS", "alive", "async_core", "close_quietly", "exists", "remove", "wait_for_file"), "processes"
     ),
-    **dict.fromkeys(("RankFailures", "RankPool", "rank_state", "ranks", "run_on_ranks", "world"), "ranks"),
-    **dict.fromkeys(("Record", "ReportError", "load_run"), "runs"),
-    **dict.fromkeys(("MissingCapability", "Target", "current_target", "load_target"), "targets"),
+    **dict.fromkeys(("RankFailures", "RankPool", "rank_state", "run_on_ranks", "world"), "ranks"),
+    **dict.fromkeys(("Record", "ReportError", "load_run"), "records.runs"),
+    **dict.fromkeys(("MissingCapability", "Target", "current_target", "load_target"), "target.loading"),
 }
 
 

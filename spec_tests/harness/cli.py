@@ -2,14 +2,14 @@
 
     ckptspec judge nvrx|mcore|dcp|torchtitan|lightning|ADAPTER [--areas AREA ...] [-n N] [--tensor-device DEV]
                    [--out DIR]
-    ckptspec report JSON ... [options of python -m spec_tests.harness.report]
+    ckptspec report JSON ... [options of python -m spec_tests.harness.records.report]
     ckptspec findings JSON ... --out DIR
 
 `judge` installs nothing and changes nothing in the environment: it reads the installed version of the target's
 distribution (as the suite does), runs pytest on the suites (or the areas asked for) against it in a process of its
 own, writes the run JSON and the findings page into DIR (default `ckptspec-judged/` under the working directory),
 and prints a short report: what the release keeps, what it breaks by severity, what to do (findings/advice.toml).
-When the project has a recorded run of that version (spec_tests/harness/releases.py), the target's expectations
+When the project has a recorded run of that version (spec_tests/harness/records/releases.py), the target's expectations
 file applies, so a known failure reads as the clause it breaks; for any other version the expectations are not
 applied ($CKPTSPEC_NO_EXPECTATIONS), every failure is reported as it happened, charged to each clause its test
 cites, and the report says that no recorded run exists. `dcp` judges the three configurations of `dcp.async_save`
@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness import advice, findings, glance, provenance, releases, report, verdicts
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.runs import REPO_ROOT, Run, load_run, page_name
+from spec_tests.harness.records import advice, findings, glance, provenance, releases, report, verdicts
+from spec_tests.harness.records.runs import REPO_ROOT, Run, load_run, page_name
 
 __all__ = ["main"]
 
@@ -47,7 +47,7 @@ _STORED_HEADER = "Generated from the stored run `conformance/all/` by `python re
 
 def _installed_version(target: str) -> str:
     """The installed version of `target`, read by the suite's own code in a process of its own (it imports torch)."""
-    code = f"from spec_tests.harness.targets import load_target; print(load_target({target!r}).version)"
+    code = f"from spec_tests.harness.target.loading import load_target; print(load_target({target!r}).version)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]

@@ -8,18 +8,18 @@ loads it too, for a run with another ini file).
 - `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability (an unknown capability is an
   error); `@pytest.mark.gpu` skips without CUDA.
 - `--tensor-device cpu|cuda` (or $CKPTSPEC_TENSOR_DEVICE): where tests marked `tensor_device` (the snapshot
-  family) keep the trainer's state (spec_tests.harness.devices); recorded in the conformance JSON.
+  family) keep the trainer's state (spec_tests.harness.ranks.devices); recorded in the conformance JSON.
 - The target's expectations file turns listed tests into xfails, with clause and reason
   (spec_tests.harness.expectations: strict, but for hypothesis tests under a randomized profile); an entry with
   `versions` only for the releases it names, matched against the version the run imported. An entry that
   matches no test of a file the run collected whole is listed in the terminal summary; an error when $CI is set.
 - A failing test's traceback ends with the statement of every clause it cites (exception notes).
 - `--conformance-json PATH` records every test's outcome with its clauses, and for an expected failure its entry
-  and how it failed (see spec_tests.harness.runs); an expected failure that fails otherwise than its entry says
+  and how it failed (see spec_tests.harness.records.runs); an expected failure that fails otherwise than its entry says
   (raises / match) is reported failed.
 - Hypothesis profiles `ci` (derandomized: what CI runs, and the default), `explore` and `nightly` (randomized),
   chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` (spec_tests.harness.profiles).
-- Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.launched).
+- Under torchrun, multi-rank bodies run on the launched ranks and only rank 0 reports (spec_tests.harness.ranks.launched).
 - Every process of a run computes with one torch thread ($OMP_NUM_THREADS=1, inherited by workers, ranks and the
   targets' own processes), unless $OMP_NUM_THREADS is set or benchmarks are timed (--benchmark-enable): the tests'
   tensors are small, and on a loaded machine OpenMP's waiting threads made each operation far slower (a training
@@ -33,7 +33,6 @@ the test file (reported the same way by xdist workers, where raising would be an
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import defaultdict
@@ -47,10 +46,12 @@ from _pytest.reports import CollectReport
 from hypothesis import settings
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import devices, expectations, launched, provenance, reaper
+from spec_tests.harness import expectations
 from spec_tests.harness.profiles import in_ci, load_profile
-from spec_tests.harness.ranks import RankPool, use_runner
-from spec_tests.harness.targets import (
+from spec_tests.harness.ranks import RankPool, devices, launched, reaper, use_runner
+from spec_tests.harness.records import provenance
+from spec_tests.harness.records.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
+from spec_tests.harness.target.loading import (
     CAPABILITY_DOCS,
     ENV_VAR,
     Target,
@@ -205,7 +206,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         for problem in _item_problems(item, known, rootdir):
             problems[item.nodeid.split("::", 1)[0]].append(problem)
         item.user_properties.append(("spec_clauses", _cited(item)))
-        item.user_properties.append(("impl", config.stash[_TARGET].name))
     expectations_path = config.stash[_TARGET].expectations_path
     entries = expectations.for_version(
         expectations.load(expectations_path), config.stash[_TARGET].version, devices.current()
@@ -218,9 +218,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in items:
         entry = item.stash.get(expectations.ENTRY, None)
         if entry is not None:  # recorded with the outcome: the report charges the failure to these clauses only
-            fields = {"clauses": list(entry.clauses), "verdict": entry.verdict, "intermittent": entry.intermittent}
-            fields |= {"severity": entry.severity} if entry.severity else {}
-            item.user_properties.append(("spec_entry", fields))
+            charged = EntryRecord(tuple(entry.clauses), entry.verdict, entry.intermittent, entry.severity)
+            item.user_properties.append(("spec_entry", charged.to_json()))
     stale = [
         f"{path}: {e.test} [{e.label}] matches no collected test"
         for e in expectations.unmatched(entries, items, rootdir, _narrowed_files(config))
@@ -375,7 +374,7 @@ class _Recorder:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.records: list[dict[str, Any]] = []
+        self.records: list[PhaseRecord] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         outcome = _outcome(report)
@@ -384,35 +383,36 @@ class _Recorder:
         message = ""
         if report.longrepr is not None and outcome in ("failed", "error", "skipped", "xfail"):
             message = str(getattr(report, "wasxfail", "") or report.longreprtext).strip()[-2000:]
-        properties = dict(report.user_properties)
-        record = {
-            "nodeid": report.nodeid,
-            "outcome": outcome,
-            "when": report.when,
-            "clauses": properties.get("spec_clauses", []),
-            "duration": round(report.duration, 3),
-            "message": message,
-        }
-        if outcome in ("xfail", "xpass") and "spec_entry" in properties:
-            record["entry"] = properties["spec_entry"]
-        if "spec_failure" in properties and outcome in ("failed", "error", "xfail"):
-            record["failure"] = properties["spec_failure"]
-        self.records.append(record)
+        properties: dict[str, Any] = dict(report.user_properties)
+        entry = properties.get("spec_entry") if outcome in ("xfail", "xpass") else None
+        failure = properties.get("spec_failure") if outcome in ("failed", "error", "xfail") else None
+        self.records.append(
+            PhaseRecord(
+                report.nodeid,
+                outcome,
+                report.when,
+                tuple(properties.get("spec_clauses", [])),
+                round(report.duration, 3),
+                message,
+                None if entry is None else EntryRecord.from_json(entry),
+                None if failure is None else FailureRecord.from_json(failure),
+            )
+        )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         path = self.config.getoption("--conformance-json")
         if not path:
             return
         target = self.config.stash[_TARGET]
-        payload = {
-            "target": target.name,
-            "version": target.version,
-            "capabilities": sorted(target.capabilities),
-            "tensor_device": self.config.stash[_TENSOR_DEVICE],
-            "clauses": clause_registry.load(),
-            "tests": self.records,
-            "format": provenance.FORMAT,
-            "provenance": [
+        RunFile(
+            target.name,
+            target.version,
+            clause_registry.load(),
+            self.records,
+            sorted(target.capabilities),
+            self.config.stash[_TENSOR_DEVICE],
+            provenance.FORMAT,
+            [
                 provenance.of_session(
                     target.name,
                     target.version,
@@ -421,9 +421,7 @@ class _Recorder:
                     target.expectations_path,
                 )
             ],
-        }
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=1, sort_keys=True))
+        ).write(path)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:  # node: xdist's WorkerController
@@ -444,7 +442,7 @@ class _Recorder:
             terminalreporter.write_line(f"ckptspec: warning: expectations entry {line}", yellow=True)
         for line in self.config.stash.get(_REAPED, []):
             terminalreporter.write_line(f"ckptspec: warning: left running, killed: {line}", yellow=True)
-        cited = {c for r in self.records for c in r["clauses"]}
+        cited = {c for r in self.records for c in r.clauses}
         uncovered = [c for c in clause_registry.load() if c not in cited]
         if cited and uncovered:
             terminalreporter.write_line(f"ckptspec: clauses not covered by this run: {', '.join(uncovered)}")

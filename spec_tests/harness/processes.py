@@ -3,10 +3,8 @@ from outside (Linux /proc), and ending what a test started."""
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
-import threading
 import time
 from types import ModuleType
 from typing import Any
@@ -14,7 +12,7 @@ from typing import Any
 import pytest
 
 from spec_tests.harness.asserts import attempt
-from spec_tests.harness.targets import current_target
+from spec_tests.harness.target.loading import current_target
 
 __all__ = [
     "CALLERS",
@@ -23,7 +21,6 @@ __all__ = [
     "alive",
     "async_core",
     "close_quietly",
-    "collect_garbage",
     "exists",
     "remove",
     "wait_for_file",
@@ -96,18 +93,3 @@ def close_quietly(queue: Any, *, abort: bool = False, bound: float = 30) -> None
         attempt(queue.close, abort=True, bound=bound, what="close(abort=True)")
     else:
         attempt(queue.close, bound=bound, what="close()")
-
-
-def collect_garbage(bound: float, *, unfreeze: bool = False) -> bool:
-    """gc.collect() in a daemon thread, waited for at most `bound` seconds; True if it finished.
-
-    So that objects a body dropped release what they hold (weakref finalizers of writers and queues) before the
-    process goes on or is stopped; a finalizer that blocks (a queue whose __del__ waits for a dead worker) is left
-    behind in its thread instead of hanging the caller. `unfreeze`: first return what gc.freeze() set aside.
-    """
-    if unfreeze:
-        gc.unfreeze()
-    collector = threading.Thread(target=gc.collect, name="ckptspec-gc", daemon=True)
-    collector.start()
-    collector.join(bound)
-    return not collector.is_alive()

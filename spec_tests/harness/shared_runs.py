@@ -4,8 +4,12 @@
 returned, or what it raised; every later request for `key` in that session gets the same value, or the same
 exception raised again (so a weak test that reads a failed run fails with the strict test's own message, and skips
 where it skipped). Under pytest-xdist the outcome is passed between workers through a pickle in the session's
-temporary directory, under a file lock: a worker that asks while another makes the run waits for it. An outcome
-that cannot be pickled is kept in its own process only (another worker then makes the run again).
+temporary directory, under a file lock: a worker that asks while another makes the run waits for it, for at most
+`wait` seconds (then the test fails, naming the key). An outcome that cannot be pickled is kept in its own process
+only (another worker then makes the run again). What a run returns must not depend on anything only its worker has
+(a fixture's server): it reads such things itself and returns the facts.
+
+The spec areas and the fault suite (its scenarios of one save in a phase, the lost node) share runs through here.
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-__all__ = ["shared"]
+__all__ = ["SHARED_WAIT", "shared"]
+
+SHARED_WAIT = 600.0  # seconds a test waits for another worker's run of the same key
 
 T = TypeVar("T")
 _RUNS: dict[str, tuple[str, Any]] = {}  # key -> ("returned" | "raised" | "skipped", value, exception or reason)
@@ -53,13 +60,26 @@ def _load(path: Path) -> tuple[str, Any] | None:
     return entry
 
 
-def shared(tmp_path_factory: pytest.TempPathFactory, key: str, run: Callable[[], T]) -> T:
+def _lock(lock: Any, key: str, wait: float) -> None:
+    """Take the run's lock, or fail the test once another worker has held it for `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"another worker's run of {key!r} held its lock past {wait:g}s")
+            time.sleep(0.2)
+
+
+def shared(tmp_path_factory: pytest.TempPathFactory, key: str, run: Callable[[], T], *, wait: float = SHARED_WAIT) -> T:
     """run()'s result for `key` (a file name), made once per session; an exception it raised is raised again."""
     __tracebackhide__ = True
     if key not in _RUNS:
         where = _session_dir(tmp_path_factory) / f"{key}.pickle"
         with open(where.with_suffix(".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            _lock(lock, key, wait)
             entry = _load(where) if where.exists() else None
             if entry is None:
                 entry = _make(run)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from hypothesis import given
 from hypothesis.strategies import SearchStrategy
 
-from spec_tests.harness.rank_runs import rank_state
+from spec_tests.harness.ranks.vocabulary import rank_state
 
 __all__ = ["end_kept", "examples_on_warm_ranks", "kept"]
 

@@ -9,7 +9,7 @@ P-CRASH-1 repeats the save once per point, killing its whole session right after
 the trainer, its threads and the processes it forks; a saver whose writes happen in a spawned process leaves
 nothing to observe, and the test says so (skip) rather than judge it.
 
-The commit is the target's format's (spec_tests.harness.formats): DCP's `.metadata`, or, for a format without a
+The commit is the target's format's (spec_tests.harness.target.formats): DCP's `.metadata`, or, for a format without a
 commit marker, the rename that makes each data file appear whole.
 """
 
@@ -24,9 +24,9 @@ from fault_injection.crash_points import crash_points, durability_problems, in_c
 from fault_injection.faults import SAVE_PHASES, on_ranks
 from spec_tests.drivers.protocol_saves import WARM_BOUND, assert_loads, committed, expected, rank_state, save
 from spec_tests.harness.asserts import bounded
-from spec_tests.harness.formats import checkpoint_format
 from spec_tests.harness.processes import remove
-from spec_tests.harness.protocol import protocol_saver
+from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.protocol import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")
 ALL_POINTS = dict.fromkeys(SAVE_PHASES, 0)  # every point counts as the last phase's: the whole save

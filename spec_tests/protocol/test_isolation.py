@@ -19,9 +19,8 @@ from spec_tests.drivers.protocol_saves import (
     wait,
     warm_saver,
 )
-from spec_tests.harness import devices
 from spec_tests.harness.asserts import bounded
-from spec_tests.harness.ranks import run_on_ranks, world
+from spec_tests.harness.ranks import devices, run_on_ranks, world
 from spec_tests.harness.strategies import private_copy
 
 pytestmark = pytest.mark.needs("protocol")

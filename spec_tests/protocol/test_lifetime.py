@@ -37,7 +37,7 @@ from spec_tests.drivers.protocol_saves import (
 from spec_tests.harness.asserts import attempt
 from spec_tests.harness.processes import wait_for_file
 from spec_tests.harness.ranks import run_on_ranks, world
-from spec_tests.harness.targets import ENV_VAR, current_target
+from spec_tests.harness.target.loading import ENV_VAR, current_target
 
 pytestmark = pytest.mark.needs("protocol")
 

@@ -10,10 +10,10 @@ from hypothesis import given
 
 from spec_tests.drivers.protocol_saves import assert_loads, load, loader, start, wait, warm_saver
 from spec_tests.drivers.saving import mismatch
-from spec_tests.harness import devices, strategies
-from spec_tests.harness.formats import checkpoint_format
+from spec_tests.harness import strategies
 from spec_tests.harness.processes import remove
-from spec_tests.harness.ranks import rank_state, ranks, world
+from spec_tests.harness.ranks import devices, rank_state, ranks, world
+from spec_tests.harness.target.formats import checkpoint_format
 
 pytestmark = pytest.mark.needs("protocol")
 DELAY_NUMEL = 1 << 21  # an 8 MiB tensor: the save is still in flight when the trainer changes the state

@@ -15,7 +15,7 @@ from torch.distributed.checkpoint import CheckpointException
 
 from spec_tests.drivers import saving
 from spec_tests.harness.asserts import HUNG, BoundExceeded, assert_equal, attempt, bounded
-from spec_tests.harness.rank_runs import RankFailures
+from spec_tests.harness.ranks.vocabulary import RankFailures
 from spec_tests.harness.s3 import BUCKET
 from spec_tests.harness.shared_runs import shared
 

@@ -12,8 +12,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from spec_tests.drivers import saving
 from spec_tests.harness.asserts import HUNG, BoundExceeded, assert_each_rank, assert_state_dict_equal, bounded
-from spec_tests.harness.rank_runs import RankFailures
 from spec_tests.harness.ranks import world
+from spec_tests.harness.ranks.vocabulary import RankFailures
 from spec_tests.harness.shared_runs import shared
 
 # The temporal caller: a persistent worker per rank would cost more start-up than the tests themselves, and

@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spec_tests.drivers import saving
-from spec_tests.harness import devices, strategies, workloads
+from spec_tests.harness import strategies, workloads
 from spec_tests.harness.asserts import assert_equal, assert_state_dict_equal
 from spec_tests.harness.processes import CALLERS, remove
+from spec_tests.harness.ranks import devices
 
 pytestmark = pytest.mark.needs("storage_writer")
 EMPTY_BOUND = 20.0  # nothing to write on a warm queue: finalization is immediate

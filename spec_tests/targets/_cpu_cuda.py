@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -32,36 +32,36 @@ __all__ = ["install_for"]
 
 
 class _CpuCuda:
-    def __init__(self, real):
+    def __init__(self, real: Any) -> None:
         self._real = real
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
     @staticmethod
-    def current_device():
+    def current_device() -> str:
         return "cpu"
 
     @staticmethod
-    def synchronize(device=None):
+    def synchronize(device: Any = None) -> None:
         return None
 
     @staticmethod
-    def set_device(device):
+    def set_device(device: Any) -> None:
         return None
 
     @staticmethod
-    def device_count():
+    def device_count() -> int:
         return 1
 
 
 class _TorchProxy(types.ModuleType):
-    def __init__(self, real):
+    def __init__(self, real: types.ModuleType) -> None:
         super().__init__(real.__name__)
         self.__dict__["_real"] = real
         self.__dict__["cuda"] = _CpuCuda(real.cuda)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         real = getattr(self._real, name)
         return partial(_on_cpu, real) if name in _FACTORIES else real
 
@@ -69,7 +69,7 @@ class _TorchProxy(types.ModuleType):
 _FACTORIES = frozenset({"tensor", "empty", "empty_like", "zeros", "ones", "full"})
 
 
-def _on_cpu(factory, *args, device=None, **kwargs):
+def _on_cpu(factory: Callable[..., Any], *args: Any, device: Any = None, **kwargs: Any) -> Any:
     if device is not None and torch.device(device).type == "cuda":
         device = "cpu"
     return factory(*args, device=device, **kwargs)
@@ -79,7 +79,7 @@ _original_loops: dict[tuple[str, str], Callable[..., Any]] = {}
 _WORKER_ENTRIES = ("async_loop", "async_loop_for_daemon_worker")
 
 
-def install_for(target_name: str, module_names, caller_cls) -> None:
+def install_for(target_name: str, module_names: Iterable[str], caller_cls: type) -> None:
     """Apply the proxy to `module_names` and route `caller_cls`'s worker entries through it (idempotent)."""
     if torch.cuda.is_available():
         return
@@ -94,8 +94,8 @@ def install_for(target_name: str, module_names, caller_cls) -> None:
             setattr(caller_cls, entry, staticmethod(partial(_worker_loop, target_name, entry)))
 
 
-def _worker_loop(target_name, entry, *args, **kwargs):
-    from spec_tests.harness.targets import load_target
+def _worker_loop(target_name: str, entry: str, *args: Any, **kwargs: Any) -> Any:
+    from spec_tests.harness.target.loading import load_target
 
     load_target(target_name)  # runs the adapter's install() in this fresh worker process
     return _original_loops[target_name, entry](*args, **kwargs)

@@ -1,4 +1,4 @@
-"""torch DCP's `async_save` behind the protocol interface (spec_tests.harness.protocol): the three adapters
+"""torch DCP's `async_save` behind the protocol interface (spec_tests.harness.target.protocol): the three adapters
 dcp_thread, dcp_process and dcp_staged are one configuration each of the same call (seed 004).
 
 - thread:  async_save(..., async_checkpointer_type=AsyncCheckpointerType.THREAD), a Future;
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from spec_tests.harness.protocol import SaveHandle, Saver
+from spec_tests.harness.target.protocol import SaveHandle, Saver
 
 DISTRIBUTION = "torch"
 INSTALL = 'pip install "torch==2.13.0"'
@@ -34,8 +34,8 @@ class _DcpHandle(SaveHandle):
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
         if isinstance(result, AsyncSaveResponse):
-            self.staging: Future | None = result.staging_completion
-            self.upload: Future = result.upload_completion
+            self.staging: Future[Any] | None = result.staging_completion
+            self.upload: Future[Any] = result.upload_completion
         else:
             self.staging, self.upload = None, result
 
@@ -67,7 +67,7 @@ class DcpSaver(Saver):
             )
         self.handles: list[_DcpHandle] = []
 
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         import torch.distributed.checkpoint as dcp
 
         result = dcp.async_save(

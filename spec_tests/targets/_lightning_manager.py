@@ -1,4 +1,4 @@
-"""Lightning's `ModelCheckpoint` with `AsyncCheckpointIO` behind the manager contract (spec_tests.harness.manager),
+"""Lightning's `ModelCheckpoint` with `AsyncCheckpointIO` behind the manager contract (spec_tests.harness.target.manager),
 written against the documented adapter contract, as an outside author would.
 
 A `Trainer` (CPU, one device, `plugins=[AsyncCheckpointIO(TorchCheckpointIO())]`, the callback
@@ -26,12 +26,12 @@ import re
 from importlib import metadata
 from typing import Any
 
-from spec_tests.harness.manager import CheckpointManager
+from spec_tests.harness.target.manager import CheckpointManager
 
 __all__ = ["LightningManager"]
 
 
-def _async_io():
+def _async_io() -> Any:
     from pytorch_lightning.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
     return AsyncCheckpointIO(TorchCheckpointIO())
@@ -43,7 +43,7 @@ def _ends_at_teardown() -> bool:
     return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts) < (2, 5, 4)
 
 
-def _module():
+def _module() -> Any:
     import pytorch_lightning as pl
     import torch
 
@@ -59,7 +59,7 @@ def _module():
         def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
             self.ckptspec = checkpoint["ckptspec"]
 
-        def configure_optimizers(self):
+        def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     return Module()

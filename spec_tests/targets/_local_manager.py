@@ -1,4 +1,4 @@
-"""The manager contract (spec_tests.harness.manager) over a target's `LocalCheckpointManager`: NVRx's (0.4.1, 0.7.0)
+"""The manager contract (spec_tests.harness.target.manager) over a target's `LocalCheckpointManager`: NVRx's (0.4.1, 0.7.0)
 and impl's (`impl/local`, target `impl-local`), the same adapter over `local.ckpt_managers.local_manager`.
 
 How the contract maps onto the local manager, as NVRx's usage guide (seed 001) integrates it:
@@ -28,12 +28,13 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-from spec_tests.harness.manager import CheckpointManager
-from spec_tests.harness.targets import MissingCapability, current_target
+from spec_tests.harness.target.loading import MissingCapability, current_target
+from spec_tests.harness.target.manager import CheckpointManager
 
 __all__ = ["Hole", "LocalManager", "StepState"]
 
@@ -55,7 +56,7 @@ class Hole:
         self.shape, self.dtype = tuple(tensor.shape), tensor.dtype
 
 
-def _slots(tree: Any):
+def _slots(tree: Any) -> Iterator[tuple[Any, Any]]:
     """(container, key) of every leaf under `tree` (dicts and lists), depth first."""
     for key in list(tree) if isinstance(tree, dict) else range(len(tree)):
         if isinstance(tree[key], (dict, list)):
@@ -89,7 +90,7 @@ class StepState(_base()):  # type: ignore[misc]  # the target's TensorAwareState
         self.hollow = True
         return popped
 
-    def insert_tensors(self, tensor_data) -> None:
+    def insert_tensors(self, tensor_data: Iterable[torch.Tensor]) -> None:
         holes = [(c, k) for c, k in _slots(self.state_dict) if isinstance(c[k], Hole)]
         data = list(tensor_data)
         if not self.hollow or len(data) != len(holes):

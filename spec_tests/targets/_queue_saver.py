@@ -1,6 +1,6 @@
-"""The protocol interface (spec_tests.harness.protocol) over an NVRx-shaped API: the recipe of the NVRx guide (000).
+"""The protocol interface (spec_tests.harness.target.protocol) over an NVRx-shaped API: the recipe of the NVRx guide (000).
 
-Each save is the documented recipe (spec_tests.harness.recipe: `FileSystemWriterAsync`, `save_state_dict_async_plan`,
+Each save is the documented recipe (spec_tests.harness.target.recipe: `FileSystemWriterAsync`, `save_state_dict_async_plan`,
 an `AsyncRequest` finalized by `save_state_dict_async_finalize`), scheduled on one `AsyncCallsQueue`. The adapters
 of impl, nvrx and mcore pass their own three modules; nothing here knows a target's internals: an adapter whose
 queue takes more constructor options, or has a documented staging signal (a method the trainer calls before it
@@ -9,8 +9,10 @@ next changes the tensors), names them (`queue_options`, `staging_signal`), and `
 
 from __future__ import annotations
 
-from spec_tests.harness.protocol import SaveHandle, Saver
-from spec_tests.harness.recipe import RecipeModules, plan_async_save, recipe_modules
+from typing import Any
+
+from spec_tests.harness.target.protocol import SaveHandle, Saver
+from spec_tests.harness.target.recipe import RecipeModules, plan_async_save, recipe_modules
 
 
 class _QueueHandle(SaveHandle):
@@ -39,7 +41,7 @@ class QueueSaver(Saver):
         self,
         modules: RecipeModules,
         persistent: bool | None = None,
-        queue_options: dict | None = None,
+        queue_options: dict[str, Any] | None = None,
         staging_signal: str | None = None,
     ):
         self.modules = modules
@@ -50,7 +52,7 @@ class QueueSaver(Saver):
         self.staging_signal = staging_signal
         self.started = self.finalized = 0
 
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         self.queue.schedule_async_request(plan_async_save(self.modules, state_dict, path, thread_count=1).request())
         self.started += 1
         return _QueueHandle(self, self.started)
@@ -63,10 +65,10 @@ def saver_of(
     name: str,
     persistent: bool | None = None,
     modules: tuple[str, ...] | None = None,
-    queue_options: dict | None = None,
+    queue_options: dict[str, Any] | None = None,
     staging_signal: str | None = None,
 ) -> QueueSaver:
     """A QueueSaver over target `name`'s recipe modules, or over the importable `modules` given."""
-    from spec_tests.harness.targets import load_target
+    from spec_tests.harness.target.loading import load_target
 
     return QueueSaver(recipe_modules(load_target(name), modules), persistent, queue_options, staging_signal)

@@ -1,6 +1,6 @@
 """torchtitan's `CheckpointManager` (torchtitan 0.3.0, `torchtitan/components/checkpointer/dcp.py`) behind the
 protocol layer: `TitanSaver(mode)` for either async mode; the adapter `torchtitan` uses async_mode "async". Written
-against the documented adapter contract (spec_tests.harness.contract), as an outside author would.
+against the documented adapter contract (spec_tests.harness.target.contract), as an outside author would.
 
 "async_with_pinned_mem" is not a target here: torchtitan builds its DefaultStager with `use_pinned_memory=True`
 and `use_non_blocking_copy=True` whatever the device, and torch 2.13's DefaultStager refuses that without an
@@ -35,8 +35,8 @@ import os
 import re
 from typing import Any
 
-from spec_tests.harness.manager import CheckpointManager
-from spec_tests.harness.protocol import SaveHandle, Saver
+from spec_tests.harness.target.manager import CheckpointManager
+from spec_tests.harness.target.protocol import SaveHandle, Saver
 
 DISTRIBUTION = "torchtitan"
 INSTALL = 'pip install "torch==2.13.0" -e ".[test,torchtitan]"'
@@ -58,7 +58,7 @@ class _Counter:
         self.steps = state_dict["steps"]
 
 
-class _Handle(SaveHandle):
+class _TitanHandle(SaveHandle):
     def __init__(self, saver: TitanSaver, step: int):
         self.saver, self.step = saver, step
 
@@ -99,14 +99,14 @@ class TitanSaver(Saver):
         self.components = set(self.states)  # model, optimizer, dataloader, lr_scheduler
         self.step = 0
 
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         for key in set(self.states) - self.components:
             del self.states[key]
         self.states.update(state_dict)
         self.step += 1
         self.manager.target = path
         self.manager.save(self.step)
-        return _Handle(self, self.step)
+        return _TitanHandle(self, self.step)
 
     def close(self) -> None:
         self.manager.close()

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spec_tests.harness.manager import CheckpointManager
-from spec_tests.harness.targets import SPEC_MODULES
+from spec_tests.harness.target.loading import SPEC_MODULES
+from spec_tests.harness.target.manager import CheckpointManager
 
 if TYPE_CHECKING:
     from spec_tests.targets._queue_saver import QueueSaver

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spec_tests.harness.targets import SPEC_MODULES
+from spec_tests.harness.target.loading import SPEC_MODULES
 
 if TYPE_CHECKING:
     from spec_tests.targets._local_manager import LocalManager

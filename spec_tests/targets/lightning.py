@@ -1,6 +1,6 @@
 """Adapter for Lightning's `AsyncCheckpointIO` over its default `TorchCheckpointIO` (pytorch-lightning 2.6.6 and
 2.5.3), through the protocol layer only; written against the documented adapter contract
-(spec_tests.harness.contract), as an outside author would.
+(spec_tests.harness.target.contract), as an outside author would.
 
 What Lightning offers, and how the five calls map onto it (`pytorch_lightning/plugins/io/async_plugin.py`):
 
@@ -38,8 +38,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness.formats import CheckpointFormat
-from spec_tests.harness.protocol import SaveHandle, Saver
+from spec_tests.harness.target.formats import CheckpointFormat
+from spec_tests.harness.target.manager import CheckpointManager
+from spec_tests.harness.target.protocol import SaveHandle, Saver
 
 NAME = "lightning"
 DISTRIBUTION = "pytorch-lightning"
@@ -94,7 +95,7 @@ def _ends_at_teardown() -> bool:
     return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts) < (2, 5, 4)
 
 
-class _Handle(SaveHandle):
+class _LightningHandle(SaveHandle):
     def __init__(self, saver: LightningSaver):
         self.saver = saver
 
@@ -114,19 +115,19 @@ class LightningSaver(Saver):
         self.renew = _ends_at_teardown()
 
     @staticmethod
-    def _new_io():
+    def _new_io() -> Any:
         from pytorch_lightning.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
         return AsyncCheckpointIO(TorchCheckpointIO())
 
-    def start(self, state_dict: dict, path: str) -> SaveHandle:
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.io.save_checkpoint(state_dict, FORMAT.data_file(path, rank))
         if dist.is_initialized():
             dist.barrier()  # Trainer.save_checkpoint's barrier after strategy.save_checkpoint
-        return _Handle(self)
+        return _LightningHandle(self)
 
     def teardown(self) -> None:
         try:
@@ -144,7 +145,7 @@ def protocol_saver(**options: Any) -> LightningSaver:
     return LightningSaver()
 
 
-def checkpoint_manager(root: str, keep: int):
+def checkpoint_manager(root: str, keep: int) -> CheckpointManager:
     """A Trainer's ModelCheckpoint with AsyncCheckpointIO over `root` (spec_tests.targets._lightning_manager)."""
     from spec_tests.targets._lightning_manager import LightningManager
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spec_tests.harness.targets import SPEC_MODULES
+from spec_tests.harness.target.loading import SPEC_MODULES
 from spec_tests.targets import _cpu_cuda
 
 if TYPE_CHECKING:
@@ -72,20 +72,20 @@ def install() -> None:
 class _CpuAllocations(types.ModuleType):
     """`torch` for group_utils: empty_like(..., device=<cuda>) allocates on the CPU; all else is unchanged."""
 
-    def __init__(self, real):
+    def __init__(self, real: types.ModuleType) -> None:
         super().__init__(real.__name__)
         self.__dict__["_real"] = real
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
-    def empty_like(self, tensor, *args, device=None, **kwargs):
+    def empty_like(self, tensor: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
         if device is not None and torch.device(device).type == "cuda":
             device = "cpu"
         return self._real.empty_like(tensor, *args, device=device, **kwargs)
 
 
-def _tensor_itself(tensor, *args, **kwargs):
+def _tensor_itself(tensor: Any, *args: Any, **kwargs: Any) -> Any:
     return tensor
 
 
@@ -100,7 +100,7 @@ def _cpu_replica_transfers() -> None:
     group_utils.torch = _CpuAllocations(group_utils.torch)
     original = wrapper.isend_state_dict
 
-    def isend_state_dict(self, state_dict, dst):
+    def isend_state_dict(self: Any, state_dict: Any, dst: int) -> Any:
         # Patched on purpose, for the duration of the call (mypy forbids assigning to a method).
         torch.Tensor.cuda = _tensor_itself  # type: ignore[method-assign, assignment]
         try:

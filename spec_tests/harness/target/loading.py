@@ -1,0 +1,345 @@
+"""Implementations under test ("targets") and how every process resolves the same one.
+
+A target is described by one adapter module. The adapter is the only place that knows the
+target's internals; tests reach the target through `Target.module(...)` and the adapter's
+capabilities. An adapter module defines:
+
+    NAME: str                      short name used with --impl
+    DISTRIBUTION: str | None       pip distribution, for the version in reports
+    INSTALL: str | None            optional; the command that installs the target (shown when it is missing)
+    MODULES: dict[str, str]        spec module path (e.g. "async_ckpt.core") -> importable module
+    CAPABILITIES: frozenset[str]   features the target provides (keys of CAPABILITY_DOCS)
+    EXPECTATIONS: str | None       path of its expectations file (known failures, strict xfail)
+    PACKAGES: tuple[str, ...]      optional; importable modules it needs besides MODULES' (route 2)
+    FORMAT: CheckpointFormat       optional; how its checkpoints lie on disk (spec_tests.harness.target.formats)
+    NCCL_BACKEND: str              optional; the trainer's process group when a test asks for NCCL (default "nccl")
+    def install() -> None          optional; called once per process before first use
+    def protocol_saver(**options)  with capability "protocol": a new Saver (spec_tests.harness.target.protocol)
+    def checkpoint_manager(root, keep)  with capability "manager": a new CheckpointManager
+                                   (spec_tests.harness.target.manager)
+
+The same names as types, for mypy, are spec_tests.harness.target.contract's; `_check_contract` checks them at load.
+
+Resolution order of the target name: `--impl NAME`, then the environment variable
+`CKPTSPEC_IMPL`, then "impl". The plugin writes the resolved name back into the environment
+so xdist workers, rank processes and their children resolve the same target. NAME is
+- a built-in: a module of the package `spec_tests.targets` whose name does not start with `_`
+  (discovered, so a new adapter there needs no change here); an underscore in the module name is a
+  hyphen in the target name (`dcp_thread.py` is target `dcp-thread`),
+- a name registered under the entry-point group "ckptspec.targets" (value: the adapter module),
+- or the (dotted) name of an importable adapter module.
+
+Errors (one line each, for the plugin to show as a usage error): an unknown name or an adapter
+that breaks the contract above is a `TargetError` (a ValueError); a target whose package cannot be
+imported is a `TargetUnavailable` (an ImportError), naming the package and the adapter's INSTALL.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from types import ModuleType
+from typing import Any
+
+from spec_tests.harness.records.provenance import NO_EXPECTATIONS_VAR
+
+SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>= (harness_tests/test_torch_floor.py checks they agree)
+
+__all__ = [
+    "CAPABILITY_DOCS",
+    "ENV_VAR",
+    "SPEC_MODULES",
+    "MissingCapability",
+    "Target",
+    "TargetError",
+    "TargetUnavailable",
+    "builtin_targets",
+    "current_target",
+    "known_targets",
+    "load_target",
+    "torch_below_supported",
+]
+
+ENV_VAR = "CKPTSPEC_IMPL"
+ENTRY_POINT_GROUP = "ckptspec.targets"
+BUILTIN_PACKAGE = "spec_tests.targets"
+# Every spec module path, i.e. a module path below `nvidia_resiliency_ext.checkpointing`.
+SPEC_MODULES = (
+    "async_ckpt.core",
+    "async_ckpt.torch_ckpt",
+    "async_ckpt.filesystem_async",
+    "async_ckpt.state_dict_saver",
+    "async_ckpt.cached_metadata_filesystem_reader",
+    "local.base_state_dict",
+    "local.basic_state_dict",
+    "local.ckpt_managers.base_manager",
+    "local.ckpt_managers.local_manager",
+    "local.replication.strategies",
+)
+CAPABILITY_DOCS = {
+    "persistent_caller": "PersistentAsyncCaller and AsyncCallsQueue(persistent=True)",
+    "temporal_caller": "TemporalAsyncCaller and AsyncCallsQueue(persistent=False)",
+    "torch_async_checkpoint": "async_ckpt.torch_ckpt.TorchAsyncCheckpoint",
+    "no_process_group": "the async core usable without torch.distributed initialised",
+    "storage_writer": "async_ckpt.filesystem_async.FileSystemWriterAsync and async_ckpt.state_dict_saver",
+    "msc": "FileSystemWriterAsync(use_msc=True) writing msc:// URLs through multi-storage-client",
+    "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
+    "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (spec_tests.harness.target.protocol)",
+    "manager": "checkpoint_manager(root, keep) in the adapter: save, wait, latest, resume, close (spec_tests.harness.target.manager)",
+    "manager_retention": "a manager that honours its retention setting `keep` (0: retain all; k: the k newest)",
+    "manager_pointer": "a manager that publishes a pointer (tracker) file naming its latest checkpoint",
+    "manager_ranks": "a manager whose save and resume are one job's over every rank (each rank its own state)",
+}
+
+
+class MissingCapability(LookupError):
+    """The target does not provide a module or feature a test needs."""
+
+
+class TargetError(ValueError):
+    """An unknown target name, or an adapter that breaks the adapter contract."""
+
+
+class TargetUnavailable(ImportError):
+    """The target's package cannot be imported here (not installed, or broken)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    adapter: ModuleType
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset(self.adapter.CAPABILITIES)
+
+    @property
+    def version(self) -> str:
+        """The version of the installed DISTRIBUTION whose files this process imports (never an assumed one)."""
+        dist = getattr(self.adapter, "DISTRIBUTION", None)
+        if dist is None:
+            return "(source tree)"
+        return _imported_version(dist, _packages(self.adapter))
+
+    @property
+    def expectations_path(self) -> str | None:
+        """Its expectations file; None with $CKPTSPEC_NO_EXPECTATIONS set (a version with no recorded run)."""
+        if os.environ.get(NO_EXPECTATIONS_VAR):
+            return None
+        return getattr(self.adapter, "EXPECTATIONS", None)
+
+    def module(self, spec_path: str) -> ModuleType:
+        """The target's module for a spec path such as "async_ckpt.core"."""
+        try:
+            dotted = self.adapter.MODULES[spec_path]
+        except KeyError:
+            raise MissingCapability(f"target {self.name!r} has no module for {spec_path!r}") from None
+        return importlib.import_module(dotted)
+
+    def backend(self, requested: str) -> str:
+        """The backend string the trainer's process group is made with when a test asks for `requested`."""
+        return getattr(self.adapter, "NCCL_BACKEND", "nccl") if requested == "nccl" else requested
+
+    def has(self, *capabilities: str) -> bool:
+        return set(capabilities) <= self.capabilities
+
+    def __reduce__(self) -> tuple[Callable[[str], Target], tuple[str]]:
+        # Rank processes receive the name and resolve (and install) the adapter themselves.
+        return (load_target, (self.name,))
+
+
+def _imported_version(dist: str, modules: Iterable[str]) -> str:
+    """The version of the copy of `dist` that provides the top-level packages of `modules` on this sys.path.
+
+    With two copies installed (a venv's and one on PYTHONPATH), the one imported wins, not the first metadata found.
+    """
+    roots = {dotted.split(".")[0] for dotted in modules}
+    locations: set[str] = set()
+    for root in roots:
+        spec = importlib.util.find_spec(root)
+        if spec is not None:
+            locations.update(os.path.realpath(p) for p in spec.submodule_search_locations or [])
+    for distribution in metadata.distributions(name=dist):
+        if any(os.path.realpath(str(distribution.locate_file(root))) in locations for root in roots):
+            return distribution.version
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+_loaded: dict[str, Target] = {}
+
+
+def builtin_targets() -> dict[str, str]:
+    """Name -> adapter module of the adapters in the package `spec_tests.targets` (names not starting with `_`;
+    `_` in a module name is `-` in the target name)."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    return {
+        info.name.replace("_", "-"): f"{BUILTIN_PACKAGE}.{info.name}"
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.ispkg and not info.name.startswith("_")
+    }
+
+
+def known_targets() -> dict[str, str]:
+    """Name -> adapter module of every target known by name: the built-ins, then the entry points."""
+    known = builtin_targets()
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        known.setdefault(ep.name, ep.value)
+    return known
+
+
+def _unknown(name: str, known: Iterable[str]) -> TargetError:
+    return TargetError(
+        f"unknown target {name!r}; known targets: {', '.join(sorted(known))}, or the dotted path of an adapter module"
+    )
+
+
+def _unavailable(name: str, adapter: ModuleType, exc: ImportError) -> TargetUnavailable:
+    package = getattr(adapter, "DISTRIBUTION", None) or f"the package of target {name!r}"
+    hint = getattr(adapter, "INSTALL", None)
+    how = f"; install it with: {hint}" if hint else ""
+    return TargetUnavailable(f"target {name!r} needs {package}, which cannot be imported ({exc}){how}", name=exc.name)
+
+
+_REQUIRED: dict[str, tuple[tuple[type, ...], str]] = {
+    "NAME": ((str,), "a str"),
+    "DISTRIBUTION": ((str, type(None)), "a str or None"),
+    "MODULES": ((dict,), "a dict"),
+    "CAPABILITIES": ((frozenset, set), "a frozenset"),
+    "EXPECTATIONS": ((str, type(None)), "a str or None"),
+}
+_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
+    "INSTALL": ((str,), "a str"),
+    "PACKAGES": ((tuple, list), "a tuple of module names"),
+    "NCCL_BACKEND": ((str,), 'a str such as "cpu:gloo,cuda:nccl"'),
+}
+
+
+def _takes_any_option(func: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability_docs: Mapping[str, str]) -> str | None:
+    """What `adapter` lacks or gets wrong, in one line, or None: every name the harness will use, checked now
+    (the names and types of spec_tests.harness.target.contract)."""
+    for name, (types, what) in _REQUIRED.items():
+        if not hasattr(adapter, name):
+            return f"defines no {name} ({what})"
+        if not isinstance(getattr(adapter, name), types):
+            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
+    for name, (types, what) in _OPTIONAL.items():
+        if hasattr(adapter, name) and not isinstance(getattr(adapter, name), types):
+            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
+    unknown_modules = sorted(set(adapter.MODULES) - set(spec_modules))
+    if unknown_modules:
+        return f"MODULES maps unknown spec module paths {', '.join(unknown_modules)} (put other modules in PACKAGES)"
+    unknown = sorted(set(adapter.CAPABILITIES) - set(capability_docs))
+    if unknown:
+        return f"declares unknown capabilities {', '.join(unknown)}; known: {', '.join(capability_docs)}"
+    if adapter.EXPECTATIONS is not None and not _exists(adapter.EXPECTATIONS):
+        return f"EXPECTATIONS names {adapter.EXPECTATIONS}, which does not exist"
+    if hasattr(adapter, "install") and not callable(adapter.install):
+        return "install must be a function"
+    fmt = getattr(adapter, "FORMAT", None)
+    if fmt is not None and not all(callable(getattr(fmt, m, None)) for m in ("data_file", "committed", "load")):
+        return "FORMAT must be a spec_tests.harness.target.formats.CheckpointFormat (data_file, committed, load)"
+    make = getattr(adapter, "protocol_saver", None)
+    if "protocol" in adapter.CAPABILITIES:
+        if not callable(make):
+            return 'declares capability "protocol" but defines no protocol_saver(**options)'
+        if not _takes_any_option(make):
+            return "protocol_saver must accept **options (the tests pass options such as persistent=False)"
+    elif make is not None:
+        return 'defines protocol_saver but does not declare capability "protocol"'
+    manager = getattr(adapter, "checkpoint_manager", None)
+    if "manager" in adapter.CAPABILITIES and not callable(manager):
+        return 'declares capability "manager" but defines no checkpoint_manager(root, keep)'
+    if "manager" not in adapter.CAPABILITIES and manager is not None:
+        return 'defines checkpoint_manager but does not declare capability "manager"'
+    return None
+
+
+def _exists(path: str) -> bool:
+    return os.path.isfile(path)
+
+
+def _check_contract(name: str, adapter: ModuleType) -> None:
+    """Every name the harness will use of `adapter`, checked at load (spec_tests.harness.target.contract): a TargetError
+    naming what is missing or wrong, in one line."""
+    problem = adapter_problem(adapter, SPEC_MODULES, CAPABILITY_DOCS)
+    if problem:
+        raise TargetError(
+            f"adapter {adapter.__name__} of target {name!r} {problem}; see spec_tests.harness.target.contract"
+        )
+
+
+def _packages(adapter: ModuleType) -> list[str]:
+    """The importable modules the target needs: MODULES' values, then PACKAGES (route 2)."""
+    return [*adapter.MODULES.values(), *getattr(adapter, "PACKAGES", ())]
+
+
+def _import_adapter(name: str) -> ModuleType:
+    known = known_targets()
+    dotted = known.get(name, name)
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (dotted + ".").startswith(exc.name + "."):
+            raise TargetUnavailable(
+                f"target {name!r}: its adapter {dotted} cannot be imported ({exc})", name=exc.name
+            ) from exc
+        if name in known or "." in name:
+            raise TargetError(f"target {name!r}: no adapter module {dotted!r}") from None
+        raise _unknown(name, known) from None
+
+
+def load_target(name: str) -> Target:
+    """Import the adapter of `name`, run its install() once in this process, return the Target.
+
+    Raises TargetError (unknown name, broken adapter) or TargetUnavailable (the target's package is missing).
+    """
+    if name not in _loaded:
+        adapter = _import_adapter(name)
+        _check_contract(name, adapter)
+        try:
+            for root in sorted({dotted.split(".")[0] for dotted in _packages(adapter)}):
+                if importlib.util.find_spec(root) is None:
+                    raise ModuleNotFoundError(f"No module named {root!r}", name=root)
+            install = getattr(adapter, "install", None)
+            if install is not None:
+                install()
+        except ImportError as exc:
+            raise _unavailable(name, adapter, exc) from exc
+        _loaded[name] = Target(name=name, adapter=adapter)
+    return _loaded[name]
+
+
+def current_target() -> Target:
+    """The target named by the environment (set by the plugin in every process)."""
+    return load_target(os.environ.get(ENV_VAR, "impl"))
+
+
+def torch_below_supported() -> str | None:
+    """A line for the session header when the installed torch is older than SUPPORTED_TORCH (pyproject.toml's
+    floor, which harness_tests/test_torch_floor.py keeps equal): verdicts on an older torch are not this suite's."""
+    import torch
+    from packaging.version import Version
+
+    if Version(torch.__version__.split("+", 1)[0]) >= Version(SUPPORTED_TORCH):
+        return None
+    return (
+        f"torch {torch.__version__} is older than {SUPPORTED_TORCH}, the oldest this suite supports: "
+        "impl's verdicts on it are not the spec's"
+    )
