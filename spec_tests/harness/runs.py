@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from spec_tests.harness import installed
+
 __all__ = [
     "OUTCOMES",
     "RELEASE_LABEL",
@@ -47,8 +49,9 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RUN_OPTIONS: list[str] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
-"""The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same)."""
+RUN_OPTIONS: list[str] = tomllib.loads(installed.CONFIG.read_text())["tool"]["ckptspec"]["run-options"]
+"""The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same; an
+installed copy reads its own copy of them, spec_tests/harness/installed.py)."""
 # Recorded outcomes, best to worst as a test's phases combine (the worst phase is the test's outcome).
 OUTCOMES = ("skipped", "passed", "xpass", "xfail", "failed", "error")
 # `nvrx-0.7.0`: a release of a target, run in its nox session (noxfile.py) instead of in this environment.
@@ -204,7 +207,8 @@ def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> l
             "--conformance-json",
             str(json_path),
         ]
-    return [sys.executable, "-m", "pytest", suite, *RUN_OPTIONS, "--impl", target, "--conformance-json", str(json_path)]
+    command = [sys.executable, "-m", "pytest", *installed.pytest_options(), suite, *RUN_OPTIONS, "--impl", target]
+    return [*command, "--conformance-json", str(json_path)]
 
 
 def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float:
