@@ -22,6 +22,8 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
   DefaultStager (shared memory, pinned on a GPU; the `dcp-staged` target's configuration), and the
   trainer waits for the staging in `before_update()`, as the documented contract asks.
 - `dcp:save`, `torch:save`: the synchronous baselines.
+- `protocol:TARGET`: any target's or adapter's protocol saver (benchmarks/adapter_peer.py); CI's regression pass
+  measures the one of `--impl` (`dcp:impl` for impl).
 
 Targets are loaded with `load_target`, so NVRx and Megatron-Core get the adapters' CPU neutralisation.
 """
@@ -274,6 +276,12 @@ _MODULES = {  # spec modules a target-based peer needs, by family
 
 def unavailable(name: str) -> str | None:
     """Why peer `name` cannot run here, or None."""
+    if name.startswith("protocol:"):  # benchmarks/adapter_peer.py: any target's protocol saver
+        try:
+            load_target(name.removeprefix("protocol:")).adapter  # noqa: B018 (loading it is the check)
+        except (ImportError, MissingCapability) as exc:
+            return f"{name} is not available: {exc}"
+        return None
     if name not in PEERS:
         return f"unknown peer {name!r}; known: {', '.join(PEERS)}"
     if name == "dcp:async_save-pinned" and not torch.cuda.is_available():
@@ -292,7 +300,14 @@ def unavailable(name: str) -> str | None:
 
 
 def make_peer(name: str) -> Peer:
-    """A new instance of peer `name` (check `unavailable(name)` first)."""
-    peer: Peer = PEERS[name]()
+    """A new instance of peer `name` (check `unavailable(name)` first); `protocol:TARGET` is TARGET's protocol
+    saver (benchmarks/adapter_peer.py)."""
+    if name.startswith("protocol:"):
+        from benchmarks.adapter_peer import ProtocolPeer  # it subclasses Peer: imported here, not at the top
+
+        peer: Peer = ProtocolPeer(name.removeprefix("protocol:"))
+        peer.name = name
+        return peer
+    peer = PEERS[name]()
     peer.name = name
     return peer
