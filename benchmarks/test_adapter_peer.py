@@ -12,6 +12,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from benchmarks import slowed_adapter
@@ -96,3 +100,20 @@ def test_a_baseline_recorded_with_impl_names_its_peer():
     for pytest_args, peer in ((["--impl", "mylib.adapter"], "protocol:mylib.adapter"), ([], IMPL_PEER)):
         base = Baseline({"settings": Settings(pytest_args=pytest_args).as_dict(), "figures": {}})
         assert baseline_peer(base) == peer
+
+
+@pytest.mark.parametrize(
+    ("impl", "peer", "absent"),
+    [("impl", IMPL_PEER, SLOWED), ("benchmarks.slowed_adapter", SLOWED, "dcp:impl")],
+    ids=["impl", "adapter"],
+)
+def test_the_regression_set_measures_the_saver_of_impl_only(request, impl, peer, absent):
+    """`--impl` decides which saver the regression set times; an adapter's set times nothing of impl."""
+    command = [sys.executable, "-m", "pytest", "benchmarks", "-m", "regression", "--collect-only", "-q"]
+    command += ["-p", "no:randomly", "--impl", impl]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CKPTSPEC_"))}
+    done = subprocess.run(command, cwd=request.config.rootpath, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert any(f"[{peer}]" in i for i in ids), ids
+    assert not any(absent in i for i in ids), ids
