@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -103,7 +104,9 @@ def test_the_conformance_steps_run_and_write_the_job_summary(tmp_path):
     expectations = adapter / "mine.expectations.toml"
     shutil.copy(EXAMPLES / "sync_dcp_adapter.expectations.toml", expectations)
     out, summary = tmp_path / "out", tmp_path / "summary.md"
-    env = clean_env(PYTHONPATH=str(adapter), CKPTSPEC_EXPECTATIONS=str(expectations), HYPOTHESIS_PROFILE="ci")
+    # This checkout on the path before any other installed copy, as CI's installed copy would be.
+    path = os.pathsep.join((str(adapter), str(REPO_ROOT)))
+    env = clean_env(PYTHONPATH=path, CKPTSPEC_EXPECTATIONS=str(expectations), HYPOTHESIS_PROFILE="ci")
     run = [sys.executable, "-m", "spec_tests.harness.ci_job", "run", "--adapter", "sync_dcp_adapter"]
     run += ["--out", str(out), "--areas", "protocol", "-n", "0", "--", "-k", ONE_TEST]
     done = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
