@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from benchmarks.dcp_stager import KeptStager, staging_options
 from spec_tests.harness import MissingCapability, load_target
 from spec_tests.harness.recipe import plan_async_save, recipe_modules
+from spec_tests.harness.targets import TargetError
 
 __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
 
@@ -279,7 +280,7 @@ def unavailable(name: str) -> str | None:
     if name.startswith("protocol:"):  # benchmarks/adapter_peer.py: any target's protocol saver
         try:
             load_target(name.removeprefix("protocol:")).adapter  # noqa: B018 (loading it is the check)
-        except (ImportError, MissingCapability) as exc:
+        except (ImportError, MissingCapability, TargetError) as exc:
             return f"{name} is not available: {exc}"
         return None
     if name not in PEERS:

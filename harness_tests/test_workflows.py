@@ -45,7 +45,10 @@ def _load(path: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
 def test_each_workflow_passes_the_schema_and_a_broken_copy_does_not(path, tmp_path):
-    tool = shutil.which("check-jsonschema") or pytest.skip("check-jsonschema is not installed (the `test` extra)")
+    beside = Path(sys.executable).with_name("check-jsonschema")  # the venv's, when it is not on PATH
+    tool = shutil.which("check-jsonschema") or (str(beside) if beside.exists() else None)
+    if tool is None:
+        pytest.skip("check-jsonschema is not installed (the `test` extra)")
     done = subprocess.run([tool, *SCHEMA, str(path)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     broken = tmp_path / path.name
@@ -100,7 +103,8 @@ def _areas(args: list[str]) -> list[str]:
 def test_the_conformance_steps_run_and_write_the_job_summary(tmp_path):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
-    shutil.copy(EXAMPLES / "sync_dcp_adapter.py", adapter)
+    for name in ("sync_dcp_adapter.py", "sync_dcp_adapter.expectations.toml"):  # the file the adapter names
+        shutil.copy(EXAMPLES / name, adapter)
     expectations = adapter / "mine.expectations.toml"
     shutil.copy(EXAMPLES / "sync_dcp_adapter.expectations.toml", expectations)
     out, summary = tmp_path / "out", tmp_path / "summary.md"
@@ -118,6 +122,6 @@ def test_the_conformance_steps_run_and_write_the_job_summary(tmp_path):
     done = subprocess.run(summ, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     text = summary.read_text()
-    assert text.startswith("## ckptspec: sync-dcp"), text[:200]
-    assert "| clause | statement | basis | severity | dcp-thread 2.13.0" in text
+    assert text.startswith("## ckptspec: sync_dcp_adapter 2.13.0"), text[:200]
+    assert "| clause | statement | basis | severity | dcp-thread 2.13.0+cpu | sync_dcp_adapter" in text
     assert "P-STAGED-1" in text

@@ -168,8 +168,9 @@ def _judge(argv: Sequence[str]) -> int:
 
 
 def _pytest(argv: Sequence[str]) -> int:
-    command = [sys.executable, "-m", "pytest", *installed.pytest_options(anywhere=True), *argv]
-    return subprocess.run(command, check=False).returncode
+    import pytest  # in this process, as the `pytest` command runs it
+
+    return int(pytest.main([*installed.pytest_options(anywhere=True), *argv]))
 
 
 def version() -> str:
