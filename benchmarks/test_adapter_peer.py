@@ -54,7 +54,7 @@ def test_an_adapter_peer_saves_the_state_the_trainer_handed_it(process_group, st
 
 
 def test_the_slowed_adapter_sleeps_the_factor_less_one_times_each_call(monkeypatch):
-    clock, slept = iter([10.0, 10.5]), []
+    clock, slept = iter([10.0, 10.5]), list[float]()
     monkeypatch.setattr(slowed_adapter.time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(slowed_adapter.time, "sleep", slept.append)
     monkeypatch.setenv(slowed_adapter.SLOWDOWN_ENV, "1.5")
