@@ -1,9 +1,9 @@
 """Benchmark fixtures and report hooks (the spec plugin is loaded by pyproject.toml's addopts and the root conftest).
 
-Options, declared in the root conftest so that pytest knows them however it is started: --bench-size-mib
+Options, declared in benchmarks/options.py (loaded by the root conftest) so that pytest knows them however it is started: --bench-size-mib
 (state dict size), --bench-rounds, --bench-saves (memory probe), --bench-dir (filesystem to measure),
 --bench-sweep-mib (D2H sizes), --bench-device, --bench-threads. The `regression` marker is declared in
-pyproject.toml; the default JSON path (.benchmarks/ckptspec.json) is set by the root conftest too.
+pyproject.toml; the default JSON path (.benchmarks/ckptspec.json) is set there too.
 
 Without --benchmark-enable every benchmark runs its body once as a smoke test. With it, the
 run writes the pytest-benchmark JSON (--benchmark-json, default .benchmarks/ckptspec.json) and
@@ -35,7 +35,7 @@ from benchmarks.workload import MiB, clone_state_dict, make_state_dict
 
 
 def _enabled(config) -> bool:
-    return config.ckptspec_benchmarks_enabled  # set by the root conftest
+    return config.ckptspec_benchmarks_enabled  # set by benchmarks.options
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

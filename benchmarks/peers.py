@@ -24,6 +24,8 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
   DefaultStager (shared memory, pinned on a GPU; the `dcp-staged` target's configuration), and the
   trainer waits for the staging in `before_update()`, as the documented contract asks.
 - `dcp:save`, `torch:save`: the synchronous baselines.
+- `protocol:TARGET`: any target's or adapter's protocol saver (benchmarks/adapter_peer.py); CI's regression pass
+  measures the one of `--impl` (`dcp:impl` for impl).
 
 Targets are loaded with `load_target`, so NVRx and Megatron-Core get the adapters' CPU neutralisation.
 """
@@ -41,6 +43,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from benchmarks.dcp_stager import KeptStager, staging_options
 from spec_tests.harness import MissingCapability, load_target
+from spec_tests.harness.target.loading import TargetError
 from spec_tests.harness.target.recipe import plan_async_save, recipe_modules
 
 __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
@@ -277,6 +280,12 @@ _MODULES = {  # spec modules a target-based peer needs, by family
 
 def unavailable(name: str) -> str | None:
     """Why peer `name` cannot run here, or None."""
+    if name.startswith("protocol:"):  # benchmarks/adapter_peer.py: any target's protocol saver
+        try:
+            load_target(name.removeprefix("protocol:")).adapter  # noqa: B018 (loading it is the check)
+        except (ImportError, MissingCapability, TargetError) as exc:
+            return f"{name} is not available: {exc}"
+        return None
     if name not in PEERS:
         return f"unknown peer {name!r}; known: {', '.join(PEERS)}"
     if name == "dcp:async_save-pinned" and not torch.cuda.is_available():
@@ -297,7 +306,14 @@ def unavailable(name: str) -> str | None:
 
 
 def make_peer(name: str) -> Peer:
-    """A new instance of peer `name` (check `unavailable(name)` first)."""
-    peer: Peer = PEERS[name]()
+    """A new instance of peer `name` (check `unavailable(name)` first); `protocol:TARGET` is TARGET's protocol
+    saver (benchmarks/adapter_peer.py)."""
+    if name.startswith("protocol:"):
+        from benchmarks.adapter_peer import ProtocolPeer  # it subclasses Peer: imported here, not at the top
+
+        peer: Peer = ProtocolPeer(name.removeprefix("protocol:"))
+        peer.name = name
+        return peer
+    peer = PEERS[name]()
     peer.name = name
     return peer

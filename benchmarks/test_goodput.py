@@ -22,11 +22,13 @@ from typing import Any
 import pytest
 
 from benchmarks import goodput
+from benchmarks.adapter_peer import regression_peer
 from benchmarks.harness import REGRESSION, PeerCache, record
 from benchmarks.memory import tree_pss
 from benchmarks.memwatch import TreeWatcher
 from benchmarks.peers import PEERS
 from benchmarks.training import Trainer
+from spec_tests.harness.target.loading import ENV_VAR
 
 pytestmark = pytest.mark.xdist_group("benchmarks-save")
 
@@ -35,6 +37,8 @@ BASELINE = "none"
 IMPL_PEERS = ("dcp:impl", "dcp:impl-temporal", "dcp:impl-overlapped", "torch:impl", "torch:impl-temporal")
 MEMORY_INTERVAL_S = 0.1  # a sample costs the watcher ~10 ms of CPU time, on a core the trainer may need
 REGRESSION_STEPS, REGRESSION_INTERVAL = 20, 5
+# The run's target's peer (benchmarks/adapter_peer.py): dcp:impl, or the protocol saver of `--impl`.
+REGRESSION_PEERS = (regression_peer(os.environ.get(ENV_VAR) or "impl"),)
 
 
 def steps_for(interval: int, steps: int, enabled: bool) -> int:
@@ -127,9 +131,9 @@ def _figures(loop: goodput.Loop, wrong: dict[int, list[str]]) -> dict:
 
 
 @REGRESSION
-@pytest.mark.parametrize("peer_name", [BASELINE, "dcp:impl"])
+@pytest.mark.parametrize("peer_name", [BASELINE, *REGRESSION_PEERS])
 def test_goodput_regression(benchmark, bench, process_group, paths, peer_name):
-    """CI's small goodput case: `dcp:impl` saving every REGRESSION_INTERVAL of REGRESSION_STEPS steps, and the
+    """CI's small goodput case: the run's peer (`dcp:impl`, or the protocol saver of `--impl`) saving every REGRESSION_INTERVAL of REGRESSION_STEPS steps, and the
     same loop without checkpointing (`none`), the reference the regression pass divides it by.
 
     Timed: the whole loop (steps, stalls, the final wait), a fresh trainer of --bench-size-mib each round,
@@ -148,8 +152,8 @@ def test_goodput_regression(benchmark, bench, process_group, paths, peer_name):
 
     def check():
         if box["peer"] is not None:
-            wrong = goodput.verify(box["loop"], "dcp", box["trainer"])
-            assert not wrong, f"dcp:impl: checkpoints that do not hold their step's state: {wrong}"
+            wrong = goodput.verify(box["loop"], box["peer"].family, box["trainer"])
+            assert not wrong, f"{peer_name}: checkpoints that do not hold their step's state: {wrong}"
         paths.remove_all()
 
     try:

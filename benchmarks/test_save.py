@@ -18,9 +18,11 @@ from time import perf_counter, thread_time
 
 import pytest
 
+from benchmarks.adapter_peer import regression_peer
 from benchmarks.harness import noted, params, phase_medians, record
 from benchmarks.peers import PEERS, unavailable
 from benchmarks.workload import MiB, load_checkpoint, negate_, saved_before_update, staged_bytes
+from spec_tests.harness.target.loading import ENV_VAR
 
 # One xdist worker runs this module under `--dist loadgroup`, so the peers' workers start once.
 pytestmark = pytest.mark.xdist_group("benchmarks-save")
@@ -28,7 +30,10 @@ pytestmark = pytest.mark.xdist_group("benchmarks-save")
 ALL = list(PEERS)
 LOADABLE = [name for name in PEERS if name.startswith("dcp:")] + ["torch:save"]
 SMOKE_MEMORY_PEERS = ("dcp:impl-temporal",)  # forks its writer: no worker to start
-IMPL = ("dcp:impl",)  # in CI's regression pass (torch:impl would start a second worker)
+# In CI's regression pass: the peer of the run's target, set by the spec plugin before collection (`--impl`):
+# dcp:impl for impl (torch:impl would start a second worker), an adapter's protocol saver otherwise.
+IMPL = (regression_peer(os.environ.get(ENV_VAR) or "impl"),)
+TIMED = [*ALL, *(name for name in IMPL if name not in ALL)]
 
 
 def timed_save(peer, state_dict, path: str) -> dict[str, float]:
@@ -78,7 +83,7 @@ def test_first_save_stall(benchmark, bench, peers, state_dict, paths, peer_name)
     )
 
 
-@pytest.mark.parametrize("peer_name", params(ALL, regression=IMPL))
+@pytest.mark.parametrize("peer_name", params(TIMED, regression=IMPL))
 def test_stall(benchmark, bench, peers, state_dict, paths, peer_name):
     """Steady-state stall: from the call that schedules a save until the trainer may change the state (its return,
     and the wait for staging where the peer signals it), worker already warm.
@@ -118,7 +123,7 @@ def test_stall(benchmark, bench, peers, state_dict, paths, peer_name):
     )
 
 
-@pytest.mark.parametrize("peer_name", params(ALL, regression=IMPL))
+@pytest.mark.parametrize("peer_name", params(TIMED, regression=IMPL))
 def test_time_to_durable(benchmark, bench, peers, state_dict, paths, peer_name):
     """From the call that schedules a save until the checkpoint is committed and finalized.
 
@@ -152,7 +157,7 @@ def test_time_to_durable(benchmark, bench, peers, state_dict, paths, peer_name):
     )
 
 
-@pytest.mark.parametrize("peer_name", params(LOADABLE, regression=IMPL))
+@pytest.mark.parametrize("peer_name", params([*LOADABLE, *(n for n in IMPL if n not in LOADABLE)], regression=IMPL))
 def test_load(benchmark, bench, peers, state_dict, paths, peer_name):
     """Loading what the peer saved, into fresh CPU tensors (`dcp.load`, or `torch.load`)."""
     peer, path = peers.get(peer_name), paths.new()

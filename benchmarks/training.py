@@ -19,6 +19,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from spec_tests.harness.target.formats import checkpoint_format
+
 __all__ = ["Trainer", "load", "mismatches"]
 
 BLOCKS = 4
@@ -106,6 +108,8 @@ def load(family: str, path: str, trainer: Trainer) -> dict:
         group: {k: torch.empty_like(t, device="cpu") for k, t in live[group].items()} for group in ("model", "optim")
     }
     out["step"] = -1
+    if family == "format":  # a protocol adapter's own format (benchmarks/adapter_peer.py), read by its loader
+        return checkpoint_format().load(path, out)
     dcp.load(out, checkpoint_id=path)
     return out
 

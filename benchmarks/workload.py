@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed.checkpoint as dcp
 
+from spec_tests.harness.target.formats import checkpoint_format
+
 __all__ = [
     "GiB",
     "MiB",
@@ -67,6 +69,9 @@ def load_checkpoint(family: str, path: str, like: dict) -> dict:
     """
     if family == "torch":
         return torch.load(path, weights_only=True, map_location="cpu")
+    if family == "format":  # a protocol adapter's own format (benchmarks/adapter_peer.py), read by its loader
+        template = {"model": {k: torch.zeros_like(t, device="cpu") for k, t in tensors(like).items()}, "step": 0}
+        return checkpoint_format().load(path, template)
     out = {"model": {k: torch.empty_like(t, device="cpu") for k, t in tensors(like).items()}, "step": 0}
     dcp.load(out, checkpoint_id=path)
     return out

@@ -1,9 +1,17 @@
 """Command line of the regression pass (benchmarks/README.md, "Regression pass"); run from the repository root.
 
-    python -m benchmarks.regression record --out BASELINE [--runs 5] [--size-mib 8] [--rounds 7] [--threads 1] [-- PYTEST_ARGS]
+    python -m benchmarks.regression record --out BASELINE [--impl ADAPTER] [--runs 5] [--size-mib 8] [--rounds 7]
+                                         [--threads 1] [-- PYTEST_ARGS]
     python -m benchmarks.regression compare BASELINE [--threshold 3] [--history runs.jsonl] [--commit SHA] [--run RUN.json]
+                                                     [--action-json FILE] [--summary FILE] [--keep-run FILE]
     python -m benchmarks.regression trend HISTORY --out trend.png
     python -m benchmarks.regression scale BASELINE FACTOR --out PATH
+
+`--impl ADAPTER` measures that target's or adapter's protocol saver (the peer `protocol:ADAPTER`,
+benchmarks/adapter_peer.py) instead of impl's `dcp:impl`; the baseline keeps it, so `compare` measures the same.
+`--action-json` writes github-action-benchmark's customSmallerIsBetter JSON of the gated figures, `--summary`
+appends the Markdown verdict to FILE (in Actions: "$GITHUB_STEP_SUMMARY"), `--keep-run` keeps the run's
+pytest-benchmark JSON (benchmarks/regression/export.py).
 
 Exit status: 0 passed; 1 a gated figure regressed or is missing, or the regression set itself failed;
 2 the baseline, history or threshold cannot be used (one line on stderr saying why).
@@ -13,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.regression import baseline as baselines
 from benchmarks.regression import compare as comparing
-from benchmarks.regression import history
+from benchmarks.regression import export, history
 from benchmarks.regression.measure import Settings, figures_of, run_set, source_of
 
 PROG = "benchmarks.regression"
@@ -32,7 +41,8 @@ def _fail(message: str, status: int = UNUSABLE) -> int:
 
 
 def record(args) -> int:
-    settings = Settings(args.size_mib, args.rounds, args.threads, list(args.pytest_args))
+    impl = ["--impl", args.impl] if args.impl else []
+    settings = Settings(args.size_mib, args.rounds, args.threads, [*impl, *args.pytest_args])
     runs = []
     with tempfile.TemporaryDirectory(prefix="ckptspec-record-") as tmp:
         for i in range(1, args.runs + 1):
@@ -76,6 +86,8 @@ def compare(args) -> int:
         status = run_set(base.settings, json_path)
         if status != 0:
             return _fail(f"the regression set itself failed (pytest exit status {status})", FAILED)
+        if args.keep_run is not None:
+            shutil.copyfile(json_path, args.keep_run)
         return _verdict(args, base, json.loads(json_path.read_text()), threshold)
 
 
@@ -96,7 +108,21 @@ def _verdict(args, base: baselines.Baseline, run: dict, threshold: float) -> int
         print(f"{PROG}: appended to the history {args.history}")
     line = comparing.verdict_line(rows, threshold, str(args.baseline))
     print(f"{PROG}: {line}")
+    if args.action_json is not None:
+        args.action_json.write_text(json.dumps(export.action_benchmark(rows), indent=1) + "\n")
+    if args.summary is not None:
+        with args.summary.open("a") as sink:
+            sink.write(export.summary(rows, threshold, line, baseline_peer(base)))
     return FAILED if line.startswith("FAIL") else 0
+
+
+def baseline_peer(base: baselines.Baseline) -> str:
+    """The peer a baseline measures: `protocol:ADAPTER` where it was recorded with --impl, else dcp:impl."""
+    from benchmarks.adapter_peer import regression_peer  # imports torch: only where a summary is written
+
+    args = list(base.settings.pytest_args)
+    impl = args[args.index("--impl") + 1] if "--impl" in args[:-1] else "impl"
+    return regression_peer(impl)
 
 
 def trend(args) -> int:
@@ -127,6 +153,7 @@ def parser() -> argparse.ArgumentParser:
 
     rec = sub.add_parser("record", help="run the regression set N times; write each figure's best as the baseline")
     rec.add_argument("--out", type=Path, required=True, help="the baseline file to write")
+    rec.add_argument("--impl", help="measure this target's or adapter's protocol saver (default: impl's dcp:impl)")
     rec.add_argument("--runs", type=int, default=5, help="runs of the set (default 5)")
     rec.add_argument("--size-mib", type=float, default=Settings.size_mib, help="state dict size (default 8)")
     rec.add_argument("--rounds", type=int, default=Settings.rounds, help="timed rounds per benchmark (default 7)")
@@ -143,6 +170,9 @@ def parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--history", type=Path, help="append this run's figures to this JSON-lines file")
     cmp_.add_argument("--commit", help="the commit the history names (default: the git commit of this checkout)")
     cmp_.add_argument("--run", type=Path, help="compare this pytest-benchmark JSON instead of running the set")
+    cmp_.add_argument("--action-json", type=Path, help="write github-action-benchmark's customSmallerIsBetter JSON")
+    cmp_.add_argument("--summary", type=Path, help="append the Markdown verdict here ($GITHUB_STEP_SUMMARY)")
+    cmp_.add_argument("--keep-run", type=Path, help="keep the run's pytest-benchmark JSON here")
     cmp_.set_defaults(func=compare)
 
     tr = sub.add_parser("trend", help="draw each figure of a history over its runs (PNG; matplotlib)")

@@ -21,6 +21,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from spec_tests.harness import installed
+
 __all__ = ["ROOT", "Figure", "Settings", "figures_of", "normalised", "run_set", "source_of"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +44,7 @@ class Settings:
             sys.executable,
             "-m",
             "pytest",
+            *installed.pytest_options(),
             "benchmarks",
             "-q",
             "-n",

@@ -4,6 +4,8 @@
                    [--out DIR]
     ckptspec report JSON ... [options of python -m spec_tests.harness.records.report]
     ckptspec findings JSON ... --out DIR
+    ckptspec pytest [PYTEST_ARGS ...]
+    ckptspec --version
 
 `judge` installs nothing and changes nothing in the environment: it reads the installed version of the target's
 distribution (as the suite does), runs pytest on the suites (or the areas asked for) against it in a process of its
@@ -14,6 +16,11 @@ file applies, so a known failure reads as the clause it breaks; for any other ve
 applied ($CKPTSPEC_NO_EXPECTATIONS), every failure is reported as it happened, charged to each clause its test
 cites, and the report says that no recorded run exists. `dcp` judges the three configurations of `dcp.async_save`
 in turn. `report` and `findings` read stored runs and need no torch.
+
+`pytest` runs pytest in the working directory with the suite's configuration and its rootdir, from a checkout or
+an installed copy alike (spec_tests/harness/installed.py), so that `ckptspec pytest --pyargs spec_tests.protocol
+--impl mylib.ckptspec_adapter` names each test as the expectations files do. `--version` prints ckptspec's version
+(the installed distribution's metadata).
 """
 
 from __future__ import annotations
@@ -24,10 +31,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
+from spec_tests.harness import installed
 from spec_tests.harness.records import advice, findings, glance, provenance, releases, report, verdicts
 from spec_tests.harness.records.runs import REPO_ROOT, Run, load_run, page_name
 
@@ -74,7 +83,8 @@ def _judge_one(target: str, args: argparse.Namespace, out: Path) -> int:
     stem = f"{target}-{releases.base_version(version)}".replace("(source tree)", "source-tree")
     json_path, log = out / f"{stem}.json", out / f"{stem}.log"
     paths = [p for area in args.areas for p in AREA_PATHS[area]] if args.areas else list(releases.SUITES)
-    command = [sys.executable, "-m", "pytest", *paths, "-n", args.n, "-q", "-p", "no:randomly", "--impl", target]
+    command = [sys.executable, "-m", "pytest", *installed.pytest_options(), *paths, "-n", args.n, "-q"]
+    command += ["-p", "no:randomly", "--impl", target]
     command += ["--conformance-json", str(json_path)]
     command += ["--tensor-device", args.tensor_device] if args.tensor_device else []
     print(f"ckptspec: judging {target} {version} on {' '.join(paths)} (pytest's output: {log})", flush=True)
@@ -158,9 +168,26 @@ def _judge(argv: Sequence[str]) -> int:
     return max(codes)
 
 
+def _pytest(argv: Sequence[str]) -> int:
+    import pytest  # in this process, as the `pytest` command runs it
+
+    return int(pytest.main([*installed.pytest_options(anywhere=True), *argv]))
+
+
+def version() -> str:
+    """ckptspec's version, from the installed distribution's metadata (a checkout installed editable has it too)."""
+    try:
+        return metadata.version("ckptspec")
+    except metadata.PackageNotFoundError:
+        return "unknown (ckptspec is not installed: pip install -e .)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"judge": _judge, "report": report.main, "findings": findings.main}
+    if argv[:1] == ["--version"]:
+        print(f"ckptspec {version()}")
+        return 0
+    commands = {"judge": _judge, "report": report.main, "findings": findings.main, "pytest": _pytest}
     if not argv or argv[0] not in commands:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2

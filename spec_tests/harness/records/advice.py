@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spec_tests.harness import installed
 from spec_tests.harness.records.report import clause_verdict
-from spec_tests.harness.records.runs import REPO_ROOT, ReportError, Run
+from spec_tests.harness.records.runs import ReportError, Run
 
 __all__ = ["ADVICE", "LIBRARIES", "Rule", "applies", "for_run", "library_of", "load"]
 
-ADVICE = REPO_ROOT / "findings" / "advice.toml"
+ADVICE = installed.data_file("findings/advice.toml")
 # library key -> (its name for readers, the run targets it covers)
 LIBRARIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "nvrx": ("NVRx", ("nvrx",)),

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from spec_tests.harness import installed
 from spec_tests.harness.records.run_file import OUTCOMES, PhaseRecord, ReportError, RunFile, read_json
 
 __all__ = [
@@ -45,8 +46,9 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-RUN_OPTIONS: list[str] = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
-"""The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same)."""
+RUN_OPTIONS: list[str] = tomllib.loads(installed.CONFIG.read_text())["tool"]["ckptspec"]["run-options"]
+"""The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same; an
+installed copy reads its own copy of them, spec_tests/harness/installed.py)."""
 # `nvrx-0.7.0`: a release of a target, run in its nox session (noxfile.py) instead of in this environment.
 RELEASE_LABEL = re.compile(r"^(?P<target>[A-Za-z0-9_]+)-(?P<release>[0-9][A-Za-z0-9.+]*)$")
 
@@ -146,7 +148,8 @@ def pytest_command(target: str, json_path: Path, suite: str = "spec_tests") -> l
             "--conformance-json",
             str(json_path),
         ]
-    return [sys.executable, "-m", "pytest", suite, *RUN_OPTIONS, "--impl", target, "--conformance-json", str(json_path)]
+    command = [sys.executable, "-m", "pytest", *installed.pytest_options(), suite, *RUN_OPTIONS, "--impl", target]
+    return [*command, "--conformance-json", str(json_path)]
 
 
 def run_target(target: str, json_path: Path, suite: str = "spec_tests") -> float:

@@ -54,6 +54,7 @@ SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>= (harness_tests/test_torch_f
 __all__ = [
     "CAPABILITY_DOCS",
     "ENV_VAR",
+    "EXPECTATIONS_VAR",
     "SPEC_MODULES",
     "MissingCapability",
     "Target",
@@ -67,6 +68,7 @@ __all__ = [
 ]
 
 ENV_VAR = "CKPTSPEC_IMPL"
+EXPECTATIONS_VAR = "CKPTSPEC_EXPECTATIONS"  # a path in place of the adapter's EXPECTATIONS
 ENTRY_POINT_GROUP = "ckptspec.targets"
 BUILTIN_PACKAGE = "spec_tests.targets"
 # Every spec module path, i.e. a module path below `nvidia_resiliency_ext.checkpointing`.
@@ -129,10 +131,11 @@ class Target:
 
     @property
     def expectations_path(self) -> str | None:
-        """Its expectations file; None with $CKPTSPEC_NO_EXPECTATIONS set (a version with no recorded run)."""
+        """Its expectations file; None with $CKPTSPEC_NO_EXPECTATIONS set (a version with no recorded run); the path
+        in $CKPTSPEC_EXPECTATIONS in place of the adapter's (the reusable workflow's `expectations` input)."""
         if os.environ.get(NO_EXPECTATIONS_VAR):
             return None
-        return getattr(self.adapter, "EXPECTATIONS", None)
+        return os.environ.get(EXPECTATIONS_VAR) or getattr(self.adapter, "EXPECTATIONS", None)
 
     def module(self, spec_path: str) -> ModuleType:
         """The target's module for a spec path such as "async_ckpt.core"."""
