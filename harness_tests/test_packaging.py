@@ -98,7 +98,7 @@ def test_an_installed_copy_runs_from_site_packages(wheel, tmp_path):
     subprocess.run([*pip, str(wheel)], check=True, timeout=300, capture_output=True)
     env = clean_env(PYTHONPATH=str(target))
     probe = (
-        "from spec_tests.harness import advice, clauses, installed; "
+        "from spec_tests.harness import clauses, installed; from spec_tests.harness.records import advice; "
         "print(installed.CHECKOUT, installed.ROOT, len(advice.load(clauses.load())) > 0)"
     )
     done = _python(["-c", probe], elsewhere, env)

@@ -127,7 +127,7 @@ BAD_INPUTS = {
         {},
         [
             "unknown target 'bogus'",
-            "known targets: dcp-process, dcp-staged, dcp-thread, impl, lightning, mcore, nvrx, torchtitan",
+            "known targets: dcp-process, dcp-staged, dcp-thread, impl, impl-local, lightning, mcore, nvrx, torchtitan",
         ],
     ),
     "unknown $CKPTSPEC_IMPL": ([], {"CKPTSPEC_IMPL": "bogus"}, ["unknown target 'bogus'"]),

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import expectations, installed, record_failures, report
+from spec_tests.harness import expectations, installed
+from spec_tests.harness.records import record_failures, report
+from spec_tests.harness.records.run_file import RunFile
 from spec_tests.harness.records.runs import load_run
 
 __all__ = ["DEFAULT_AREAS", "area_paths", "main", "summary"]
@@ -74,7 +76,6 @@ def summary(
     """The job summary's Markdown for one run (see the module docstring)."""
     data: dict[str, Any] = json.loads(run_path.read_text())
     run = load_run(run_path)
-    tests = data.get("tests", [])
     counts: dict[str, int] = {}
     for record in run.tests.values():
         counts[record.outcome] = counts.get(record.outcome, 0) + 1
@@ -94,7 +95,7 @@ def summary(
         lines.append("")
     loaded = expectations.load(str(expectations_path)) if expectations_path and expectations_path.exists() else ()
     entries = expectations.for_version(loaded, data["version"], data.get("tensor_device", "cpu"))
-    blocks, _ = record_failures.stubs({**data, "tests": tests}, entries)
+    blocks, _ = record_failures.stubs(RunFile.read(run_path), entries)
     if blocks:
         lines += [
             f"<details><summary>{len(blocks)} stub entries for the expectations file (replace each FILL IN)</summary>",
