@@ -31,6 +31,7 @@ from fault_injection import matrix
 from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
 from spec_tests.harness.records import findings, glance, releases, report, repro_reports
+from spec_tests.harness.target import contract
 
 ROOT = Path(__file__).resolve().parent
 RUNS = "conformance/all"
@@ -38,12 +39,13 @@ RUNS = "conformance/all"
 # clause area, then those judged on the protocol area only.
 RELEASES = [releases.REFERENCE, *(r.name for r in releases.full_suite())]
 PROTOCOL_ONLY = [r.name for r in releases.protocol_only()]
-BENCHMARK_RUNS = ["cpu.json", "cpu-nvrx-0.7.0.json", "cpu-mcore-0.19.2.json", "goodput-cpu.json"]
+BENCHMARK_RUNS = ["cpu.json", *(f"cpu-{r.name}.json" for r in releases.benchmark_peers()), "goodput-cpu.json"]
 README = "README.md"
 RESULTS = "docs/results.md"
 BENCHMARKS = "docs/benchmarks.md"
 DESIGN = "docs/spec-design.md"
 GPU = "docs/gpu.md"
+ADDING_A_TARGET = "docs/adding-a-target.md"
 # The stored GPU runs whose GPU-selection verdicts docs/gpu.md tables, newest first, and the GPU benchmark runs.
 GPU_RUNS = [
     "conformance/gpu/2026-11-27-h100-lease-2",
@@ -94,6 +96,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
     "benchmarks-gpu": (BENCHMARKS, benchmark_summary.main, [*GPU_BENCHMARK_RUNS, "--block", "gpu"]),
     "gpu-results": (GPU, gpu_results.main, GPU_RUNS),
     "glance": (README, glance.main, _runs(RELEASES + PROTOCOL_ONLY)),
+    "contract": (ADDING_A_TARGET, contract.main, []),
 }
 # The other generated files: (what it is, the command's main, its arguments with the output path last).
 PAGES: dict[str, tuple[Callable[[list[str]], object], list[str]]] = {

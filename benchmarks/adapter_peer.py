@@ -21,7 +21,7 @@ from typing import Any
 
 from benchmarks.peers import Peer
 from spec_tests.harness import load_target
-from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.loading import checkpoint_format
 from spec_tests.harness.target.protocol import SaveHandle, protocol_saver
 
 __all__ = ["IMPL_PEER", "PREFIX", "ProtocolPeer", "regression_peer"]

@@ -14,7 +14,10 @@ torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers
 - `dcp:impl`, `dcp:nvrx` (+ `-temporal`): FileSystemWriterAsync + save_state_dict_async_plan +
   AsyncCallsQueue of the target, as in the NVRx usage guide; finalize writes `.metadata`.
 - `dcp:impl-overlapped`: the same on `AsyncCallsQueue(overlap_staging=True)`: the save returns once the copies are
-  issued, and the trainer calls `wait_for_staging()` in `before_update()` (impl's staging signal).
+  issued, and the trainer calls `wait_for_staging()` in `before_update()` (impl's staging signal). It plans with
+  the documented plan cache (`enable_cache=True`, a cache of its own), as a trainer whose state dict keeps its
+  structure from save to save does: a save after the first skips the global planning (one all-reduce of a flag
+  instead of a gather and a scatter of every rank's plan).
   `dcp:impl-overlapped-clone` (CUDA only): with `device_clone=True`, the staging signal waits for a clone on the
   device, not for the device-to-host copy, which goes on in the background.
 - `torch:impl`, `torch:nvrx` (+ `-temporal`): TorchAsyncCheckpoint. `torch:mcore` (+ `-temporal`):
@@ -76,24 +79,40 @@ class Peer:
         """Nothing to release."""
 
 
-def plan_write(target_name: str, state_dict, path: str, **writer_kwargs):
-    """The documented recipe's planned save (spec_tests.harness.target.recipe) with the target's FileSystemWriterAsync."""
-    return plan_async_save(recipe_modules(load_target(target_name)), state_dict, path, **writer_kwargs)
+def plan_write(target_name: str, state_dict, path: str, *, plan_kwargs: dict | None = None, **writer_kwargs):
+    """The documented recipe's planned save (spec_tests.harness.target.recipe) with the target's FileSystemWriterAsync;
+    `plan_kwargs`: more keyword arguments of save_state_dict_async_plan."""
+    modules = recipe_modules(load_target(target_name))
+    return plan_async_save(modules, state_dict, path, plan_kwargs=plan_kwargs, **writer_kwargs)
 
 
 class _WriterPeer(Peer):
     family = "dcp"
 
-    def __init__(self, target_name: str, persistent: bool, queue_options: dict | None = None, **writer_kwargs):
+    def __init__(
+        self,
+        target_name: str,
+        persistent: bool,
+        queue_options: dict | None = None,
+        cached_plan: bool = False,
+        **writer_kwargs,
+    ):
         self._target_name, self._writer_kwargs = target_name, writer_kwargs
-        self._core = load_target(target_name).module("async_ckpt.core")
+        target = load_target(target_name)
+        self._core = target.module("async_ckpt.core")
         self._queue = self._core.AsyncCallsQueue(persistent=persistent, **(queue_options or {}))
+        self._plan_kwargs = {}
+        if cached_plan:
+            cache = target.module("async_ckpt.state_dict_saver").CheckpointMetadataCache()
+            self._plan_kwargs = {"enable_cache": True, "metadata_cache": cache}
         # impl's staging signal (a no-op unless the queue stages in the background); other targets have none
         self._staging_wait = getattr(self._queue, "wait_for_staging", None)
 
     def save(self, state_dict, path):
         start = perf_counter()
-        request = plan_write(self._target_name, state_dict, path, **self._writer_kwargs).request()
+        request = plan_write(
+            self._target_name, state_dict, path, plan_kwargs=self._plan_kwargs, **self._writer_kwargs
+        ).request()
         planned = perf_counter()
         self._queue.schedule_async_request(request)
         return {"plan": planned - start, "schedule": perf_counter() - planned}
@@ -254,8 +273,10 @@ class _SyncTorchPeer(Peer):
 PEERS: dict[str, Callable[[], Peer]] = {
     "dcp:impl": partial(_WriterPeer, "impl", True),
     "dcp:impl-temporal": partial(_WriterPeer, "impl", False),
-    "dcp:impl-overlapped": partial(_WriterPeer, "impl", True, {"overlap_staging": True}),
-    "dcp:impl-overlapped-clone": partial(_WriterPeer, "impl", True, {"overlap_staging": True, "device_clone": True}),
+    "dcp:impl-overlapped": partial(_WriterPeer, "impl", True, {"overlap_staging": True}, cached_plan=True),
+    "dcp:impl-overlapped-clone": partial(
+        _WriterPeer, "impl", True, {"overlap_staging": True, "device_clone": True}, cached_plan=True
+    ),
     "dcp:nvrx": partial(_WriterPeer, "nvrx", True),
     "dcp:nvrx-temporal": partial(_WriterPeer, "nvrx", False),
     "dcp:async_save-thread": partial(_DcpAsyncSavePeer, "thread"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Any
 
 import boto3
 import pytest
@@ -165,7 +166,8 @@ def _prepare(writer: str, dest: str, state_dict, path: str):
         return lambda: dcp.save(state_dict, storage_writer=storage_writer), lambda: None
     if writer == "torch:save":
         return lambda: _torch_save(state_dict, path, fsync=dest == "durable"), lambda: None
-    planned = plan_write(writer.split(":")[1], state_dict, path, **({"use_msc": True} if msc else {}))
+    writer_kwargs: dict[str, Any] = {"use_msc": True} if msc else {}  # passed only where asked for
+    planned = plan_write(writer.split(":")[1], state_dict, path, **writer_kwargs)
     save_args = list(planned.save_args)
     if planned.preload_fn is not None:
         save_args[1] = planned.preload_fn()

@@ -19,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.loading import checkpoint_format
 
 __all__ = ["Trainer", "load", "mismatches"]
 

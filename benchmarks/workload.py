@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed.checkpoint as dcp
 
-from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.loading import checkpoint_format
 
 __all__ = [
     "GiB",

@@ -43,7 +43,7 @@ from spec_tests.drivers.protocol_saves import (
 )
 from spec_tests.harness import HUNG, attempt, remove, wait_for_file, world
 from spec_tests.harness.shared_runs import shared
-from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.loading import checkpoint_format
 from spec_tests.harness.target.protocol import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")

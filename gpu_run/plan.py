@@ -54,7 +54,7 @@ NOT_YET_ON_GPU = tuple(r.name for r in release_list.RELEASES if not r.gpu)
 GPU_BUDGET_S = {"nvrx": 75}  # a release's GPU-selection stage, by target (60 s otherwise)
 DCP_TARGETS = tuple(dict.fromkeys(r.target for r in release_list.RELEASES if r.gpu and r.distribution == "torch"))
 # The releases the benchmarks' NVRx and Megatron-Core peers use.
-BENCH_RELEASES = ("nvrx-0.7.0", "mcore-0.19.2")
+BENCH_RELEASES = tuple(r.name for r in release_list.benchmark_peers())
 
 
 @dataclass(frozen=True)

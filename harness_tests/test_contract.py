@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
+from spec_tests.harness.target import contract
 from spec_tests.harness.target import loading as targets
 from spec_tests.harness.target.protocol import SAVER_OPTIONS, protocol_saver
 
@@ -36,10 +37,13 @@ def _adapter(**names: Any) -> types.ModuleType:
 
 _GONE = object()
 BROKEN: dict[str, tuple[dict[str, Any], str]] = {
-    "no NAME": ({"NAME": _GONE}, "defines no NAME (a str)"),
-    "DISTRIBUTION of a wrong type": ({"DISTRIBUTION": 3}, "DISTRIBUTION must be a str or None, not int"),
+    "no NAME": ({"NAME": _GONE}, "defines no NAME (str)"),
+    "DISTRIBUTION of a wrong type": ({"DISTRIBUTION": 3}, "DISTRIBUTION must be str | None, not int"),
     "unknown spec module": ({"MODULES": {"dcp": "torch.distributed.checkpoint"}}, "unknown spec module paths dcp"),
-    "unknown capability": ({"CAPABILITIES": frozenset({"teleport"})}, "declares unknown capabilities teleport"),
+    "unknown capability": (
+        {"CAPABILITIES": frozenset({"protocol", "teleport"})},
+        "declares unknown capabilities teleport",
+    ),
     "missing expectations file": ({"EXPECTATIONS": "/no/such/file.toml"}, "EXPECTATIONS names /no/such/file.toml"),
     "protocol without a saver": ({"protocol_saver": _GONE}, "defines no protocol_saver(**options)"),
     "saver without **options": (
@@ -47,9 +51,15 @@ BROKEN: dict[str, tuple[dict[str, Any], str]] = {
         "protocol_saver must accept **options",
     ),
     "saver without the capability": ({"CAPABILITIES": frozenset()}, 'does not declare capability "protocol"'),
-    "PACKAGES of a wrong type": ({"PACKAGES": "torch"}, "PACKAGES must be a tuple of module names"),
-    "NCCL_BACKEND of a wrong type": ({"NCCL_BACKEND": ("cpu", "gloo")}, "NCCL_BACKEND must be a str"),
-    "FORMAT without a loader": ({"FORMAT": object()}, "FORMAT must be a spec_tests.harness.target.formats"),
+    "PACKAGES of a wrong type": ({"PACKAGES": "torch"}, "PACKAGES must be tuple[str, ...], not str"),
+    "NCCL_BACKEND of a wrong type": (
+        {"NCCL_BACKEND": ("cpu", "gloo")},
+        "NCCL_BACKEND must be str, not tuple holding str",
+    ),
+    "FORMAT without a loader": (
+        {"FORMAT": object()},
+        "FORMAT must be spec_tests.harness.target.formats.CheckpointFormat, not object",
+    ),
     "manager without a factory": (
         {"CAPABILITIES": frozenset({"protocol", "manager"})},
         'declares capability "manager" but defines no checkpoint_manager(root, keep)',
@@ -70,6 +80,41 @@ def test_a_broken_adapter_is_one_line_naming_what_is_wrong(case):
     assert fragment in message, message
     assert "\n" not in message, message
     assert message.startswith("adapter fake_adapter of target 'fake' "), message
+
+
+@pytest.mark.parametrize("member", contract.members(), ids=lambda member: member.name)
+def test_every_name_of_the_contract_is_checked_at_load(member):
+    """The check is derived from the Protocols: every name they state, given a wrong value, stops the load naming it;
+    and every required one, left out, too (a function's capability declared)."""
+    names: dict[str, Any] = {"CAPABILITIES": frozenset({"protocol", member.capability or "protocol"})}
+    names[member.name] = 3.5 if member.signature is None else "not a function"
+    with pytest.raises(targets.TargetError, match=rf"\b{member.name}\b"):
+        targets._check_contract("fake", _adapter(**names))
+    if member.required:
+        names[member.name] = _GONE
+        with pytest.raises(targets.TargetError, match=rf"defines no {re.escape(member.shown)} "):
+            targets._check_contract("fake", _adapter(**names))
+
+
+def test_a_function_must_take_what_the_contract_passes_and_require_nothing_else():
+    manager = _adapter(CAPABILITIES=frozenset({"protocol", "manager"}), checkpoint_manager=lambda root: None)
+    assert contract.problem(manager) == "checkpoint_manager must accept the parameter keep"
+    needs_path = _adapter(install=lambda path: None)
+    assert contract.problem(needs_path) == "install requires path, which the harness never passes"
+    assert contract.problem(_adapter(install=lambda: None, checkpoint_manager=_GONE)) is None
+
+
+def test_the_docs_table_is_the_contract():
+    """docs/adding-a-target.md shows the table made from the Protocols (regenerate.py keeps it so; this says why)."""
+    text = (REPO_ROOT / "docs" / "adding-a-target.md").read_text()
+    assert contract.table() in text
+    assert [m.name for m in contract.members()][:5] == [
+        "NAME",
+        "DISTRIBUTION",
+        "MODULES",
+        "CAPABILITIES",
+        "EXPECTATIONS",
+    ]
 
 
 def test_every_builtin_adapter_keeps_the_contract_and_is_type_checked():

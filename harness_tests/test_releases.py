@@ -86,3 +86,14 @@ def test_the_release_list_and_the_run_readers_import_without_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_each_library_with_a_benchmark_peer_names_one_release_whose_cpu_run_is_stored():
+    """The benchmarks' peers, gpu_run's benchmark stages and regenerate.py's benchmark table all read
+    releases.benchmark_peers(): one release per library, the newest listed, with its stored CPU benchmark run."""
+    peers = releases.benchmark_peers()
+    assert sorted(r.target for r in peers) == ["mcore", "nvrx"]
+    for peer in peers:
+        newest = max((r for r in releases.RELEASES if r.target == peer.target), key=lambda r: Version(r.version))
+        assert peer == newest, f"{peer.name}: the benchmark peer should be {newest.name}, the newest listed"
+        assert (ROOT / "benchmarks" / "results" / f"cpu-{peer.name}.json").is_file(), peer.name

@@ -17,7 +17,7 @@ import torch
 from spec_tests.drivers.saving import template
 from spec_tests.harness.asserts import Outcome, assert_state_dict_equal, attempt, bounded
 from spec_tests.harness.ranks import world
-from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.loading import checkpoint_format
 from spec_tests.harness.target.protocol import SaveHandle, Saver, protocol_saver
 
 __all__ = [

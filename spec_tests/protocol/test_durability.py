@@ -25,7 +25,7 @@ from fault_injection.faults import SAVE_PHASES, on_ranks
 from spec_tests.drivers.protocol_saves import WARM_BOUND, assert_loads, committed, expected, rank_state, save
 from spec_tests.harness.asserts import bounded
 from spec_tests.harness.processes import remove
-from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.loading import checkpoint_format
 from spec_tests.harness.target.protocol import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")

@@ -32,7 +32,7 @@ from spec_tests.drivers.protocol_saves import (
 )
 from spec_tests.harness.asserts import HUNG, attempt
 from spec_tests.harness.ranks import run_on_ranks, world
-from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.loading import checkpoint_format
 
 pytestmark = pytest.mark.needs("protocol")
 

@@ -13,7 +13,7 @@ from spec_tests.drivers.saving import mismatch
 from spec_tests.harness import strategies
 from spec_tests.harness.processes import remove
 from spec_tests.harness.ranks import devices, rank_state, ranks, world
-from spec_tests.harness.target.formats import checkpoint_format
+from spec_tests.harness.target.loading import checkpoint_format
 
 pytestmark = pytest.mark.needs("protocol")
 DELAY_NUMEL = 1 << 21  # an 8 MiB tensor: the save is still in flight when the trainer changes the state

@@ -29,6 +29,7 @@ __all__ = [
     "TORCH",
     "Release",
     "base_version",
+    "benchmark_peers",
     "by_name",
     "find",
     "full_suite",
@@ -55,6 +56,9 @@ class Release:
     (NVRx 0.7.0's manylinux_2_39 wheel on glibc 2.36): installed without dependencies, then `needs`.
     `gpu`: whether the GPU run (gpu_run) judges it: a library release from its wheel, a DCP configuration on the
     GPU machine's own torch.
+    `benchmark_peer`: the release the benchmarks' peer of its library runs (one per library, its newest): its CPU
+    benchmark run is stored as benchmarks/results/cpu-NAME.json, and the GPU run's benchmark stages put its wheel on
+    the path.
     """
 
     target: str  # the adapter (--impl)
@@ -65,6 +69,7 @@ class Release:
     gpu: bool
     needs: tuple[str, ...] = ()
     wheel_only: tuple[str, ...] = ()
+    benchmark_peer: bool = False
 
     @property
     def name(self) -> str:
@@ -119,9 +124,10 @@ RELEASES: tuple[Release, ...] = (
         True,
         ("psutil", "packaging", "pyyaml"),
         _NVRX_070_WHEEL,
+        benchmark_peer=True,
     ),
     Release("mcore", "0.16.1", "3.11", "megatron-core", _FULL, True, ("packaging>=24.2",)),
-    Release("mcore", "0.19.2", "3.12", "megatron-core", _FULL, True, ("packaging>=24.2",)),
+    Release("mcore", "0.19.2", "3.12", "megatron-core", _FULL, True, ("packaging>=24.2",), benchmark_peer=True),
     *_dcp(TORCH, "3.11"),
     *_dcp("2.15.0", "3.11"),  # PyPI has only its CUDA wheel (about 3 GB with its dependencies); it runs on a CPU too
     # Protocol-layer targets, written against the adapter contract only. Lightning 2.5.3: the last release before
@@ -150,6 +156,11 @@ def protocol_only() -> list[Release]:
 def with_manager() -> list[Release]:
     """The releases whose checkpoint manager is judged (the manager table's columns after impl)."""
     return [r for r in RELEASES if "manager" in r.areas]
+
+
+def benchmark_peers() -> list[Release]:
+    """The releases the benchmarks' library peers run (`benchmark_peer`)."""
+    return [r for r in RELEASES if r.benchmark_peer]
 
 
 def base_version(version: str) -> str:

@@ -2,7 +2,7 @@
 
 Modules:
     loading    Target, adapters, capabilities; how every process resolves the same target
-    contract   the adapter contract as types (checked by mypy and, at load, by the loader)
+    contract   the adapter contract, stated once as Protocols (mypy, the check at load and the docs derive from it)
     protocol   the protocol layer: five calls any asynchronous save offers
     formats    how a target's checkpoints lie on disk and are read back
     recipe     the documented async save recipe (plan_async_save), written once for every caller

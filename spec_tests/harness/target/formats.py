@@ -1,7 +1,7 @@
 """How a target's checkpoints lie on disk and are read back: the protocol layer's only view of a format.
 
-The protocol tests never open a checkpoint themselves. They ask the target's format (`checkpoint_format()`, the
-adapter's optional `FORMAT`, torch DCP's by default) four things:
+The protocol tests never open a checkpoint themselves. They ask the target's format (`loading.checkpoint_format()`,
+the adapter's optional `FORMAT`, torch DCP's by default) four things:
 
     fmt.data_file(location, rank)        the file rank `rank` writes (faults are placed there before the save)
     fmt.committed(location, world_size)  whether the checkpoint of `world_size` ranks counts as complete, by the
@@ -24,7 +24,7 @@ import abc
 import os
 from typing import Any
 
-__all__ = ["DCP", "CheckpointFormat", "DcpFormat", "checkpoint_format"]
+__all__ = ["DCP", "CheckpointFormat", "DcpFormat"]
 
 
 class CheckpointFormat(abc.ABC):
@@ -73,13 +73,3 @@ class DcpFormat(CheckpointFormat):
 
 
 DCP = DcpFormat()
-
-
-def checkpoint_format(target: Any = None) -> CheckpointFormat:
-    """The format of `target` (a spec_tests.harness.target.loading.Target; the current one by default): its adapter's
-    FORMAT, or DCP's."""
-    if target is None:
-        from spec_tests.harness.target.loading import current_target
-
-        target = current_target()
-    return getattr(target.adapter, "FORMAT", DCP)

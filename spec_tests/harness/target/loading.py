@@ -2,23 +2,8 @@
 
 A target is described by one adapter module. The adapter is the only place that knows the
 target's internals; tests reach the target through `Target.module(...)` and the adapter's
-capabilities. An adapter module defines:
-
-    NAME: str                      short name used with --impl
-    DISTRIBUTION: str | None       pip distribution, for the version in reports
-    INSTALL: str | None            optional; the command that installs the target (shown when it is missing)
-    MODULES: dict[str, str]        spec module path (e.g. "async_ckpt.core") -> importable module
-    CAPABILITIES: frozenset[str]   features the target provides (keys of CAPABILITY_DOCS)
-    EXPECTATIONS: str | None       path of its expectations file (known failures, strict xfail)
-    PACKAGES: tuple[str, ...]      optional; importable modules it needs besides MODULES' (route 2)
-    FORMAT: CheckpointFormat       optional; how its checkpoints lie on disk (spec_tests.harness.target.formats)
-    NCCL_BACKEND: str              optional; the trainer's process group when a test asks for NCCL (default "nccl")
-    def install() -> None          optional; called once per process before first use
-    def protocol_saver(**options)  with capability "protocol": a new Saver (spec_tests.harness.target.protocol)
-    def checkpoint_manager(root, keep)  with capability "manager": a new CheckpointManager
-                                   (spec_tests.harness.target.manager)
-
-The same names as types, for mypy, are spec_tests.harness.target.contract's; `_check_contract` checks them at load.
+capabilities. What an adapter module defines is spec_tests.harness.target.contract's (its Protocols,
+checked here at load by `_check_contract`).
 
 Resolution order of the target name: `--impl NAME`, then the environment variable
 `CKPTSPEC_IMPL`, then "impl". The plugin writes the resolved name back into the environment
@@ -38,16 +23,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import os
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
-from typing import Any
 
 from spec_tests.harness.records.provenance import NO_EXPECTATIONS_VAR
+from spec_tests.harness.target import contract
+from spec_tests.harness.target.formats import DCP, CheckpointFormat
 
 SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>= (harness_tests/test_torch_floor.py checks they agree)
 
@@ -61,6 +46,7 @@ __all__ = [
     "TargetError",
     "TargetUnavailable",
     "builtin_targets",
+    "checkpoint_format",
     "current_target",
     "known_targets",
     "load_target",
@@ -145,6 +131,11 @@ class Target:
             raise MissingCapability(f"target {self.name!r} has no module for {spec_path!r}") from None
         return importlib.import_module(dotted)
 
+    @property
+    def format(self) -> CheckpointFormat:
+        """How its checkpoints lie on disk and are read back: the adapter's FORMAT, or torch DCP's."""
+        return getattr(self.adapter, "FORMAT", DCP)
+
     def backend(self, requested: str) -> str:
         """The backend string the trainer's process group is made with when a test asks for `requested`."""
         return getattr(self.adapter, "NCCL_BACKEND", "nccl") if requested == "nccl" else requested
@@ -212,39 +203,13 @@ def _unavailable(name: str, adapter: ModuleType, exc: ImportError) -> TargetUnav
     return TargetUnavailable(f"target {name!r} needs {package}, which cannot be imported ({exc}){how}", name=exc.name)
 
 
-_REQUIRED: dict[str, tuple[tuple[type, ...], str]] = {
-    "NAME": ((str,), "a str"),
-    "DISTRIBUTION": ((str, type(None)), "a str or None"),
-    "MODULES": ((dict,), "a dict"),
-    "CAPABILITIES": ((frozenset, set), "a frozenset"),
-    "EXPECTATIONS": ((str, type(None)), "a str or None"),
-}
-_OPTIONAL: dict[str, tuple[tuple[type, ...], str]] = {
-    "INSTALL": ((str,), "a str"),
-    "PACKAGES": ((tuple, list), "a tuple of module names"),
-    "NCCL_BACKEND": ((str,), 'a str such as "cpu:gloo,cuda:nccl"'),
-}
-
-
-def _takes_any_option(func: Callable[..., Any]) -> bool:
-    try:
-        parameters = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
 def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability_docs: Mapping[str, str]) -> str | None:
     """What `adapter` lacks or gets wrong, in one line, or None: every name the harness will use, checked now
-    (the names and types of spec_tests.harness.target.contract)."""
-    for name, (types, what) in _REQUIRED.items():
-        if not hasattr(adapter, name):
-            return f"defines no {name} ({what})"
-        if not isinstance(getattr(adapter, name), types):
-            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
-    for name, (types, what) in _OPTIONAL.items():
-        if hasattr(adapter, name) and not isinstance(getattr(adapter, name), types):
-            return f"{name} must be {what}, not {type(getattr(adapter, name)).__name__}"
+    (the names, types and signatures of spec_tests.harness.target.contract, then what no type says: spec module
+    paths and capabilities this suite knows, an expectations file that exists)."""
+    wrong = contract.problem(adapter)
+    if wrong:
+        return wrong
     unknown_modules = sorted(set(adapter.MODULES) - set(spec_modules))
     if unknown_modules:
         return f"MODULES maps unknown spec module paths {', '.join(unknown_modules)} (put other modules in PACKAGES)"
@@ -253,24 +218,6 @@ def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability
         return f"declares unknown capabilities {', '.join(unknown)}; known: {', '.join(capability_docs)}"
     if adapter.EXPECTATIONS is not None and not _exists(adapter.EXPECTATIONS):
         return f"EXPECTATIONS names {adapter.EXPECTATIONS}, which does not exist"
-    if hasattr(adapter, "install") and not callable(adapter.install):
-        return "install must be a function"
-    fmt = getattr(adapter, "FORMAT", None)
-    if fmt is not None and not all(callable(getattr(fmt, m, None)) for m in ("data_file", "committed", "load")):
-        return "FORMAT must be a spec_tests.harness.target.formats.CheckpointFormat (data_file, committed, load)"
-    make = getattr(adapter, "protocol_saver", None)
-    if "protocol" in adapter.CAPABILITIES:
-        if not callable(make):
-            return 'declares capability "protocol" but defines no protocol_saver(**options)'
-        if not _takes_any_option(make):
-            return "protocol_saver must accept **options (the tests pass options such as persistent=False)"
-    elif make is not None:
-        return 'defines protocol_saver but does not declare capability "protocol"'
-    manager = getattr(adapter, "checkpoint_manager", None)
-    if "manager" in adapter.CAPABILITIES and not callable(manager):
-        return 'declares capability "manager" but defines no checkpoint_manager(root, keep)'
-    if "manager" not in adapter.CAPABILITIES and manager is not None:
-        return 'defines checkpoint_manager but does not declare capability "manager"'
     return None
 
 
@@ -332,6 +279,11 @@ def load_target(name: str) -> Target:
 def current_target() -> Target:
     """The target named by the environment (set by the plugin in every process)."""
     return load_target(os.environ.get(ENV_VAR, "impl"))
+
+
+def checkpoint_format(target: Target | None = None) -> CheckpointFormat:
+    """The checkpoint format of `target` (the current one by default): Target.format."""
+    return (target or current_target()).format
 
 
 def torch_below_supported() -> str | None:
