@@ -49,7 +49,7 @@ from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import expectations
 from spec_tests.harness.profiles import in_ci, load_profile
 from spec_tests.harness.ranks import RankPool, devices, launched, reaper, use_runner
-from spec_tests.harness.records import provenance
+from spec_tests.harness.records import provenance, releases
 from spec_tests.harness.records.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
 from spec_tests.harness.target.loading import (
     CAPABILITY_DOCS,
@@ -245,8 +245,21 @@ def _fail_collection(config: pytest.Config, items: list[pytest.Item], problems: 
     items[:] = []
 
 
+def _nvrx_area(item: pytest.Item) -> str | None:
+    """The area of a test of spec_tests/ written against NVRx's module paths (releases.NVRX_AREAS), or None."""
+    parts = Path(str(item.path)).resolve().relative_to(Path(str(item.config.rootpath)).resolve()).parts
+    if len(parts) > 2 and parts[0] == "spec_tests" and parts[1] in releases.NVRX_AREAS:
+        return parts[1]
+    return None
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     target = item.config.stash[_TARGET]
+    if not target.adapter.MODULES and (area := _nvrx_area(item)):
+        # docs/adding-a-target.md: a test that asks for a module the adapter does not map is not applicable.
+        pytest.skip(
+            f"not applicable: target {target.name!r} maps no NVRx module path (its MODULES is empty), the {area} area's subject"
+        )
     for mark in item.iter_markers("needs"):
         missing = [c for c in mark.args if not target.has(c)]
         if missing:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 __all__ = [
     "ALL_AREAS",
     "LOCAL_REFERENCE",
+    "NVRX_AREAS",
     "PROTOCOL_AREAS",
     "REFERENCE",
     "RELEASES",
@@ -42,6 +43,8 @@ SUITES = ("spec_tests", "fault_injection")  # what a recorded run runs, for ever
 # The clause areas (spec_tests/clauses/*.toml); `faults` is judged by the fault suite, fault_injection/.
 ALL_AREAS = ("async_ckpt", "storage", "local", "integrity", "protocol", "faults", "manager")
 PROTOCOL_AREAS = ("protocol", "faults")  # the areas of a target written against the adapter contract only
+# The areas whose tests use NVRx's module paths (an adapter's MODULES); a target that maps none skips them.
+NVRX_AREAS = tuple(area for area in ALL_AREAS if area not in (*PROTOCOL_AREAS, "manager"))
 REFERENCE = "impl"  # the reference implementation's stored run, conformance/all/impl.json (not a release)
 LOCAL_REFERENCE = "impl-local"  # impl's LocalCheckpointManager judged as a manager (the manager area only)
 
