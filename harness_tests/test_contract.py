@@ -197,3 +197,30 @@ def test_a_target_added_through_an_entry_point_runs_a_protocol_test(tmp_path):
     assert run.code == 0, run.describe()
     assert "1 passed, 1 skipped" in run.output, run.describe()
     assert "not applicable: target 'throwaway' maps no NVRx module path" in run.output, run.describe()
+
+
+_PARTIAL = '''\
+"""A route-1 adapter that maps one spec module only: impl's local checkpointing base class."""
+NAME = "partial"
+DISTRIBUTION = None
+MODULES = {"local.base_state_dict": "impl.local.base_state_dict"}
+CAPABILITIES = frozenset({"persistent_caller"})
+EXPECTATIONS = None
+'''
+
+
+def test_a_test_asking_for_a_module_the_adapter_does_not_map_is_not_applicable(tmp_path):
+    """Asked for in a fixture (`core`) or inside a rank, a module the adapter does not map skips the test, saying
+    which: not an error charged to the target (docs/adding-a-target.md)."""
+    (tmp_path / "partial_adapter.py").write_text(_PARTIAL)
+    in_fixture = "spec_tests/async_ckpt/test_request.py::test_fields_order_and_defaults"
+    in_rank = "spec_tests/async_ckpt/test_queue.py::test_default_queue_is_persistent_and_counts_from_zero"
+    run = run_pytest(
+        [in_fixture, in_rank, "--impl", "partial_adapter", "-p", "no:randomly", "-q", "-rs"],
+        env=clean_env(PYTHONPATH=f"{tmp_path}:{REPO_ROOT}"),
+    )
+    assert run.code == 0, run.describe()
+    assert "2 skipped" in run.output, run.describe()
+    assert run.output.count("not applicable: target 'partial_adapter' has no module for 'async_ckpt.core'") == 2, (
+        run.describe()
+    )

@@ -54,6 +54,7 @@ from spec_tests.harness.records.run_file import EntryRecord, FailureRecord, Phas
 from spec_tests.harness.target.loading import (
     CAPABILITY_DOCS,
     ENV_VAR,
+    MissingCapability,
     Target,
     TargetError,
     TargetUnavailable,
@@ -309,6 +310,24 @@ def pytest_runtest_makereport(
 
 
 # ------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+    """A test that asks the target for a module or feature it lacks is not applicable: skipped, saying which."""
+    try:
+        return (yield)
+    except MissingCapability as exc:
+        pytest.skip(f"not applicable: {exc}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any]) -> Generator[None, object, object]:
+    """The same for a fixture that asks for it (the `core` fixture of a target without async_ckpt.core)."""
+    try:
+        return (yield)
+    except MissingCapability as exc:
+        pytest.skip(f"not applicable: {exc}")
 
 
 @pytest.fixture(scope="session")

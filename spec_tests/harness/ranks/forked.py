@@ -132,6 +132,8 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
 def _serve(conn: Connection, job: Job) -> None:
     import pytest
 
+    from spec_tests.harness.target.loading import MissingCapability
+
     module, qualname, unwrap, args, kwargs = job
     reply: tuple[str, Any]
     try:
@@ -142,6 +144,8 @@ def _serve(conn: Connection, job: Job) -> None:
         reply = ("ok", result)
     except pytest.skip.Exception as exc:
         reply = ("skip", str(exc))
+    except MissingCapability as exc:  # the test is not applicable to the target (the plugin's rule)
+        reply = ("skip", f"not applicable: {exc}")
     except BaseException:  # CheckpointException is a BaseException
         reply = ("error", traceback.format_exc())
     try:

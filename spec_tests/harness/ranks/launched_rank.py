@@ -302,8 +302,14 @@ class RankSide:
         except BaseException as exc:  # CheckpointException is a BaseException
             import pytest
 
-            skipped = isinstance(exc, pytest.skip.Exception)
-            reply = ("skip", str(exc)) if skipped else ("error", traceback.format_exc())
+            from spec_tests.harness.target.loading import MissingCapability
+
+            if isinstance(exc, pytest.skip.Exception):
+                reply = ("skip", str(exc))
+            elif isinstance(exc, MissingCapability):  # not applicable to the target (the plugin's rule)
+                reply = ("skip", f"not applicable: {exc}")
+            else:
+                reply = ("error", traceback.format_exc())
         finally:
             self._body = None
             self._watchdog.arm(None)
