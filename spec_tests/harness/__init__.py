@@ -10,6 +10,7 @@ Sub-packages (one job each; each one's __init__ lists its modules):
 
 Modules beside them:
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
+    applicability  which tests apply to the target: the plugin's skips (capabilities, GPU, "not applicable")
     profiles    the hypothesis profiles (ci, explore, nightly) and which one a run loads
     cli         the `ckptspec` command (judge the installed library, read stored runs)
     clauses     the clause registry (spec_tests/clauses/*.toml)

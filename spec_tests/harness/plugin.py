@@ -6,7 +6,8 @@ loads it too, for a run with another ini file).
 - `@pytest.mark.spec("AQ-3", ...)` cites clauses of `spec_tests/clauses/*.toml`. In spec_tests/ and
   fault_injection/ every test must cite at least one; an unknown id is an error.
 - `@pytest.mark.needs("capability", ...)` skips when the target lacks a capability (an unknown capability is an
-  error); `@pytest.mark.gpu` skips without CUDA.
+  error); `@pytest.mark.gpu` skips without CUDA; a test the target cannot take part in is "not applicable"
+  (spec_tests.harness.applicability).
 - `--tensor-device cpu|cuda` (or $CKPTSPEC_TENSOR_DEVICE): where tests marked `tensor_device` (the snapshot
   family) keep the trainer's state (spec_tests.harness.ranks.devices); recorded in the conformance JSON.
 - The target's expectations file turns listed tests into xfails, with clause and reason
@@ -45,16 +46,15 @@ import pytest
 from _pytest.reports import CollectReport
 from hypothesis import settings
 
+from spec_tests.harness import applicability, expectations
 from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness import expectations
 from spec_tests.harness.profiles import in_ci, load_profile
 from spec_tests.harness.ranks import RankPool, devices, launched, reaper, use_runner
-from spec_tests.harness.records import provenance, releases
+from spec_tests.harness.records import provenance
 from spec_tests.harness.records.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
 from spec_tests.harness.target.loading import (
     CAPABILITY_DOCS,
     ENV_VAR,
-    MissingCapability,
     Target,
     TargetError,
     TargetUnavailable,
@@ -110,6 +110,7 @@ def pytest_configure(config: pytest.Config) -> None:
             _check_writable(config.getoption("--conformance-json"))
     except (TargetError, TargetUnavailable, clause_registry.ClauseError, expectations.ExpectationsError) as exc:
         raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(applicability, "ckptspec-applicability")
     if not hasattr(config, "workerinput") and launched.reports():
         config.pluginmanager.register(_Recorder(config), "ckptspec-recorder")
 
@@ -246,35 +247,6 @@ def _fail_collection(config: pytest.Config, items: list[pytest.Item], problems: 
     items[:] = []
 
 
-def _nvrx_area(item: pytest.Item) -> str | None:
-    """The area of a test of spec_tests/ written against NVRx's module paths (releases.NVRX_AREAS), or None."""
-    parts = Path(str(item.path)).resolve().relative_to(Path(str(item.config.rootpath)).resolve()).parts
-    if len(parts) > 2 and parts[0] == "spec_tests" and parts[1] in releases.NVRX_AREAS:
-        return parts[1]
-    return None
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    target = item.config.stash[_TARGET]
-    if not target.adapter.MODULES and (area := _nvrx_area(item)):
-        # docs/adding-a-target.md: a test that asks for a module the adapter does not map is not applicable.
-        pytest.skip(
-            f"not applicable: target {target.name!r} maps no NVRx module path (its MODULES is empty), the {area} area's subject"
-        )
-    for mark in item.iter_markers("needs"):
-        missing = [c for c in mark.args if not target.has(c)]
-        if missing:
-            docs = "; ".join(f"{c}: {CAPABILITY_DOCS[c]}" for c in missing)
-            pytest.skip(f"target {target.name!r} lacks {docs}")
-    if item.get_closest_marker("gpu"):
-        import torch
-
-        if not torch.cuda.is_available():
-            pytest.skip("needs a CUDA device; this machine has none")
-    if reason := devices.skip_reason(item):
-        pytest.skip(reason)
-
-
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: sees the report after the xfail marks were applied
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -310,24 +282,6 @@ def pytest_runtest_makereport(
 
 
 # ------------------------------------------------------------------------------------ fixtures
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Generator[None, object, object]:
-    """A test that asks the target for a module or feature it lacks is not applicable: skipped, saying which."""
-    try:
-        return (yield)
-    except MissingCapability as exc:
-        pytest.skip(f"not applicable: {exc}")
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any]) -> Generator[None, object, object]:
-    """The same for a fixture that asks for it (the `core` fixture of a target without async_ckpt.core)."""
-    try:
-        return (yield)
-    except MissingCapability as exc:
-        pytest.skip(f"not applicable: {exc}")
 
 
 @pytest.fixture(scope="session")
