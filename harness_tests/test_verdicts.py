@@ -18,6 +18,7 @@ REGISTRY: dict[str, dict[str, Any]] = {
 }
 GPU_SKIP = "Skipped: needs a CUDA device; this machine has none"
 CAP_SKIP = "Skipped: target 'mcore' lacks storage_writer: FileSystemWriterAsync"
+AREA_SKIP = "Skipped: not applicable: target 'dcp-thread' maps no NVRx module path, the storage area's subject"
 
 
 def _record(outcome: str, charged=("D-1",), message: str = "", verdict=None, intermittent=None) -> Record:
@@ -86,6 +87,13 @@ def test_the_count_says_how_many_judging_tests_agree(rs):
         ([_record("skipped", message=GPU_SKIP)], "D-1", "not run here (GPU)"),
         ([_record("skipped", message=CAP_SKIP)], "D-1", "not applicable (lacks storage_writer)"),
         ([_record("skipped", message=CAP_SKIP), _record("passed")], "D-1", "passes (1 of 2 tests)"),
+        ([_record("skipped", message=AREA_SKIP)], "D-1", "not applicable (no such module)"),
+        (
+            [_record("skipped", message=AREA_SKIP), _record("skipped", message=CAP_SKIP)],
+            "D-1",
+            "not applicable (lacks storage_writer) (1 of 2 tests)",
+        ),
+        ([_record("skipped", message="Skipped: needs moto")], "D-1", "skipped"),
     ],
 )
 def test_examples(rs, clause, shown):

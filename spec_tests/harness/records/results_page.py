@@ -62,7 +62,14 @@ COLOURS = (
     (
         "unjudged",
         "not judged here",
-        (verdicts.NOT_RUN_GPU, "not applicable (lacks", verdicts.SKIPPED, verdicts.NOT_JUDGED, verdicts.NOT_COVERED),
+        (
+            verdicts.NOT_RUN_GPU,
+            "not applicable (lacks",
+            verdicts.NO_MODULE,
+            verdicts.SKIPPED,
+            verdicts.NOT_JUDGED,
+            verdicts.NOT_COVERED,
+        ),
     ),
 )
 

@@ -14,6 +14,7 @@ Each test that cites a clause judges it, or not:
     failed / error (no entry expected it)                  -> FAILS (not in expectations)
     skipped: no GPU                                        -> not run here (GPU)
     skipped: the target lacks a capability                 -> not applicable (lacks CAPABILITY)
+    skipped: the target maps no module the test needs      -> not applicable (no such module)
     skipped otherwise                                      -> skipped
 
 The clause's verdict is the first of these present, in the order FAILS, breaks / misses / stricter, API changed,
@@ -64,7 +65,9 @@ _ENTRY_VERDICTS = {
     "decision": BROKEN_WORDS["decision"],
 }
 # Precedence of the words a clause's tests may say (a capability's skip word is matched by its prefix).
+NO_MODULE = "not applicable (no such module)"
 _ORDER = (UNEXPECTED, *BROKEN_WORDS.values(), API_CHANGED, DOCUMENTED_OTHERWISE, PASSES, "not applicable (lacks")
+_ORDER += (NO_MODULE,)
 _ORDER += (NOT_RUN_GPU, SKIPPED)
 _LACKS = re.compile(r"lacks (?P<capability>[a-z_]+)")
 
@@ -74,7 +77,8 @@ LEGEND = (
     "(a decision of this spec, not a promise of the library); **weak level only** (misses the strict clause, keeps "
     "its weak level); **API changed in this release** / **not applicable (documented otherwise)** (the release "
     "renamed the API, or documents something else); **not run here (GPU)**; **not applicable (lacks X)** (the "
-    "target has no such feature); **not judged** (the clause's tests failed on another clause); **(k of n tests)**: "
+    "target has no such feature) / **not applicable (no such module)** (the adapter maps none of the NVRx modules "
+    "the test uses); **not judged** (the clause's tests failed on another clause); **(k of n tests)**: "
     "only k of the n tests judging the clause say so. A failure counts only against the clauses its expectations "
     "entry names."
 )
@@ -112,7 +116,10 @@ def _skip_word(message: str) -> str:
     if "CUDA" in message or "GPU" in message:
         return NOT_RUN_GPU
     lacks = _LACKS.search(message)
-    return f"not applicable (lacks {lacks['capability']})" if lacks else SKIPPED
+    if lacks:
+        return f"not applicable (lacks {lacks['capability']})"
+    # spec_tests.harness.applicability: an area the target maps no module of, or a module it does not map
+    return NO_MODULE if "not applicable: " in message or "has no module for" in message else SKIPPED
 
 
 def _word(record: Record, charged_word: str) -> str | None:
