@@ -184,17 +184,21 @@ def _install_throwaway(site: Path) -> None:
     (info / "entry_points.txt").write_text(f"[{targets.ENTRY_POINT_GROUP}]\nthrowaway = throwaway_adapter\n")
 
 
+def _run_on(site: Path, target: str, *tests: str) -> Any:
+    """`tests` run against `target`, whose adapter lies in `site`; the run must succeed."""
+    run = run_pytest(
+        [*tests, "--impl", target, "-p", "no:randomly", "-q", "-rs"], env=clean_env(PYTHONPATH=f"{site}:{REPO_ROOT}")
+    )
+    assert run.code == 0, run.describe()
+    return run
+
+
 def test_a_target_added_through_an_entry_point_runs_a_protocol_test(tmp_path):
     """...and a test of an NVRx-shaped area, whose modules a route-2 adapter does not map, is not applicable to it:
     skipped, saying so (docs/adding-a-target.md), not an error."""
     _install_throwaway(tmp_path)
     test = "spec_tests/protocol/test_snapshot.py::test_checkpoint_of_every_world_loads_with_stock_dcp[1]"
-    nvrx_shaped = "spec_tests/async_ckpt/test_request.py::test_fields_order_and_defaults"
-    run = run_pytest(
-        [test, nvrx_shaped, "--impl", "throwaway", "-p", "no:randomly", "-q", "-rs"],
-        env=clean_env(PYTHONPATH=f"{tmp_path}:{REPO_ROOT}"),
-    )
-    assert run.code == 0, run.describe()
+    run = _run_on(tmp_path, "throwaway", test, "spec_tests/async_ckpt/test_request.py::test_fields_order_and_defaults")
     assert "1 passed, 1 skipped" in run.output, run.describe()
     assert "not applicable: target 'throwaway' maps no NVRx module path" in run.output, run.describe()
 
@@ -215,11 +219,7 @@ def test_a_test_asking_for_a_module_the_adapter_does_not_map_is_not_applicable(t
     (tmp_path / "partial_adapter.py").write_text(_PARTIAL)
     in_fixture = "spec_tests/async_ckpt/test_request.py::test_fields_order_and_defaults"
     in_rank = "spec_tests/async_ckpt/test_queue.py::test_default_queue_is_persistent_and_counts_from_zero"
-    run = run_pytest(
-        [in_fixture, in_rank, "--impl", "partial_adapter", "-p", "no:randomly", "-q", "-rs"],
-        env=clean_env(PYTHONPATH=f"{tmp_path}:{REPO_ROOT}"),
-    )
-    assert run.code == 0, run.describe()
+    run = _run_on(tmp_path, "partial_adapter", in_fixture, in_rank)
     assert "2 skipped" in run.output, run.describe()
     assert run.output.count("not applicable: target 'partial_adapter' has no module for 'async_ckpt.core'") == 2, (
         run.describe()
