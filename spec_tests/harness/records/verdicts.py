@@ -179,11 +179,13 @@ def judge_tests(records: Sequence[Record], registry: Mapping[str, Mapping[str, A
 
 def level(strict: Verdict, weak: Verdict) -> Verdict:
     """The verdict of a strict clause given its weak level's: "weak level only" where the strict clause breaks and
-    its weak level passes; where both break, the strict clause's word, "(weak level too)"."""
+    its weak level passes on every run; where both break, the strict clause's word, "(weak level too)", and "(weak
+    level too, on some runs)" where the weak level's pass is an intermittent entry's (it failed on other runs)."""
     if not strict.broken:
         return strict
-    if weak.word == PASSES:
+    if weak.word == PASSES and not weak.missed:
         return strict._replace(word=WEAK_ONLY)
-    if weak.broken:
-        return strict._replace(note="; ".join(filter(None, [strict.note, "weak level too"])))
+    if weak.missed:  # broken, or passing this time with a failure on other runs (an intermittent entry)
+        too = "weak level too" if weak.broken else "weak level too, on some runs"
+        return strict._replace(note="; ".join(filter(None, [strict.note, too])))
     return strict
