@@ -41,7 +41,7 @@ BROKEN: dict[str, tuple[dict[str, Any], str]] = {
     "DISTRIBUTION of a wrong type": ({"DISTRIBUTION": 3}, "DISTRIBUTION must be str | None, not int"),
     "unknown spec module": ({"MODULES": {"dcp": "torch.distributed.checkpoint"}}, "unknown spec module paths dcp"),
     "unknown capability": (
-        {"CAPABILITIES": frozenset({"protocol", "teleport"})},
+        {"CAPABILITIES": frozenset({"teleport"})},
         "declares unknown capabilities teleport",
     ),
     "missing expectations file": ({"EXPECTATIONS": "/no/such/file.toml"}, "EXPECTATIONS names /no/such/file.toml"),

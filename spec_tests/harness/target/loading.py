@@ -207,15 +207,17 @@ def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability
     """What `adapter` lacks or gets wrong, in one line, or None: every name the harness will use, checked now
     (the names, types and signatures of spec_tests.harness.target.contract, then what no type says: spec module
     paths and capabilities this suite knows, an expectations file that exists)."""
+    capabilities = getattr(adapter, "CAPABILITIES", None)
+    if isinstance(capabilities, (set, frozenset)):  # first: a misspelt capability also unpairs its function
+        unknown = sorted(str(c) for c in set(capabilities) - set(capability_docs))
+        if unknown:
+            return f"declares unknown capabilities {', '.join(unknown)}; known: {', '.join(capability_docs)}"
     wrong = contract.problem(adapter)
     if wrong:
         return wrong
     unknown_modules = sorted(set(adapter.MODULES) - set(spec_modules))
     if unknown_modules:
         return f"MODULES maps unknown spec module paths {', '.join(unknown_modules)} (put other modules in PACKAGES)"
-    unknown = sorted(set(adapter.CAPABILITIES) - set(capability_docs))
-    if unknown:
-        return f"declares unknown capabilities {', '.join(unknown)}; known: {', '.join(capability_docs)}"
     if adapter.EXPECTATIONS is not None and not _exists(adapter.EXPECTATIONS):
         return f"EXPECTATIONS names {adapter.EXPECTATIONS}, which does not exist"
     return None
