@@ -97,3 +97,16 @@ def test_each_library_with_a_benchmark_peer_names_one_release_whose_cpu_run_is_s
         newest = max((r for r in releases.RELEASES if r.target == peer.target), key=lambda r: Version(r.version))
         assert peer == newest, f"{peer.name}: the benchmark peer should be {newest.name}, the newest listed"
         assert (ROOT / "benchmarks" / "results" / f"cpu-{peer.name}.json").is_file(), peer.name
+
+
+def test_newest_names_each_judged_target_once_at_its_highest_listed_version():
+    """`ci_job summary --stored` shows a run beside releases.newest(areas): one release per target judged on those
+    areas, its highest version by number (2.15.0 after 2.13.0; 0.10 would come after 0.9), each with a stored run."""
+    for areas in (releases.PROTOCOL_AREAS, ("async_ckpt",), ("manager",)):
+        chosen = releases.newest(areas)
+        judged = {r.target for r in releases.RELEASES if set(r.areas) & set(areas)}
+        assert sorted(r.target for r in chosen) == sorted(judged), areas
+        for release in chosen:
+            same = [r for r in releases.RELEASES if r.target == release.target]
+            assert release == max(same, key=lambda r: Version(r.version)), release.name
+            assert (ROOT / release.stored_run).is_file(), release.stored_run

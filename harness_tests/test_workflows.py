@@ -27,6 +27,7 @@ import yaml
 from benchmarks.regression.__main__ import parser as regression_parser
 from harness_tests.pytest_runs import REPO_ROOT, clean_env
 from spec_tests.harness import ci_job
+from spec_tests.harness.records import releases
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 EXAMPLES = REPO_ROOT / "docs" / "examples"
@@ -116,12 +117,31 @@ def test_the_conformance_steps_run_and_write_the_job_summary(tmp_path):
     done = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "run.json").exists(), done.stdout[-3000:]
-    stored = REPO_ROOT / "conformance" / "all" / "dcp-thread-2.13.0.json"
+    stored = REPO_ROOT / "conformance" / "all"
     summ = [sys.executable, "-m", "spec_tests.harness.ci_job", "summary", str(out / "run.json"), "--areas", "protocol"]
-    summ += ["--beside", str(stored), "--expectations", str(expectations), "--out", str(summary)]
+    summ += ["--stored", str(stored), "--expectations", str(expectations), "--out", str(summary)]
     done = subprocess.run(summ, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     text = summary.read_text()
     assert text.startswith("## ckptspec: sync_dcp_adapter 2.13.0"), text[:200]
-    assert "| clause | statement | basis | severity | dcp-thread 2.13.0+cpu | sync_dcp_adapter" in text
+    header = next(line for line in text.splitlines() if line.startswith("| clause | statement | basis | severity |"))
+    # --stored: the reference, then the newest release of each target judged on the area, then the run
+    columns = [cell.strip() for cell in header.strip("|").split("|")][4:]
+    targets = [releases.REFERENCE, *(r.target for r in releases.newest(("protocol",)))]
+    assert [column.split()[0] for column in columns] == [*targets, "sync_dcp_adapter"], columns
     assert "P-STAGED-1" in text
+
+
+def test_summary_with_a_stored_directory_lacking_a_run_names_it_and_writes_nothing(tmp_path, capsys):
+    """`--stored DIR` without one of the runs it shows: exit status 2 naming the file, no summary written."""
+    stored = tmp_path / "all"
+    stored.mkdir()
+    *present, missing = [releases.REFERENCE, *(r.name for r in releases.newest(("protocol",)))]
+    for name in present:
+        shutil.copy(REPO_ROOT / "conformance" / "all" / f"{name}.json", stored)
+    out = tmp_path / "summary.md"
+    run = REPO_ROOT / "conformance" / "all" / f"{releases.REFERENCE}.json"
+    code = ci_job.main(["summary", str(run), "--areas", "protocol", "--stored", str(stored), "--out", str(out)])
+    assert code == 2
+    assert f"no stored run {missing}.json" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,7 +1,7 @@
 """The steps of the reusable conformance workflow (.github/workflows/conformance.yml), runnable anywhere.
 
     python -m spec_tests.harness.ci_job run --adapter MODULE --out DIR [--areas AREA ...] [-n N] [-- PYTEST_ARGS]
-    python -m spec_tests.harness.ci_job summary RUN.json [--areas AREA ...] [--beside STORED.json ...]
+    python -m spec_tests.harness.ci_job summary RUN.json [--areas AREA ...] [--stored DIR] [--beside STORED.json ...]
                                                 [--expectations FILE] [--out FILE]
 
 `run` runs the suite's areas (those of `ckptspec judge --areas`; default: protocol and the fault suite) against the
@@ -10,7 +10,9 @@ names or $CKPTSPEC_EXPECTATIONS, and records DIR/run.json. Its exit status is py
 failed as its expectations entry says, 1 on a new failure or a fixed one (a strict XPASS), so that the job turns red.
 
 `summary` writes Markdown for a job summary: the run's counts, the verdict table of the clause areas asked for
-(with the stored runs given by --beside as more columns), each unexpected outcome with the clauses it cites and
+(with stored runs as more columns: with --stored DIR, a checkout's conformance/all, the reference implementation's and
+the newest release's of each target judged on those areas, read from the release list; with --beside, the files
+named), each unexpected outcome with the clauses it cites and
 its message's first line, and the `record_failures --new` stubs of the failures no entry covers, to paste into the
 expectations file. It appends to FILE, by default $GITHUB_STEP_SUMMARY where that is set, else prints.
 """
@@ -28,11 +30,11 @@ from typing import Any
 
 from spec_tests.harness import clauses as clause_registry
 from spec_tests.harness import expectations, installed
-from spec_tests.harness.records import record_failures, report
+from spec_tests.harness.records import record_failures, releases, report
 from spec_tests.harness.records.run_file import RunFile
 from spec_tests.harness.records.runs import load_run
 
-__all__ = ["DEFAULT_AREAS", "area_paths", "main", "summary"]
+__all__ = ["DEFAULT_AREAS", "area_paths", "main", "stored_runs", "summary"]
 
 DEFAULT_AREAS = ("protocol", "faults")
 # The areas of `ckptspec judge --areas` (cli.AREA_PATHS), by the paths they run.
@@ -51,6 +53,19 @@ def area_paths(areas: Sequence[str]) -> list[str]:
     if unknown:
         raise ValueError(f"unknown areas {', '.join(unknown)}; known: {', '.join(sorted(_AREA_PATHS))}")
     return [str(installed.ROOT / path) for area in areas for path in _AREA_PATHS[area]]
+
+
+def stored_runs(directory: Path, areas: Sequence[str]) -> list[Path]:
+    """The stored runs a run is shown beside: the reference's, then the newest release's of each target judged on any
+    of `areas` (releases.newest), in `directory`. FileNotFoundError naming the first one missing."""
+    names = [releases.REFERENCE, *(release.name for release in releases.newest(tuple(areas)))]
+    paths = [directory / f"{name}.json" for name in names]
+    missing = [path for path in paths if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"--stored {directory}: no stored run {missing[0].name} (expected: a checkout's conformance/all)"
+        )
+    return paths
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -114,7 +129,12 @@ def _cell(text: str) -> str:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    text = summary(args.run, args.areas, args.beside, args.expectations)
+    try:
+        beside = [*(stored_runs(args.stored, args.areas) if args.stored else ()), *args.beside]
+    except FileNotFoundError as missing:
+        print(f"ci_job summary: {missing}", file=sys.stderr)
+        return 2
+    text = summary(args.run, args.areas, beside, args.expectations)
     out = args.out or (Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None)
     if out is None:
         print(text, end="")
@@ -138,6 +158,9 @@ def parser() -> argparse.ArgumentParser:
     summ = sub.add_parser("summary", help="the job summary of a run: verdicts, unexpected outcomes, stubs")
     summ.add_argument("run", type=Path, help="the run.json that `run` wrote")
     summ.add_argument("--areas", nargs="+", default=list(DEFAULT_AREAS), metavar="AREA", choices=sorted(_AREA_PATHS))
+    summ.add_argument(
+        "--stored", type=Path, help="conformance/all of a checkout: the reference and newest releases beside"
+    )
     summ.add_argument("--beside", nargs="*", type=Path, default=[], help="stored runs shown as more columns")
     summ.add_argument("--expectations", type=Path, help="the expectations file the stubs are for")
     summ.add_argument("--out", type=Path, help="append here (default: $GITHUB_STEP_SUMMARY, else print)")

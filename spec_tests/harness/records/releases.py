@@ -34,6 +34,7 @@ __all__ = [
     "by_name",
     "find",
     "full_suite",
+    "newest",
     "protocol_only",
     "with_manager",
 ]
@@ -164,6 +165,22 @@ def with_manager() -> list[Release]:
 def benchmark_peers() -> list[Release]:
     """The releases the benchmarks' library peers run (`benchmark_peer`)."""
     return [r for r in RELEASES if r.benchmark_peer]
+
+
+def newest(areas: tuple[str, ...] = ALL_AREAS) -> list[Release]:
+    """The newest release of each target judged on any of `areas`, in the list's order: the columns a new target's
+    run is shown beside (`ci_job summary --stored`)."""
+    chosen: dict[str, Release] = {}
+    for release in RELEASES:
+        if set(release.areas) & set(areas):
+            current = chosen.get(release.target)
+            if current is None or _version_key(release.version) > _version_key(current.version):
+                chosen[release.target] = release
+    return list(chosen.values())
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in base_version(version).split("."))
 
 
 def base_version(version: str) -> str:
