@@ -55,7 +55,10 @@ def examples_on_warm_ranks(
     args: Callable[[Any], tuple[Any, ...]],
 ) -> None:
     """Run `body(*args(example))` on the ranks of `pool` (a RankPool) for each example hypothesis draws from
-    `examples`, then `end_kept(end)` on every rank, whatever happened: what `body` `kept` serves every example."""
+    `examples`, then `end_kept(end)` on every rank, whatever happened: what `body` `kept` serves every example.
+
+    The search's failure is the test's, the clause it cites: where ending the savers fails too (a rank that dies at
+    close), that failure is a note on it rather than in its place. Ending alone failing is the test's failure."""
 
     @given(examples)
     def example(value: Any) -> None:
@@ -63,5 +66,10 @@ def examples_on_warm_ranks(
 
     try:
         example()
-    finally:
-        pool.run(end_kept, end)
+    except BaseException as failure:  # pytest's outcomes are BaseExceptions too
+        try:
+            pool.run(end_kept, end)
+        except BaseException as ending:
+            failure.add_note(f"then ending the savers kept on the ranks failed too: {type(ending).__name__}: {ending}")
+        raise
+    pool.run(end_kept, end)
