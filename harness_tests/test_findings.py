@@ -98,3 +98,16 @@ def test_a_target_whose_entry_says_its_own_severity_is_judged_by_it(tmp_path):
     text = findings.page(load_run(path), REGISTRY, root=tmp_path)
     assert "### D-2 (wrong-error): breaks its documentation" in text
     assert "Weak level" not in text.split("## Stricter")[0]  # asked only of a data-loss or hang break
+
+
+def test_a_page_does_not_depend_on_the_order_a_parallel_run_finished_its_tests(tmp_path):
+    """Two runs holding the same records in the opposite order (xdist finishes tests in any order) give the same
+    page: mechanisms and tests are listed by node id."""
+    tests = [_xfail("t.py::b_second", "D-2", "reason of b"), _xfail("t.py::a_first", "D-2", "reason of a")]
+    pages = []
+    for order in (tests, tests[::-1]):
+        path = tmp_path / f"run-{len(pages)}.json"
+        path.write_text(json.dumps({"target": "lib", "version": "1.0", "clauses": REGISTRY, "tests": order}))
+        pages.append(findings.page(load_run(path), REGISTRY, root=tmp_path))
+    assert pages[0] == pages[1]
+    assert pages[0].index("reason of a") < pages[0].index("reason of b")

@@ -76,7 +76,9 @@ class Run:
     provenance: tuple[Mapping[str, Any], ...] = ()  # where it came from, one part per run merged (provenance.py)
 
     def citing(self, clause_id: str) -> list[Record]:
-        return [record for record in self.tests.values() if clause_id in record.cited]
+        """The records citing `clause_id`, by node id: what is generated from them does not depend on the order
+        in which a parallel run finished its tests."""
+        return [self.tests[nodeid] for nodeid in sorted(self.tests) if clause_id in self.tests[nodeid].cited]
 
     def severity(self, clause_id: str, default: Any) -> Any:
         """The clause's severity for this target: what an expected failure's entry says (its `severity`), else
