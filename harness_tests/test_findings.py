@@ -104,7 +104,7 @@ def test_a_page_does_not_depend_on_the_order_a_parallel_run_finished_its_tests(t
     """Two runs holding the same records in the opposite order (xdist finishes tests in any order) give the same
     page: mechanisms and tests are listed by node id."""
     tests = [_xfail("t.py::b_second", "D-2", "reason of b"), _xfail("t.py::a_first", "D-2", "reason of a")]
-    pages = []
+    pages: list[str] = []
     for order in (tests, tests[::-1]):
         path = tmp_path / f"run-{len(pages)}.json"
         path.write_text(json.dumps({"target": "lib", "version": "1.0", "clauses": REGISTRY, "tests": order}))
