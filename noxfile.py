@@ -8,18 +8,18 @@
                                            cores): writes mutation/results.json, then `python -m mutation.summary
                                            --update docs/spec-design.md` (`-- --sample 0` runs every mutant, `-- --resume`
                                            goes on with a stopped run, `-- --rejudge` re-runs the survivors)
-    spec(NAME)                             spec_tests against one release of spec_tests/harness/records/releases.py (NAME:
+    spec(NAME)                             ckptspec/spec against one release of ckptspec/spec/harness/records/releases.py (NAME:
                                            nvrx-0.4.1, dcp-thread-2.13.0, ...), on the Python that release needs;
                                            writes conformance/NAME.json
-                                           `-- fault_injection` runs the fault suite instead (writes
-                                           conformance/faults-NAME.json), `-- benchmarks ...` the
+                                           `-- ckptspec/faults` runs the fault suite instead (writes
+                                           conformance/faults-NAME.json), `-- ckptspec/bench ...` the
                                            benchmarks; other posargs go to pytest (`-- -n 2`)
     record(NAME)                           the release's recorded run: both suites into its stored run
                                            conformance/all/NAME.json, then `python regenerate.py`
-    launched                               spec_tests on two torchrun "nodes" of this machine (2 x 4 ranks, loopback)
+    launched                               ckptspec/spec on two torchrun "nodes" of this machine (2 x 4 ranks, loopback)
                                            against impl, compared verdict by verdict with a forked run (issue 19)
 
-The conformance table of the releases run here: `python -m spec_tests.harness.records.report conformance/*.json`; of the
+The conformance table of the releases run here: `python -m ckptspec.spec.harness.records.report conformance/*.json`; of the
 stored runs: `python regenerate.py` (docs/results.md).
 """
 
@@ -34,7 +34,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))  # this tree's release list, whatever the Python that runs nox has installed
-from spec_tests.harness.records import releases  # noqa: E402
+from ckptspec.spec.harness.records import releases  # noqa: E402
 
 RUN_OPTIONS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
 TORCH = f"torch=={releases.TORCH}"  # the README's pin: pip must never resolve a newer, CUDA-sized torch
@@ -90,7 +90,7 @@ def mutation(session: nox.Session) -> None:
     session.run("python", "-m", "mutation.summary")
 
 
-# The releases (spec_tests/harness/records/releases.py): one `spec(NAME)` and one `record(NAME)` session each.
+# The releases (ckptspec/spec/harness/records/releases.py): one `spec(NAME)` and one `record(NAME)` session each.
 RELEASE_IDS = [nox.param(r.python, r.name, id=r.name) for r in releases.RELEASES]
 
 
@@ -124,7 +124,7 @@ def _install_release(session: nox.Session, release: releases.Release) -> None:
     imported = session.run(
         "python",
         "-c",
-        f"from spec_tests.harness.target.loading import load_target; print(load_target({release.target!r}).version)",
+        f"from ckptspec.spec.harness.target.loading import load_target; print(load_target({release.target!r}).version)",
         silent=True,
     )
     if imported is None:  # --install-only: nothing was run
@@ -135,23 +135,28 @@ def _install_release(session: nox.Session, release: releases.Release) -> None:
 
 
 # The suites a release session can run, and the conformance JSON each writes by default ({} = target-release).
-SUITES = {"spec_tests": "{}.json", "fault_injection": "faults-{}.json", "benchmarks": None}
+SUITES = {"ckptspec/spec": "{}.json", "ckptspec/faults": "faults-{}.json", "ckptspec/bench": None}
+
+
+def _suite_of(path: str) -> str | None:
+    """The suite of SUITES that `path` is or lies in."""
+    return next((suite for suite in SUITES if path == suite or path.startswith(suite + "/")), None)
 
 
 @nox.session
 @nox.parametrize(("python", "name"), RELEASE_IDS)
 def spec(session: nox.Session, name: str) -> None:
-    """A suite (spec_tests unless the first posarg names another of SUITES, or a path inside one) against one
+    """A suite (ckptspec/spec unless the first posarg names another of SUITES, or a path inside one) against one
     release of a target.
 
     Its expectations entries for that release apply (strict). A whole suite records to conformance/ (SUITES) unless
     the posargs give --conformance-json (a path records only there); the other posargs go to pytest, e.g.
-    `nox -s "spec(nvrx-0.7.0)" -- fault_injection/test_node_faults.py --conformance-json conformance/rerun.json`.
+    `nox -s "spec(nvrx-0.7.0)" -- ckptspec/faults/test_node_faults.py --conformance-json conformance/rerun.json`.
     """
     release = releases.by_name()[name]
     _install_release(session, release)
     args = list(session.posargs)
-    suite = args.pop(0) if args and args[0].split("/")[0] in SUITES else "spec_tests"
+    suite = args.pop(0) if args and _suite_of(args[0]) in SUITES else "ckptspec/spec"
     json_name = SUITES.get(suite)
     record = []
     if json_name and "--conformance-json" not in args:
@@ -176,7 +181,7 @@ def record(session: nox.Session, name: str) -> None:
     """Record a release's run (its suites, releases.SUITES) as its stored run conformance/all/NAME.json, then
     regenerate every table and page from the stored runs (`python regenerate.py`).
 
-    What adding a release takes after its entry in spec_tests/harness/records/releases.py. Posargs go to pytest (`-- -n 2`).
+    What adding a release takes after its entry in ckptspec/spec/harness/records/releases.py. Posargs go to pytest (`-- -n 2`).
     """
     release = releases.by_name()[name]
     _install_release(session, release)
@@ -200,18 +205,18 @@ def record(session: nox.Session, name: str) -> None:
 
 @nox.session(python="3.11")
 def launched(session: nox.Session) -> None:
-    """spec_tests on two torchrun "nodes" of this machine (loopback, gloo) against impl, compared with a forked run.
+    """ckptspec/spec on two torchrun "nodes" of this machine (loopback, gloo) against impl, compared with a forked run.
 
     World of 8 (2 launches x 4 ranks: the suite's largest bodies); the verdicts of every test and clause must agree.
-    Posargs replace the selection and options (`nox -s launched -- spec_tests/storage -q`).
+    Posargs replace the selection and options (`nox -s launched -- ckptspec/spec/storage -q`).
     """
     session.install(TORCH, "-e", ".[test]")
     json_path = ROOT / "conformance" / "impl-launched.json"
-    args = session.posargs or ["spec_tests", "-q", "-p", "no:randomly"]
+    args = session.posargs or ["ckptspec/spec", "-q", "-p", "no:randomly"]
     session.run(
         "python",
         "-m",
-        "spec_tests.harness.ranks.loopback",
+        "ckptspec.spec.harness.ranks.loopback",
         "--nodes",
         "2",
         "--nproc-per-node",

@@ -4,15 +4,15 @@
     python regenerate.py --check   change nothing; exit 1 showing what differs from the committed text (CI)
 
 The blocks, the file each lives in, and their data: the conformance table, the protocol table and the fault matrix
-in `docs/results.md` (`conformance/all/*.json`, the stored runs of every target and release, spec_tests and
-fault_injection), the benchmark summaries in `docs/benchmarks.md` (`benchmarks/results/*.json`, and the GPU runs'
+in `docs/results.md` (`conformance/all/*.json`, the stored runs of every target and release, ckptspec/spec and
+ckptspec/faults), the benchmark summaries in `docs/benchmarks.md` (`ckptspec/bench/results/*.json`, and the GPU runs'
 `conformance/gpu/<run>/bench/*.json`) and the mutation score
 in `docs/spec-design.md` (`mutation/results.json`), the GPU runs' tables in `docs/gpu.md` (`conformance/gpu/<run>/`), Findings at a glance in `README.md` (the stored
 runs, the clauses' `symptom`s and the usage rules of `findings/advice.toml`). Each block is made by its own module's command line
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
 The findings pages `docs/findings/<target>-<release>.md` (and their HTML copies, which the results page links to), the maintainer reports `findings/repro/<target>-<release>/
 <CLAUSE>.md` (with the reproducers' captured outputs) and the filterable page `docs/results.html` come from the
-stored runs too (spec_tests.harness.records.findings, spec_tests.harness.records.repro_reports, spec_tests.harness.records.report --html). `--check` makes everything in a
+stored runs too (ckptspec.spec.harness.records.findings, ckptspec.spec.harness.records.repro_reports, ckptspec.spec.harness.records.report --html). `--check` makes everything in a
 temporary directory and compares. Run it from the repository root.
 """
 
@@ -26,16 +26,16 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks import summary as benchmark_summary
-from fault_injection import matrix
+from ckptspec.bench import summary as benchmark_summary
+from ckptspec.faults import matrix
+from ckptspec.spec.harness.records import findings, glance, releases, report, repro_reports
+from ckptspec.spec.harness.target import contract
 from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
-from spec_tests.harness.records import findings, glance, releases, report, repro_reports
-from spec_tests.harness.target import contract
 
 ROOT = Path(__file__).resolve().parent
 RUNS = "conformance/all"
-# The stored runs by the release list (spec_tests/harness/records/releases.py): impl and the releases judged on every
+# The stored runs by the release list (ckptspec/spec/harness/records/releases.py): impl and the releases judged on every
 # clause area, then those judged on the protocol area only.
 RELEASES = [releases.REFERENCE, *(r.name for r in releases.full_suite())]
 PROTOCOL_ONLY = [r.name for r in releases.protocol_only()]
@@ -91,7 +91,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
         ],
     ),
     "faults": (RESULTS, matrix.main, _runs(RELEASES + PROTOCOL_ONLY)),
-    "benchmarks": (BENCHMARKS, benchmark_summary.main, [f"benchmarks/results/{name}" for name in BENCHMARK_RUNS]),
+    "benchmarks": (BENCHMARKS, benchmark_summary.main, [f"ckptspec/bench/results/{name}" for name in BENCHMARK_RUNS]),
     "mutation": (DESIGN, mutation_summary.main, []),
     "benchmarks-gpu": (BENCHMARKS, benchmark_summary.main, [*GPU_BENCHMARK_RUNS, "--block", "gpu"]),
     "gpu-results": (GPU, gpu_results.main, GPU_RUNS),

@@ -6,7 +6,7 @@ CUDA tensors on impl, then the same on every NVRx and Megatron-Core release and 
 benchmarks, then the full suites. A *call* is a group of stages that fits one command of a lent device machine
 (600 s, less `CALL_LIMIT_S`'s margin, with `SETUP_S` for the set-up every call repeats); calls 1 to 3 fit one
 30-minute session of device time, calls 4 to 7 (the releases' full suites) a later one. Nothing here needs more
-than the standard library (the release list, spec_tests.harness.records.releases, included): the driver runs on the GPU
+than the standard library (the release list, ckptspec.spec.harness.records.releases, included): the driver runs on the GPU
 machine's own Python before anything is installed.
 """
 
@@ -16,8 +16,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from spec_tests.harness.records import releases as release_list
-from spec_tests.harness.records.releases import Release
+from ckptspec.spec.harness.records import releases as release_list
+from ckptspec.spec.harness.records.releases import Release
 
 ROOT = Path(__file__).resolve().parent.parent
 CALL_LIMIT_S = 570  # a device command runs at most 600 s; the rest is for packing the results
@@ -47,7 +47,7 @@ MACHINE_PROVIDES = (
 )
 
 
-# The library releases a GPU run installs from their wheels (spec_tests/harness/records/releases.py, `gpu`), by name, and the
+# The library releases a GPU run installs from their wheels (ckptspec/spec/harness/records/releases.py, `gpu`), by name, and the
 # listed releases it does not install yet; the DCP configurations run on the GPU machine's own torch.
 RELEASES: dict[str, Release] = {r.name: r for r in release_list.RELEASES if r.gpu and r.distribution != "torch"}
 NOT_YET_ON_GPU = tuple(r.name for r in release_list.RELEASES if not r.gpu)
@@ -91,7 +91,7 @@ class Stage:
 
 
 # impl's own CUDA checks of its overlapped staging (gpu-marked), run with impl's GPU selection.
-IMPL_GPU_PATHS = ("benchmarks/test_overlap.py",)
+IMPL_GPU_PATHS = ("ckptspec/bench/test_overlap.py",)
 OVERLAPPED = (("CKPTSPEC_IMPL_STAGING", "overlapped"),)  # impl's protocol saver stages in the background
 
 
@@ -104,7 +104,7 @@ def _gpu_stage(
     env: tuple[tuple[str, str], ...] = (),
 ) -> Stage:
     paths: tuple[str, ...] = (
-        ("spec_tests/protocol",) if target.startswith("dcp-") else ("spec_tests", "fault_injection")
+        ("ckptspec/spec/protocol",) if target.startswith("dcp-") else ("ckptspec/spec", "ckptspec/faults")
     )
     if target == "impl":
         paths += IMPL_GPU_PATHS
@@ -115,7 +115,7 @@ def _gpu_stage(
 
 
 def _bench_d2h(name: str, budget_s: int, sweep: str, rounds: int) -> Stage:
-    args = ("benchmarks/test_d2h.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda", *COMMON)
+    args = ("ckptspec/bench/test_d2h.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda", *COMMON)
     return Stage(
         name,
         budget_s,
@@ -127,7 +127,7 @@ def _bench_d2h(name: str, budget_s: int, sweep: str, rounds: int) -> Stage:
 
 
 def _bench_save(name: str, budget_s: int, size_mib: int, rounds: int, saves: int) -> Stage:
-    args: tuple[str, ...] = ("benchmarks/test_save.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda")
+    args: tuple[str, ...] = ("ckptspec/bench/test_save.py", "--benchmark-enable", "-n", "0", "--bench-device", "cuda")
     args += (*COMMON, "--bench-size-mib", str(size_mib), "--bench-rounds", str(rounds), "--bench-saves", str(saves))
     return Stage(name, budget_s, "impl", args, BENCH_RELEASES, without_gpu="collect", record="benchmark")
 
@@ -137,7 +137,7 @@ def _full_stage(release: str) -> Stage:
         f"{release}-full",
         480,
         RELEASES[release].target,
-        ("spec_tests", "fault_injection", "-n", "auto", *COMMON),
+        ("ckptspec/spec", "ckptspec/faults", "-n", "auto", *COMMON),
         (release,),
         without_gpu="collect",
         s3=True,
@@ -151,9 +151,9 @@ def _full_stage(release: str) -> Stage:
 # selection on impl and the releases, together.
 LEASE_DEADLINE_S = 480  # of a 15-minute lease: about a minute to start the machine, a margin to send results back
 BENCH_LEASE_ARGS = (
-    "benchmarks/test_ceilings.py",
-    "benchmarks/test_d2h.py",
-    "benchmarks/test_save.py",
+    "ckptspec/bench/test_ceilings.py",
+    "ckptspec/bench/test_d2h.py",
+    "ckptspec/bench/test_save.py",
     "-k",
     "not first_save and not memory and not test_load and not pagecache",
     "--benchmark-enable",
@@ -204,7 +204,16 @@ STAGES: tuple[Stage, ...] = (
         "impl-full",
         480,
         "impl",
-        ("spec_tests", "fault_injection", "benchmarks", "--ignore", "benchmarks/test_d2h.py", "-n", "auto", *COMMON),
+        (
+            "ckptspec/spec",
+            "ckptspec/faults",
+            "ckptspec/bench",
+            "--ignore",
+            "ckptspec/bench/test_d2h.py",
+            "-n",
+            "auto",
+            *COMMON,
+        ),
         without_gpu="collect",
         s3=True,
     ),

@@ -21,8 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from ckptspec.spec.harness.records.run_file import PhaseRecord, RunFile
 from gpu_run.plan import DCP_TARGETS, RELEASES
-from spec_tests.harness.records.run_file import PhaseRecord, RunFile
 
 START, END = "<!-- gpu-results:start -->", "<!-- gpu-results:end -->"
 # (a regular expression searched in a failure's text, what it means): failures of the harness, not of the target.
@@ -74,8 +74,8 @@ def _cell(test: PhaseRecord) -> tuple[str, str | None]:
             first.startswith(
                 (
                     "RankFailures",
-                    "spec_tests.harness.ranks.RankFailures",
-                    "spec_tests.harness.ranks.vocabulary.RankFailures",
+                    "ckptspec.spec.harness.ranks.RankFailures",
+                    "ckptspec.spec.harness.ranks.vocabulary.RankFailures",
                 )
             )
             or not first

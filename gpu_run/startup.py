@@ -25,8 +25,8 @@ BOUND_S = 300.0
 SNIPPETS = {
     "import torch": "import torch",
     "import torch, DCP, impl core": (
-        "import torch, torch.distributed, torch.distributed.checkpoint, impl.async_ckpt.core, "
-        "impl.async_ckpt.filesystem_async"
+        "import torch, torch.distributed, torch.distributed.checkpoint, ckptspec.impl.async_ckpt.core, "
+        "ckptspec.impl.async_ckpt.filesystem_async"
     ),
     "import torch + cuda.is_available()": "import torch; torch.cuda.is_available()",
     "import torch + CUDA init": "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()",

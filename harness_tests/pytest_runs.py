@@ -97,7 +97,7 @@ def run_pytest(
     return PytestRun(args, code, output, collected)
 
 
-SERVER_PRELOAD = ["torch", "torch.distributed", "pytest", "hypothesis", "spec_tests.harness.plugin"]
+SERVER_PRELOAD = ["torch", "torch.distributed", "pytest", "hypothesis", "ckptspec.spec.harness.plugin"]
 
 
 def _forked_pytest(args: list[str], cwd: Path, env: dict[str, str], timeout: float, log: Path) -> tuple[int, str]:

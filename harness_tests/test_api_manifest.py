@@ -1,4 +1,4 @@
-"""The API manifest's checker (spec_tests/nvrx_api.py) and its generator (spec_tests/public_names.py): each kind of
+"""The API manifest's checker (ckptspec/spec/nvrx_api.py) and its generator (ckptspec/spec/public_names.py): each kind of
 difference between a callable and its documented parameters is reported, a malformed entry is refused, and
 regenerating the released names keeps the hand-written part."""
 
@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from spec_tests import nvrx_api, public_names
-from spec_tests.nvrx_api import CALL, Parameter, check_documented
+from ckptspec.spec import nvrx_api, public_names
+from ckptspec.spec.nvrx_api import CALL, Parameter, check_documented
 
 
 def _module() -> types.ModuleType:

@@ -13,7 +13,7 @@ import json
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 _ADAPTER = """\
-from spec_tests.targets.impl import CAPABILITIES, MODULES, checkpoint_manager, protocol_saver  # noqa: F401
+from ckptspec.spec.targets.impl import CAPABILITIES, MODULES, checkpoint_manager, protocol_saver  # noqa: F401
 from pathlib import Path
 NAME = "checked_adapter"
 DISTRIBUTION = None
@@ -67,7 +67,7 @@ def test_failures_are_checked_and_charged(tmp_path):
     out = tmp_path / "run.json"
     env = clean_env(PYTHONPATH=f"{tmp_path}:{REPO_ROOT}")
     env.pop("CI", None)
-    args = ["-p", "spec_tests.harness.plugin", "--rootdir", str(tmp_path), "-p", "no:cacheprovider"]
+    args = ["-p", "ckptspec.spec.harness.plugin", "--rootdir", str(tmp_path), "-p", "no:cacheprovider"]
     run = run_pytest(
         [*args, "--impl", "checked_adapter", "--conformance-json", str(out), "test_checked.py"], tmp_path, env=env
     )

@@ -1,5 +1,5 @@
 """The adapter contract is checked at load, in one line naming what is wrong (issue 32), mypy checks every built-in
-adapter against its types (spec_tests/targets/_typed.py lists them all), and the documented entry-point route
+adapter against its types (ckptspec/spec/targets/_typed.py lists them all), and the documented entry-point route
 (docs/adding-a-target.md) works end to end: a throw-away target, registered as an installed distribution's entry
 point, runs one protocol test.
 """
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from ckptspec.spec.harness.target import contract
+from ckptspec.spec.harness.target import loading as targets
+from ckptspec.spec.harness.target.protocol import SAVER_OPTIONS, protocol_saver
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
-from spec_tests.harness.target import contract
-from spec_tests.harness.target import loading as targets
-from spec_tests.harness.target.protocol import SAVER_OPTIONS, protocol_saver
 
 
 def _adapter(**names: Any) -> types.ModuleType:
@@ -58,7 +58,7 @@ BROKEN: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "FORMAT without a loader": (
         {"FORMAT": object()},
-        "FORMAT must be spec_tests.harness.target.formats.CheckpointFormat, not object",
+        "FORMAT must be ckptspec.spec.harness.target.formats.CheckpointFormat, not object",
     ),
     "manager without a factory": (
         {"CAPABILITIES": frozenset({"protocol", "manager"})},
@@ -118,9 +118,9 @@ def test_the_docs_table_is_the_contract():
 
 
 def test_every_builtin_adapter_keeps_the_contract_and_is_type_checked():
-    typed = (REPO_ROOT / "spec_tests" / "targets" / "_typed.py").read_text()
+    typed = (REPO_ROOT / "ckptspec/spec" / "targets" / "_typed.py").read_text()
     listed = set(re.findall(r'^\s+"([a-z-]+)": [a-z_]+,$', typed, re.M))
-    assert listed == set(targets.builtin_targets()), "spec_tests/targets/_typed.py must list every built-in adapter"
+    assert listed == set(targets.builtin_targets()), "ckptspec/spec/targets/_typed.py must list every built-in adapter"
     for dotted in targets.builtin_targets().values():
         module = __import__(dotted, fromlist=["NAME"])
         targets._check_contract(module.NAME, module)
@@ -145,7 +145,7 @@ _THROWAWAY = '''\
 """A throw-away target: torch's synchronous dcp.save behind the protocol layer."""
 from typing import Any
 
-from spec_tests.harness.target.protocol import SaveHandle, Saver
+from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
 
 NAME = "throwaway"
 DISTRIBUTION = None
@@ -197,8 +197,10 @@ def test_a_target_added_through_an_entry_point_runs_a_protocol_test(tmp_path):
     """...and a test of an NVRx-shaped area, whose modules a route-2 adapter does not map, is not applicable to it:
     skipped, saying so (docs/adding-a-target.md), not an error."""
     _install_throwaway(tmp_path)
-    test = "spec_tests/protocol/test_snapshot.py::test_checkpoint_of_every_world_loads_with_stock_dcp[1]"
-    run = _run_on(tmp_path, "throwaway", test, "spec_tests/async_ckpt/test_request.py::test_fields_order_and_defaults")
+    test = "ckptspec/spec/protocol/test_snapshot.py::test_checkpoint_of_every_world_loads_with_stock_dcp[1]"
+    run = _run_on(
+        tmp_path, "throwaway", test, "ckptspec/spec/async_ckpt/test_request.py::test_fields_order_and_defaults"
+    )
     assert "1 passed, 1 skipped" in run.output, run.describe()
     assert "not applicable: target 'throwaway' maps no NVRx module path" in run.output, run.describe()
 
@@ -207,7 +209,7 @@ _PARTIAL = '''\
 """A route-1 adapter that maps one spec module only: impl's local checkpointing base class."""
 NAME = "partial"
 DISTRIBUTION = None
-MODULES = {"local.base_state_dict": "impl.local.base_state_dict"}
+MODULES = {"local.base_state_dict": "ckptspec.impl.local.base_state_dict"}
 CAPABILITIES = frozenset({"persistent_caller"})
 EXPECTATIONS = None
 '''
@@ -217,8 +219,8 @@ def test_a_test_asking_for_a_module_the_adapter_does_not_map_is_not_applicable(t
     """Asked for in a fixture (`core`) or inside a rank, a module the adapter does not map skips the test, saying
     which: not an error charged to the target (docs/adding-a-target.md)."""
     (tmp_path / "partial_adapter.py").write_text(_PARTIAL)
-    in_fixture = "spec_tests/async_ckpt/test_request.py::test_fields_order_and_defaults"
-    in_rank = "spec_tests/async_ckpt/test_queue.py::test_default_queue_is_persistent_and_counts_from_zero"
+    in_fixture = "ckptspec/spec/async_ckpt/test_request.py::test_fields_order_and_defaults"
+    in_rank = "ckptspec/spec/async_ckpt/test_queue.py::test_default_queue_is_persistent_and_counts_from_zero"
     run = _run_on(tmp_path, "partial_adapter", in_fixture, in_rank)
     assert "2 skipped" in run.output, run.describe()
     assert run.output.count("not applicable: target 'partial_adapter' has no module for 'async_ckpt.core'") == 2, (

@@ -2,8 +2,8 @@
 states its basis and severity (issue 30) and its symptom: what a user sees when a target breaks it, the "what goes
 wrong" of a findings table (plain words, lowercase, no clause id, no trailing period).
 
-Targets: the adapter modules of `spec_tests.targets` (names not starting with `_`), entry points of the group
-`ckptspec.targets`, and dotted paths. Clause areas: the files of `spec_tests/clauses/`, in the order of its
+Targets: the adapter modules of `ckptspec.spec.targets` (names not starting with `_`), entry points of the group
+`ckptspec.targets`, and dotted paths. Clause areas: the files of `ckptspec/spec/clauses/`, in the order of its
 `areas.toml`, unlisted ones after them by name.
 """
 
@@ -15,8 +15,8 @@ from importlib import metadata
 
 import pytest
 
-from spec_tests.harness import clauses
-from spec_tests.harness.target import loading as targets
+from ckptspec.spec.harness import clauses
+from ckptspec.spec.harness.target import loading as targets
 
 
 def test_builtin_targets_are_the_adapter_modules():
@@ -31,7 +31,7 @@ def test_builtin_targets_are_the_adapter_modules():
         "lightning",
         "torchtitan",
     )
-    assert targets.builtin_targets() == {name.replace("_", "-"): f"spec_tests.targets.{name}" for name in names}
+    assert targets.builtin_targets() == {name.replace("_", "-"): f"ckptspec.spec.targets.{name}" for name in names}
 
 
 def test_a_new_adapter_module_is_a_builtin_target(tmp_path, monkeypatch):
@@ -46,14 +46,14 @@ def test_a_new_adapter_module_is_a_builtin_target(tmp_path, monkeypatch):
 
 
 def test_entry_points_and_dotted_paths_name_targets(monkeypatch):
-    point = metadata.EntryPoint(name="plugged", value="spec_tests.targets.impl", group=targets.ENTRY_POINT_GROUP)
+    point = metadata.EntryPoint(name="plugged", value="ckptspec.spec.targets.impl", group=targets.ENTRY_POINT_GROUP)
     real = metadata.entry_points
     monkeypatch.setattr(
         metadata, "entry_points", lambda **kw: [point] if kw.get("group") == targets.ENTRY_POINT_GROUP else real(**kw)
     )
-    assert targets.known_targets()["plugged"] == "spec_tests.targets.impl"
+    assert targets.known_targets()["plugged"] == "ckptspec.spec.targets.impl"
     assert targets.load_target("plugged").capabilities == targets.load_target("impl").capabilities
-    assert targets.load_target("spec_tests.targets.impl").adapter is targets.load_target("impl").adapter
+    assert targets.load_target("ckptspec.spec.targets.impl").adapter is targets.load_target("impl").adapter
 
 
 def test_an_unknown_target_lists_the_known_ones():

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ckptspec.spec.harness.processes import alive
+from ckptspec.spec.harness.ranks import RankFailures, RankPool, launched, rank_state, ranks, run_on_ranks, world
 from harness_tests.pytest_runs import clean_env, run_pytest
-from spec_tests.harness.processes import alive
-from spec_tests.harness.ranks import RankFailures, RankPool, launched, rank_state, ranks, run_on_ranks, world
 
 
 def _sum_of_ranks():
@@ -246,7 +246,7 @@ def test_a_run_leaves_no_multiprocessing_directory_behind():
                 "no:randomly",
                 "--impl",
                 "impl",
-                "spec_tests/async_ckpt/test_queue.py::test_close_finalizes_every_pending_call",
+                "ckptspec/spec/async_ckpt/test_queue.py::test_close_finalizes_every_pending_call",
             ],
             env=clean_env(TMPDIR=tmpdir),
             fresh=True,  # a new interpreter, whose tempfile module reads this TMPDIR

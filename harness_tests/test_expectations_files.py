@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-FILES = sorted((Path(__file__).parents[1] / "spec_tests" / "targets").glob("*.expectations.toml"))
+FILES = sorted((Path(__file__).parents[1] / "ckptspec/spec" / "targets").glob("*.expectations.toml"))
 
 
 def test_there_are_files_to_check():
-    assert FILES, "no spec_tests/targets/*.expectations.toml found"
+    assert FILES, "no ckptspec/spec/targets/*.expectations.toml found"
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])

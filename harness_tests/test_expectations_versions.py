@@ -10,23 +10,23 @@ from typing import Any
 
 import pytest
 
-from spec_tests.harness import expectations
-from spec_tests.harness.target.loading import load_target
+from ckptspec.spec.harness import expectations
+from ckptspec.spec.harness.target.loading import load_target
 
 _FILE = """\
 [[xfail]]
-test = "spec_tests/a.py::test_every_release"
+test = "ckptspec/spec/a.py::test_every_release"
 clause = "AQ-1"
 reason = "fails everywhere"
 
 [[xfail]]
-test = "spec_tests/a.py::test_old_only"
+test = "ckptspec/spec/a.py::test_old_only"
 clause = "AQ-2"
 reason = "fixed in 0.5"
 versions = "<0.5"
 
 [[xfail]]
-test = "spec_tests/a.py::test_new_only"
+test = "ckptspec/spec/a.py::test_new_only"
 clause = "AQ-3"
 reason = "new in 0.7"
 versions = ">=0.7,<0.8"
@@ -60,7 +60,7 @@ def test_entries_apply_to_the_releases_they_name(tmp_path, version, applying):
 def test_entries_apply_to_the_tensor_device_they_name(tmp_path, device, applying):
     """An entry with tensor_device applies only to runs whose snapshot family holds its tensors there."""
     text = "".join(
-        f'[[xfail]]\ntest = "spec_tests/a.py::{name}"\nclause = "P-SNAP-1"\nreason = "r"\n{extra}\n'
+        f'[[xfail]]\ntest = "ckptspec/spec/a.py::{name}"\nclause = "P-SNAP-1"\nreason = "r"\n{extra}\n'
         for name, extra in (
             ("test_anywhere", ""),
             ("test_cpu", 'tensor_device = "cpu"'),
@@ -90,7 +90,7 @@ def test_an_entry_keeps_its_specifier(tmp_path):
     ],
 )
 def test_a_bad_versions_field_is_one_clear_error(tmp_path, extra, message):
-    text = f'[[xfail]]\ntest = "spec_tests/a.py::t"\nclause = "AQ-1"\nreason = "r"\n{extra}\n'
+    text = f'[[xfail]]\ntest = "ckptspec/spec/a.py::t"\nclause = "AQ-1"\nreason = "r"\n{extra}\n'
     with pytest.raises(expectations.ExpectationsError, match="xfail entry 1") as raised:
         _load(tmp_path, text)
     assert message in str(raised.value)
@@ -119,8 +119,8 @@ class _Item:
 @pytest.mark.parametrize(("intermittent", "strict"), [(None, True), ("failed 2 of 3 runs", False)])
 def test_only_an_intermittent_entry_is_a_non_strict_xfail(tmp_path, intermittent, strict):
     extra = f'intermittent = "{intermittent}"\n' if intermittent else ""
-    entries = _load(tmp_path, f'[[xfail]]\ntest = "spec_tests/a.py::t"\nclause = "AQ-1"\nreason = "r"\n{extra}')
-    item: Any = _Item("spec_tests/a.py::t[x]")
+    entries = _load(tmp_path, f'[[xfail]]\ntest = "ckptspec/spec/a.py::t"\nclause = "AQ-1"\nreason = "r"\n{extra}')
+    item: Any = _Item("ckptspec/spec/a.py::t[x]")
     assert expectations.apply("f", entries, [item], lambda i: ["AQ-1"], randomized_profile=None) == []
     (marker,) = item.markers
     assert marker.kwargs["strict"] is strict
@@ -128,7 +128,7 @@ def test_only_an_intermittent_entry_is_a_non_strict_xfail(tmp_path, intermittent
 
 
 def test_an_entry_may_charge_several_clauses(tmp_path):
-    text = '[[xfail]]\ntest = "spec_tests/a.py::t"\nclause = ["AQ-1", "AQ-2"]\nreason = "r"\n'
+    text = '[[xfail]]\ntest = "ckptspec/spec/a.py::t"\nclause = ["AQ-1", "AQ-2"]\nreason = "r"\n'
     (entry,) = _load(tmp_path, text)
     assert (entry.clauses, entry.label, entry.checked) == (("AQ-1", "AQ-2"), "AQ-1, AQ-2", False)
     (tmp_path / "empty").mkdir()
@@ -156,10 +156,10 @@ _RANK_FAILURE = "RankFailures: 1 of 2 ranks failed:\n\nrank 1 raised\n    Traceb
 )
 def test_a_failure_is_checked_against_its_entry(fields, fits):
     """An entry's raises / match must fit the failure; otherwise the problem names the entry and the failure."""
-    entry = expectations.Entry("spec_tests/a.py::t", ("AQ-11",), "r", **fields)
+    entry = expectations.Entry("ckptspec/spec/a.py::t", ("AQ-11",), "r", **fields)
     problem = expectations.failure_problem(entry, ["RankFailures", "AssertionError", "Exception"], _RANK_FAILURE)
     assert (problem is None) == fits
     if not fits:
         assert problem is not None
-        assert problem.startswith("stale expectations entry for spec_tests/a.py::t [AQ-11]")
+        assert problem.startswith("stale expectations entry for ckptspec/spec/a.py::t [AQ-11]")
         assert "RankFailures: 1 of 2 ranks failed" in problem

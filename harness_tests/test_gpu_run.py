@@ -1,5 +1,5 @@
 """The GPU run (gpu_run, docs/gpu.md) stays runnable without a GPU to try it on: its plan fits the device calls, its
-releases are the release list's (spec_tests/harness/records/releases.py), and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
+releases are the release list's (ckptspec/spec/harness/records/releases.py), and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from ckptspec.spec.harness import clauses
+from ckptspec.spec.harness.records import releases
+from ckptspec.spec.harness.target.loading import builtin_targets
 from gpu_run import __main__ as cli
 from gpu_run import plan, runner
-from spec_tests.harness import clauses
-from spec_tests.harness.records import releases
-from spec_tests.harness.target.loading import builtin_targets
 
 
 def test_every_stage_is_in_one_call_and_every_call_fits_a_device_command():
@@ -67,7 +67,7 @@ def test_every_test_of_the_snapshot_family_follows_the_tensor_device():
     family = {cid for cid, clause in clauses.load().items() if clause.get("snapshot")}
     assert family, "no clause is marked snapshot = true"
     seen, unmarked = set(), []
-    for path in sorted((plan.ROOT / "spec_tests").rglob("test_*.py")):
+    for path in sorted((plan.ROOT / "ckptspec/spec").rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.FunctionDef):
                 continue
@@ -90,8 +90,8 @@ def test_requirements_split_into_groups_without_what_the_machine_provides():
 
 
 def test_counts_and_verdicts_read_from_a_log():
-    log = "SKIPPED [3] spec_tests/x.py:1: CUDA tensors requested (--tensor-device cuda) but no GPU\n"
-    log += "SKIPPED [2] spec_tests/y.py:4: target 'mcore' lacks storage_writer\n5 skipped in 2.31s\n"
+    log = "SKIPPED [3] ckptspec/spec/x.py:1: CUDA tensors requested (--tensor-device cuda) but no GPU\n"
+    log += "SKIPPED [2] ckptspec/spec/y.py:4: target 'mcore' lacks storage_writer\n5 skipped in 2.31s\n"
     stage = plan.BY_NAME["mcore-0.16.1-gpu"]
     assert runner._counts(log) == {"skipped": 5}
     assert runner._judge(stage, log, 0, gpu_mode=False, collect_only=False) == (
@@ -126,7 +126,7 @@ def test_dry_run_of_a_stage_reaches_the_skips_for_lack_of_a_gpu(tmp_path):
     base = tmp_path / "wheelhouse" / "base"
     base.mkdir(parents=True)
     (base / "group.json").write_text(json.dumps({"requirements": plan.project_requirements()["base"]}))
-    selection = ("spec_tests/protocol/test_snapshot.py", "-p", "no:randomly", "-q", "-n", "2")
+    selection = ("ckptspec/spec/protocol/test_snapshot.py", "-p", "no:randomly", "-q", "-n", "2")
     stages = [plan.Stage("snapshot-cuda", 120, "impl", (*selection, *plan.GPU_SELECTION))]
     out = tmp_path / "out"
     problems = runner.run_stages(
@@ -160,33 +160,33 @@ def test_results_name_harness_failures_and_never_charge_them_to_the_target(tmp_p
     machine = {"gpu": "GPU X", "torch": "2.0", "cuda": "13.0", "python": "3.12"}
     (tmp_path / "summary.json").write_text(json.dumps({"machine": machine}))
     tests = [
-        {"nodeid": "spec_tests/a.py::test_ok", "outcome": "passed", "clauses": ["P-SNAP-1"]},
+        {"nodeid": "ckptspec/spec/a.py::test_ok", "outcome": "passed", "clauses": ["P-SNAP-1"]},
         {
-            "nodeid": "spec_tests/a.py::test_wait",
+            "nodeid": "ckptspec/spec/a.py::test_wait",
             "outcome": "failed",
             "clauses": ["P-SNAP-2"],
             "failure": {"text": "GpuWaitTimeout: harness: 1 GPU(s) did not become free within 120 s"},
         },
         {
-            "nodeid": "spec_tests/a.py::test_bug",
+            "nodeid": "ckptspec/spec/a.py::test_bug",
             "outcome": "failed",
             "clauses": ["P-ISO-1"],
             "message": "RankFailures: 2 of 2 ranks failed:\n    KeyError: <class 'type'>",
         },
         {
-            "nodeid": "spec_tests/a.py::test_listed",
+            "nodeid": "ckptspec/spec/a.py::test_listed",
             "outcome": "xfail",
             "clauses": ["P-STAGED-1"],
             "entry": {"clauses": ["P-STAGED-1"]},
             "failure": {"text": "AssertionError: 13 but should be 12"},
         },
         {
-            "nodeid": "spec_tests/a.py::test_group",
+            "nodeid": "ckptspec/spec/a.py::test_group",
             "outcome": "failed",
             "clauses": ["P-SNAP-2"],
             "failure": {"text": "AssertionError: A CPU backend must be enabled for async save\nKeyError: 'saver'"},
         },
-        {"nodeid": "spec_tests/a.py::test_flaky", "outcome": "xpass", "clauses": ["P-ISO-1"]},
+        {"nodeid": "ckptspec/spec/a.py::test_flaky", "outcome": "xpass", "clauses": ["P-ISO-1"]},
     ]
     run = {"target": "t", "version": "1", "clauses": {}, "tensor_device": "cuda"}
     (tmp_path / "t1-lease.json").write_text(json.dumps({**run, "tests": tests}))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("impl", "spec_tests", "fault_injection", "benchmarks", "gpu_run", "mutation", "harness_tests")
+PACKAGES = ("ckptspec", "gpu_run", "mutation", "harness_tests")
 
 
 def _modules() -> dict[str, Path]:
@@ -72,15 +72,15 @@ def test_no_module_imports_a_test_module_or_another_packages_private_name():
 @pytest.mark.parametrize(
     ("source", "broken"),
     [
-        ("from spec_tests.protocol.test_failures import data_file\n", "imports the test module"),
-        ("from spec_tests.harness.ranks.forked import _job\n", "imports the private name(s) _job"),
+        ("from ckptspec.spec.protocol.test_failures import data_file\n", "imports the test module"),
+        ("from ckptspec.spec.harness.ranks.forked import _job\n", "imports the private name(s) _job"),
     ],
 )
 def test_the_rules_catch_a_test_module_import_and_a_private_name(tmp_path, source, broken):
     offender = tmp_path / "offender.py"
     offender.write_text(source)
-    modules = {k: v for k, v in _modules().items() if k.startswith("spec_tests")}
-    modules["fault_injection.offender"] = offender
+    modules = {k: v for k, v in _modules().items() if k.startswith("ckptspec/spec")}
+    modules["ckptspec.faults.offender"] = offender
     problems = [p for p in _problems(modules) if "offender" in p]
     assert len(problems) == 1, problems
     assert broken in problems[0], problems
@@ -106,7 +106,7 @@ def test_no_two_classes_share_a_name():
 def test_the_class_name_rule_sees_a_second_class_of_a_name(tmp_path):
     second = tmp_path / "second.py"
     second.write_text("class RankPool:\n    pass\n")
-    modules = {**_modules(), "fault_injection.second": second}
+    modules = {**_modules(), "ckptspec.faults.second": second}
     where = _classes(modules)["RankPool"]
     assert len(where) == 2, where
-    assert "fault_injection.second:1" in where, where
+    assert "ckptspec.faults.second:1" in where, where

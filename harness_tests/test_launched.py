@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from ckptspec.spec.harness.ranks import loopback
 from harness_tests.pytest_runs import clean_env, run_pytest
-from spec_tests.harness.ranks import loopback
 
 LAUNCH_TIMEOUT = 420.0
 DIST = "harness_tests/test_dist.py"
-QUEUE = "spec_tests/async_ckpt/test_queue.py"
+QUEUE = "ckptspec/spec/async_ckpt/test_queue.py"
 SELECTION = [
     f"{DIST}::test_results_come_back_from_every_rank",  # 3 ranks: skips on a world of 2
     f"{DIST}::test_a_failing_rank_is_reported_with_every_other_rank",

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from spec_tests.harness import clauses, expectations
+from ckptspec.spec.harness import clauses, expectations
 
 
 def test_weak_levels_of_the_registry_name_strict_clauses():
@@ -19,7 +19,9 @@ def test_weak_levels_of_the_registry_name_strict_clauses():
 
 def _load(tmp_path, level: str) -> tuple[expectations.Entry, ...]:
     path = tmp_path / f"{level}.expectations.toml"  # load() caches by path
-    path.write_text(f'[[xfail]]\ntest = "spec_tests/a.py::test_a"\nclause = "AQ-8"\nreason = "r"\nlevel = "{level}"\n')
+    path.write_text(
+        f'[[xfail]]\ntest = "ckptspec/spec/a.py::test_a"\nclause = "AQ-8"\nreason = "r"\nlevel = "{level}"\n'
+    )
     return expectations.load(str(path))
 
 
@@ -47,10 +49,10 @@ def _cited(item):
     ],
 )
 def test_a_strict_level_entry_needs_an_unlisted_weak_test(clause, weak_listed, problem):
-    entries = [expectations.Entry("spec_tests/a.py::test_strict", (clause,), "r", None, "strict")]
+    entries = [expectations.Entry("ckptspec/spec/a.py::test_strict", (clause,), "r", None, "strict")]
     if weak_listed:
-        entries.append(expectations.Entry("spec_tests/b.py::test_weak", ("AQ-8w",), "r"))
-    items = [_item("spec_tests/a.py::test_strict", clause), _item("spec_tests/b.py::test_weak", "AQ-8w")]
+        entries.append(expectations.Entry("ckptspec/spec/b.py::test_weak", ("AQ-8w",), "r"))
+    items = [_item("ckptspec/spec/a.py::test_strict", clause), _item("ckptspec/spec/b.py::test_weak", "AQ-8w")]
     problems = expectations._level_problems("x.toml", entries, items, _cited)
     if problem is None:
         assert problems == []
@@ -64,10 +66,10 @@ def test_a_run_narrowed_to_node_ids_does_not_judge_a_weak_level(tmp_path):
     absence is no problem (issue 30: recording how each entry fails)."""
     weak_file = tmp_path / "b.py"
     entries = [
-        expectations.Entry("spec_tests/a.py::test_strict", ("AQ-8",), "r", None, "strict"),
-        expectations.Entry("spec_tests/b.py::test_weak_listed", ("AQ-8w",), "r"),
+        expectations.Entry("ckptspec/spec/a.py::test_strict", ("AQ-8",), "r", None, "strict"),
+        expectations.Entry("ckptspec/spec/b.py::test_weak_listed", ("AQ-8w",), "r"),
     ]
-    items = [_item("spec_tests/a.py::test_strict", "AQ-8"), _item("spec_tests/b.py::test_weak_listed", "AQ-8w")]
+    items = [_item("ckptspec/spec/a.py::test_strict", "AQ-8"), _item("ckptspec/spec/b.py::test_weak_listed", "AQ-8w")]
     for item in items:
         item.path, item.add_marker, item.stash = weak_file, lambda marker: None, pytest.Stash()
     cited = lambda item: item.cited  # noqa: E731

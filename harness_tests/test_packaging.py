@@ -4,14 +4,17 @@ runs without the checkout.
 One wheel is built per session from a copy of the packaged directories (so the build leaves nothing in the
 checkout), then:
 
-- its file list holds every tracked module of `impl`, `spec_tests`, `fault_injection` and `benchmarks` (the spec,
-  the fault suite, the benchmarks and the command), every clause, expectations and API file, the installed copy's
-  pytest configuration, the usage rules (`findings/advice.toml`, same bytes) and the benchmark baseline;
+- it installs one top-level name, `ckptspec` (issue 59), and its file list holds every tracked module of it (the
+  spec, the fault suite, the benchmarks, impl and the command), every clause, expectations and API file, the
+  installed copy's pytest configuration, the usage rules (`findings/advice.toml`, same bytes) and the benchmark
+  baseline;
 - its metadata has pyproject's version, its URLs and the `ckptspec` command;
 - installed into a directory of its own (`pip install --target`) and started from elsewhere, it knows it is not a
-  checkout, reads the usage rules, and collects the protocol tests by `--pyargs` under their checkout node ids.
+  checkout, reads the usage rules, and collects the protocol tests by `--pyargs` under their checkout node ids;
+  started from a directory with packages of its own named `benchmarks` and `impl` (as a library's repository has),
+  `python -m ckptspec` and `python -m ckptspec.bench.regression` are still ours.
 
-And the installed copy's configuration (spec_tests/harness/installed.toml) says what pyproject.toml says.
+And the installed copy's configuration (ckptspec/spec/harness/installed.toml) says what pyproject.toml says.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ from pathlib import Path
 
 import pytest
 
+from ckptspec.spec.harness import installed
+from ckptspec.spec.harness.cli import version
 from harness_tests.pytest_runs import REPO_ROOT, clean_env
-from spec_tests.harness import installed
-from spec_tests.harness.cli import version
 
-PACKAGES = ("impl", "spec_tests", "fault_injection", "benchmarks")
+PACKAGES = ("ckptspec",)
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 # The pytest settings an installed copy drops: its packages are importable where they lie, and it is given paths.
 CHECKOUT_ONLY = {"testpaths", "pythonpath"}
@@ -69,14 +72,21 @@ def test_the_wheel_holds_every_module_of_the_runnable_packages(wheel):
     assert not missing, f"modules the wheel lacks: {missing[:10]}"
 
 
+def test_the_wheel_installs_one_top_level_name(wheel):
+    """One import name per distribution: `pip install ckptspec` puts `ckptspec` (and its metadata) into
+    site-packages and nothing that could shadow a user's own `benchmarks` or `impl`."""
+    tops = {name.split("/")[0] for name in _names(wheel)}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"ckptspec"}, sorted(tops)
+
+
 def test_the_wheel_holds_the_data_the_suite_reads(wheel):
-    data = _tracked("spec_tests/*.toml", "benchmarks/baseline/*.json")
-    wanted = {*data, "spec_tests/harness/installed.toml", "spec_tests/harness/data/advice.toml"}
+    data = _tracked("ckptspec/spec/*.toml", "ckptspec/bench/baseline/*.json")
+    wanted = {*data, "ckptspec/spec/harness/installed.toml", "ckptspec/spec/harness/data/advice.toml"}
     assert any(name.endswith(".expectations.toml") for name in wanted), "no expectations file found to check"
     missing = sorted(wanted - _names(wheel))
     assert not missing, f"data files the wheel lacks: {missing}"
     with zipfile.ZipFile(wheel) as archive:
-        rules = archive.read("spec_tests/harness/data/advice.toml")
+        rules = archive.read("ckptspec/spec/harness/data/advice.toml")
     assert rules == (REPO_ROOT / "findings" / "advice.toml").read_bytes(), "the packaged usage rules differ"
 
 
@@ -88,7 +98,7 @@ def test_the_wheel_metadata_has_the_version_the_urls_and_the_command(wheel):
     assert meta["Version"] == PYPROJECT["project"]["version"]
     urls = meta.get_all("Project-URL") or []
     assert {u.split(",")[0] for u in urls} >= {"Homepage", "Repository", "Changelog"}, urls
-    assert "ckptspec = spec_tests.harness.cli:main" in entry_points
+    assert "ckptspec = ckptspec.spec.harness.cli:main" in entry_points
 
 
 def test_an_installed_copy_runs_from_site_packages(wheel, tmp_path):
@@ -98,17 +108,24 @@ def test_an_installed_copy_runs_from_site_packages(wheel, tmp_path):
     subprocess.run([*pip, str(wheel)], check=True, timeout=300, capture_output=True)
     env = clean_env(PYTHONPATH=str(target))
     probe = (
-        "from spec_tests.harness import clauses, installed; from spec_tests.harness.records import advice; "
+        "from ckptspec.spec.harness import clauses, installed; from ckptspec.spec.harness.records import advice; "
         "print(installed.CHECKOUT, installed.ROOT, len(advice.load(clauses.load())) > 0)"
     )
     done = _python(["-c", probe], elsewhere, env)
     assert done.stdout.split() == ["False", str(target), "True"], done.stdout + done.stderr
-    collect = ["-m", "spec_tests.harness.cli", "pytest", "--pyargs", "spec_tests.protocol.test_snapshot"]
+    for theirs in ("benchmarks", "impl"):  # a library's own packages of those names shadow nothing
+        (elsewhere / theirs).mkdir()
+        (elsewhere / theirs / "__init__.py").write_text(f"raise ImportError('the user\\'s own {theirs} was imported')\n")
+    done = _python(["-m", "ckptspec", "--version"], elsewhere, env)
+    assert done.stdout.startswith("ckptspec "), done.stdout + done.stderr
+    done = _python(["-m", "ckptspec.bench.regression", "--help"], elsewhere, env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    collect = ["-m", "ckptspec.spec.harness.cli", "pytest", "--pyargs", "ckptspec.spec.protocol.test_snapshot"]
     done = _python([*collect, "--collect-only", "-q", "--impl", "impl", "-p", "no:randomly"], elsewhere, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     assert ids, done.stdout[-3000:]
-    assert all(i.startswith("spec_tests/protocol/test_snapshot.py::") for i in ids), ids[:3]
+    assert all(i.startswith("ckptspec/spec/protocol/test_snapshot.py::") for i in ids), ids[:3]
 
 
 def _python(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -120,7 +137,7 @@ def test_the_installed_configuration_says_what_pyproject_says():
     assert packaged["tool"]["ckptspec"] == PYPROJECT["tool"]["ckptspec"]
     ours = dict(PYPROJECT["tool"]["pytest"]["ini_options"])
     theirs = dict(packaged["tool"]["pytest"]["ini_options"])
-    assert theirs.pop("addopts") == [*ours.pop("addopts"), "-p", "benchmarks.options"]
+    assert theirs.pop("addopts") == [*ours.pop("addopts"), "-p", "ckptspec.bench.options"]
     assert theirs == {k: v for k, v in ours.items() if k not in CHECKOUT_ONLY}
 
 
@@ -135,7 +152,7 @@ def test_a_checkout_is_run_with_its_own_configuration():
 def test_the_version_comes_from_the_installed_metadata(capsys):
     from importlib import metadata
 
-    from spec_tests.harness.cli import main
+    from ckptspec.spec.harness.cli import main
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"ckptspec {metadata.version('ckptspec')}\n"

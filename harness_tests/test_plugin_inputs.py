@@ -12,11 +12,11 @@ import json
 
 import pytest
 
+from ckptspec.spec.harness import clauses as clause_registry
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
-from spec_tests.harness import clauses as clause_registry
 
 _ADAPTER = """\
-from spec_tests.targets.impl import CAPABILITIES, MODULES, checkpoint_manager, protocol_saver  # noqa: F401
+from ckptspec.spec.targets.impl import CAPABILITIES, MODULES, checkpoint_manager, protocol_saver  # noqa: F401
 from pathlib import Path
 NAME = "{name}"
 DISTRIBUTION = None
@@ -29,7 +29,7 @@ clause = "AQ-1"
 reason = "names a test that does not exist"
 
 [[xfail]]
-test = "spec_tests/async_ckpt/test_queue.py::test_no_such_test"
+test = "ckptspec/spec/async_ckpt/test_queue.py::test_no_such_test"
 clause = "AQ-1"
 reason = "in a file a run of the harness tests does not collect"
 """
@@ -182,7 +182,7 @@ BAD_INPUTS = {
 def test_a_bad_input_is_one_clear_line(project, case):
     args, env, fragments = BAD_INPUTS[case]
     args = [a.format(project=project) for a in args]
-    run = run_pytest([*args, "--collect-only", "-q", "spec_tests/clauses"], env=_env(project, **env))
+    run = run_pytest([*args, "--collect-only", "-q", "ckptspec/spec/clauses"], env=_env(project, **env))
     run.assert_clean_failure(*fragments)
     assert run.code == 4, run.describe()
     assert len(run.error_lines) == 1, run.describe()
@@ -194,7 +194,7 @@ def test_a_bad_input_is_one_clear_line(project, case):
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_wrong_citation_or_capability_is_a_collection_error(project, workers):
     run = run_pytest(
-        ["-p", "spec_tests.harness.plugin", "--rootdir", str(project), "-n", workers, "-q", "test_bad.py"],
+        ["-p", "ckptspec.spec.harness.plugin", "--rootdir", str(project), "-n", workers, "-q", "test_bad.py"],
         project,
         env=_env(project),
     )
@@ -244,7 +244,7 @@ def test_xfail_strictness_and_clause_notes(project, profile):
     run = run_pytest(
         [
             "-p",
-            "spec_tests.harness.plugin",
+            "ckptspec.spec.harness.plugin",
             "--rootdir",
             str(project),
             "-p",

@@ -1,4 +1,4 @@
-"""The hypothesis profiles (spec_tests.harness.profiles) are what their docstring says whatever the environment:
+"""The hypothesis profiles (ckptspec.spec.harness.profiles) are what their docstring says whatever the environment:
 `ci` derandomized, `explore` and `nightly` randomized, also where $CI makes hypothesis load its own `ci` profile;
 and a run that chooses none loads `ci`, $CI set or not, so that a user's run draws the examples CI's drew."""
 
@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 from hypothesis import settings
 
-from spec_tests.harness import profiles
+from ckptspec.spec.harness import profiles
 
 
 @pytest.fixture

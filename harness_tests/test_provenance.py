@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ckptspec.spec.harness import clauses as clause_registry
+from ckptspec.spec.harness.cli import summary
+from ckptspec.spec.harness.records import advice, provenance, releases
+from ckptspec.spec.harness.records.merge_runs import merge
+from ckptspec.spec.harness.records.runs import Record, Run, load_run
 from harness_tests.pytest_runs import clean_env, run_pytest
-from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.cli import summary
-from spec_tests.harness.records import advice, provenance, releases
-from spec_tests.harness.records.merge_runs import merge
-from spec_tests.harness.records.runs import Record, Run, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAUSES = {"X-1": {"statement": "one", "source": "s"}}
@@ -42,7 +42,7 @@ def test_a_merged_run_keeps_every_parts_provenance_once_in_order(tmp_path):
 def test_a_recorded_run_says_where_it_came_from(tmp_path):
     out = tmp_path / "run.json"
     args = [
-        "spec_tests/test_api_surface.py",
+        "ckptspec/spec/test_api_surface.py",
         "-q",
         "-p",
         "no:randomly",
@@ -57,7 +57,7 @@ def test_a_recorded_run_says_where_it_came_from(tmp_path):
     assert set(provenance.FIELDS) <= set(part)
     assert (part["target"], part["tensor_device"]) == ("impl", "cpu")
     assert part["expectations"] == "not applied: a test's reason"
-    assert part["command"].startswith("pytest spec_tests/test_api_surface.py")
+    assert part["command"].startswith("pytest ckptspec/spec/test_api_surface.py")
     assert part["torch"] != provenance.UNKNOWN
     assert part["python"] != provenance.UNKNOWN
 
@@ -66,7 +66,7 @@ def test_every_stored_run_has_provenance_and_the_listed_runs_name_their_release(
     for path in sorted((ROOT / "conformance" / "all").glob("*.json")):
         run = load_run(path)
         assert run.provenance, (
-            f"{path.name}: no provenance (python -m spec_tests.harness.records.provenance --reconstruct)"
+            f"{path.name}: no provenance (python -m ckptspec.spec.harness.records.provenance --reconstruct)"
         )
         for part in run.provenance:
             reference = path.stem in (releases.REFERENCE, releases.LOCAL_REFERENCE)

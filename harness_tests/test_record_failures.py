@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from spec_tests.harness import expectations
-from spec_tests.harness.records import record_failures
-from spec_tests.harness.records.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
+from ckptspec.spec.harness import expectations
+from ckptspec.spec.harness.records import record_failures
+from ckptspec.spec.harness.records.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
 
 _FILE = """\
 # a comment that must survive

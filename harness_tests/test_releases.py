@@ -1,4 +1,4 @@
-"""The release list (spec_tests/harness/records/releases.py) and what is written from it elsewhere: pyproject.toml's extras
+"""The release list (ckptspec/spec/harness/records/releases.py) and what is written from it elsewhere: pyproject.toml's extras
 never downgrade an installed library, the stored runs are the listed releases', and the list imports without torch."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from spec_tests.harness import clauses
-from spec_tests.harness.records import releases
-from spec_tests.harness.target.loading import builtin_targets
+from ckptspec.spec.harness import clauses
+from ckptspec.spec.harness.records import releases
+from ckptspec.spec.harness.target.loading import builtin_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -81,8 +81,8 @@ def test_the_release_list_and_the_run_readers_import_without_torch():
     """gpu_run imports the list before anything is installed; `ckptspec report` reads stored runs without torch."""
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['psutil'] = None\n"
-        "import spec_tests.harness.records.releases, spec_tests.harness.records.report, spec_tests.harness.records.findings\n"
-        "import spec_tests.harness.records.provenance, spec_tests.harness.cli\n"
+        "import ckptspec.spec.harness.records.releases, ckptspec.spec.harness.records.report, ckptspec.spec.harness.records.findings\n"
+        "import ckptspec.spec.harness.records.provenance, ckptspec.spec.harness.cli\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -96,7 +96,7 @@ def test_each_library_with_a_benchmark_peer_names_one_release_whose_cpu_run_is_s
     for peer in peers:
         newest = max((r for r in releases.RELEASES if r.target == peer.target), key=lambda r: Version(r.version))
         assert peer == newest, f"{peer.name}: the benchmark peer should be {newest.name}, the newest listed"
-        assert (ROOT / "benchmarks" / "results" / f"cpu-{peer.name}.json").is_file(), peer.name
+        assert (ROOT / "ckptspec" / "bench" / "results" / f"cpu-{peer.name}.json").is_file(), peer.name
 
 
 def test_newest_names_each_judged_target_once_at_its_highest_listed_version():

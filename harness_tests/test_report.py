@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from spec_tests.harness import clauses as clause_registry
-from spec_tests.harness.records import report, runs
-from spec_tests.harness.records.blocks import END_MARKER, START_MARKER, replace_block
-from spec_tests.harness.records.report import main, render
-from spec_tests.harness.records.runs import ReportError, load_run
+from ckptspec.spec.harness import clauses as clause_registry
+from ckptspec.spec.harness.records import report, runs
+from ckptspec.spec.harness.records.blocks import END_MARKER, START_MARKER, replace_block
+from ckptspec.spec.harness.records.report import main, render
+from ckptspec.spec.harness.records.runs import ReportError, load_run
 
 REGISTRY = {
     "X-1": {"statement": "first clause", "source": "s", "basis": "documented", "severity": "hang"},
@@ -301,7 +301,7 @@ def test_run_runs_each_target_then_reports(tmp_path, fake_pytest, capsys, monkey
         assert command[1:] == [
             "-m",
             "pytest",
-            "spec_tests",
+            "ckptspec/spec",
             *runs.RUN_OPTIONS,
             "--impl",
             target,
@@ -362,7 +362,7 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "run", fake_run)  # the module runs.py calls
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     json_path = tmp_path / "nvrx-0.7.0.json"
-    runs.run_target("nvrx-0.7.0", json_path, suite="fault_injection")
+    runs.run_target("nvrx-0.7.0", json_path, suite="ckptspec/faults")
     assert calls == [
         [
             sys.executable,
@@ -372,7 +372,7 @@ def test_a_release_label_runs_its_nox_session(tmp_path, monkeypatch):
             "-s",
             "spec(nvrx-0.7.0)",
             "--",
-            "fault_injection",
+            "ckptspec/faults",
             "--conformance-json",
             str(json_path),
         ]

@@ -1,4 +1,4 @@
-"""The orphan audit charges a test only with the /dev/shm entries its own processes made (fault_injection/shm_watch.py).
+"""The orphan audit charges a test only with the /dev/shm entries its own processes made (ckptspec/faults/shm_watch.py).
 
 A folder of the test's own stands in for /dev/shm: the entries are named as torch and the CUDA driver name theirs.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fault_injection import audit
-from fault_injection.shm_watch import ShmWatch, creator_pid
+from ckptspec.faults import audit
+from ckptspec.faults.shm_watch import ShmWatch, creator_pid
 
 MAKE_AND_WAIT = (
     "import os, sys; open(os.path.join(sys.argv[1], f'torch_{os.getpid()}_77_0'), 'w').close(); "

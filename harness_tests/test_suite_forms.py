@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
-AREAS = ("spec_tests", "fault_injection", "benchmarks")
+AREAS = ("ckptspec/spec", "ckptspec/faults", "ckptspec/bench")
 K = "finalize or summary"  # selects tests of all three areas
 PARALLEL = 2
 
@@ -40,8 +40,8 @@ class Form:
 _ROOT = str(REPO_ROOT)
 # Each full collection costs seconds of CPU (a new interpreter importing torch): the forms cover each way of starting
 # the suite once, and options that cannot interfere share a form (-n 0 with -p no:randomly). An area alone is
-# collected by `pytest spec_tests`, by the form run in benchmarks/ and by the one elsewhere (fault_injection with
-# benchmarks, no spec_tests).
+# collected by `pytest ckptspec/spec`, by the form run in ckptspec/bench/ and by the one elsewhere (ckptspec/faults with
+# ckptspec/bench, no ckptspec/spec).
 _NO_RANDOMLY = ("-p", "no:randomly") if importlib.util.find_spec("pytest_randomly") is not None else ()
 FORMS = [
     Form("python -m pytest", (), "all"),
@@ -55,12 +55,18 @@ FORMS = [
     Form("pytest -n auto (1 worker)", ("-n", "auto"), "all", script=True, workers=1),
     Form("python -m pytest -n 2 --impl impl -k K", ("-n", "2", "--impl", "impl", "-k", K), "k", workers=2),
     Form("pytest -k K", ("-k", K), "k", script=True),
-    Form("pytest spec_tests", ("spec_tests",), ("spec_tests",), script=True),
-    Form("pytest --impl impl (in benchmarks/)", ("--impl", "impl"), ("benchmarks",), cwd="benchmarks", script=True),
+    Form("pytest ckptspec/spec", ("ckptspec/spec",), ("ckptspec/spec",), script=True),
     Form(
-        "pytest --rootdir ROOT -c ROOT/pyproject.toml ROOT/fault_injection ROOT/benchmarks (elsewhere)",
-        ("--rootdir", _ROOT, "-c", f"{_ROOT}/pyproject.toml", f"{_ROOT}/fault_injection", f"{_ROOT}/benchmarks"),
-        ("fault_injection", "benchmarks"),
+        "pytest --impl impl (in ckptspec/bench/)",
+        ("--impl", "impl"),
+        ("ckptspec/bench",),
+        cwd="ckptspec/bench",
+        script=True,
+    ),
+    Form(
+        "pytest --rootdir ROOT -c ROOT/pyproject.toml ROOT/ckptspec/faults ROOT/ckptspec/bench (elsewhere)",
+        ("--rootdir", _ROOT, "-c", f"{_ROOT}/pyproject.toml", f"{_ROOT}/ckptspec/faults", f"{_ROOT}/ckptspec/bench"),
+        ("ckptspec/faults", "ckptspec/bench"),
         cwd="<elsewhere>",
         script=True,
     ),

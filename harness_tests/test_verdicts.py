@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec_tests.harness.records import verdicts
-from spec_tests.harness.records.runs import OUTCOMES, Record
+from ckptspec.spec.harness.records import verdicts
+from ckptspec.spec.harness.records.runs import OUTCOMES, Record
 
 REGISTRY: dict[str, dict[str, Any]] = {
     "D-1": {"statement": "documented", "basis": "documented", "snapshot": True},

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-from spec_tests.harness.warm_savers import end_kept, examples_on_warm_ranks
+from ckptspec.spec.harness.warm_savers import end_kept, examples_on_warm_ranks
 
 
 class _Pool:

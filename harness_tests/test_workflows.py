@@ -4,7 +4,7 @@
 - each file passes GitHub's workflow schema (check-jsonschema's vendored copy), and a broken copy does not;
 - each example calls its reusable workflow pinned at the release tag (`@v` + pyproject's version), with every
   required input and no input the workflow does not declare; each workflow installs that same release by default;
-- each command a workflow runs parses with the command line it calls (`ci_job`, `benchmarks.regression`);
+- each command a workflow runs parses with the command line it calls (`ci_job`, `ckptspec.bench.regression`);
 - the conformance workflow's steps run here for real: `ci_job run` against the example adapter on one test
   (expectations from $CKPTSPEC_EXPECTATIONS), then `ci_job summary` beside a stored run, into a summary file.
 """
@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from benchmarks.regression.__main__ import parser as regression_parser
+from ckptspec.bench.regression.__main__ import parser as regression_parser
+from ckptspec.spec.harness import ci_job
+from ckptspec.spec.harness.records import releases
 from harness_tests.pytest_runs import REPO_ROOT, clean_env
-from spec_tests.harness import ci_job
-from spec_tests.harness.records import releases
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 EXAMPLES = REPO_ROOT / "docs" / "examples"
@@ -86,11 +86,13 @@ def _args(command: str, prefix: str) -> list[list[str]]:
 
 
 def test_the_workflows_call_the_command_lines_as_they_are():
-    conformance = [a for run in _runs(WORKFLOWS / "conformance.yml") for a in _args(run, "spec_tests.harness.ci_job")]
+    conformance = [
+        a for run in _runs(WORKFLOWS / "conformance.yml") for a in _args(run, "ckptspec.spec.harness.ci_job")
+    ]
     assert {a[0] for a in conformance} == {"run", "summary"}
     for args in conformance:
         ci_job.parser().parse_args(_areas(args))
-    gate = [a for run in _runs(WORKFLOWS / "cost-gate.yml") for a in _args(run, "benchmarks.regression")]
+    gate = [a for run in _runs(WORKFLOWS / "cost-gate.yml") for a in _args(run, "ckptspec.bench.regression")]
     assert {a[0] for a in gate} == {"record", "compare"}
     for args in gate:
         regression_parser().parse_args(args)
@@ -112,13 +114,21 @@ def test_the_conformance_steps_run_and_write_the_job_summary(tmp_path):
     # This checkout on the path before any other installed copy, as CI's installed copy would be.
     path = os.pathsep.join((str(adapter), str(REPO_ROOT)))
     env = clean_env(PYTHONPATH=path, CKPTSPEC_EXPECTATIONS=str(expectations), HYPOTHESIS_PROFILE="ci")
-    run = [sys.executable, "-m", "spec_tests.harness.ci_job", "run", "--adapter", "sync_dcp_adapter"]
+    run = [sys.executable, "-m", "ckptspec.spec.harness.ci_job", "run", "--adapter", "sync_dcp_adapter"]
     run += ["--out", str(out), "--areas", "protocol", "-n", "0", "--", "-k", ONE_TEST]
     done = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
     assert (out / "run.json").exists(), done.stdout[-3000:]
     stored = REPO_ROOT / "conformance" / "all"
-    summ = [sys.executable, "-m", "spec_tests.harness.ci_job", "summary", str(out / "run.json"), "--areas", "protocol"]
+    summ = [
+        sys.executable,
+        "-m",
+        "ckptspec.spec.harness.ci_job",
+        "summary",
+        str(out / "run.json"),
+        "--areas",
+        "protocol",
+    ]
     summ += ["--stored", str(stored), "--expectations", str(expectations), "--out", str(summary)]
     done = subprocess.run(summ, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

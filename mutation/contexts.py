@@ -17,7 +17,7 @@ from pathlib import Path
 import coverage
 
 CONTEXT_FILE = "CKPTSPEC_MUT_CONTEXT"  # names the file that holds the running test's node id
-IMPL_DIR = os.path.join(os.environ.get("CKPTSPEC_MUT_TREE", os.getcwd()), "impl") + os.sep
+IMPL_DIR = os.path.join(os.environ.get("CKPTSPEC_MUT_TREE", os.getcwd()), "ckptspec", "impl") + os.sep
 
 
 def _current() -> str | None:

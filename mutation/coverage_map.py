@@ -69,7 +69,7 @@ def function_bodies(source: str) -> list[tuple[int, int]]:
 
 
 def _nodeid(tree: Path, case: ET.Element) -> str:
-    """A junit testcase's pytest node id (classname spec_tests.x.test_m[.Class], name test_f[param])."""
+    """A junit testcase's pytest node id (classname ckptspec.spec.x.test_m[.Class], name test_f[param])."""
     parts = case.get("classname", "").split(".")
     for cut in range(len(parts), 0, -1):
         path = "/".join(parts[:cut]) + ".py"

@@ -1,4 +1,4 @@
-"""Run cosmic-ray's mutants of `impl/` on a random sample, each judged by the tests, and record every outcome.
+"""Run cosmic-ray's mutants of `ckptspec/impl/` on a random sample, each judged by the tests, and record every outcome.
 
     python -m mutation.run --sample 200 --seed 17 --jobs 2      # what `nox -s mutation` runs
 
@@ -41,7 +41,7 @@ from mutation import coverage_map, summary
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "mutants"
 RESULTS = ROOT / "mutation" / "results.json"
-COPIED = ("impl", "spec_tests", "fault_injection", "mutation", "pyproject.toml", "conftest.py")
+COPIED = ("ckptspec", "mutation", "pyproject.toml", "conftest.py")
 PYTEST = ["-x", "-q", "-n", "0", "-p", "no:randomly", "--impl", "impl"]
 
 
@@ -54,15 +54,15 @@ class Group:
     tests: tuple[str, ...]
 
 
-ASYNC = "impl/async_ckpt/"
+ASYNC = "ckptspec/impl/async_ckpt/"
 GROUPS = (
     Group(
         "async_core",
         (
             *(f"{ASYNC}{m}.py" for m in ("request", "callers", "calls_queue", "worker", "core", "torch_ckpt")),
-            "impl/utils.py",
+            "ckptspec/impl/utils.py",
         ),
-        ("spec_tests/test_api_surface.py", "spec_tests/async_ckpt"),
+        ("ckptspec/spec/test_api_surface.py", "ckptspec/spec/async_ckpt"),
     ),
     Group(
         "storage",
@@ -77,36 +77,36 @@ GROUPS = (
                     "cached_metadata_filesystem_reader",
                 )
             ),
-            "impl/integrity.py",
+            "ckptspec/impl/integrity.py",
         ),
-        ("spec_tests/test_api_surface.py", "spec_tests/storage", "spec_tests/integrity"),
+        ("ckptspec/spec/test_api_surface.py", "ckptspec/spec/storage", "ckptspec/spec/integrity"),
     ),
     Group(
         "local",
         (
-            "impl/local/base_state_dict.py",
-            "impl/local/basic_state_dict.py",
-            "impl/local/ckpt_managers/base_manager.py",
-            "impl/local/ckpt_managers/local_manager.py",
-            "impl/local/replication/group_utils.py",
-            "impl/local/replication/strategies.py",
+            "ckptspec/impl/local/base_state_dict.py",
+            "ckptspec/impl/local/basic_state_dict.py",
+            "ckptspec/impl/local/ckpt_managers/base_manager.py",
+            "ckptspec/impl/local/ckpt_managers/local_manager.py",
+            "ckptspec/impl/local/replication/group_utils.py",
+            "ckptspec/impl/local/replication/strategies.py",
         ),
         (
-            "spec_tests/test_api_surface.py",
-            "spec_tests/local",
-            "spec_tests/integrity",
-            "fault_injection/test_local_faults.py",
+            "ckptspec/spec/test_api_surface.py",
+            "ckptspec/spec/local",
+            "ckptspec/spec/integrity",
+            "ckptspec/faults/test_local_faults.py",
         ),
     ),
 )
 # Run for the coverage map too: a mutant is first tried against every test here that executed its lines.
 MAPPED = (
-    "spec_tests/async_ckpt",
-    "spec_tests/storage",
-    "spec_tests/local",
-    "spec_tests/integrity",
-    "spec_tests/protocol",
-    "spec_tests/test_api_surface.py",
+    "ckptspec/spec/async_ckpt",
+    "ckptspec/spec/storage",
+    "ckptspec/spec/local",
+    "ckptspec/spec/integrity",
+    "ckptspec/spec/protocol",
+    "ckptspec/spec/test_api_surface.py",
 )
 
 

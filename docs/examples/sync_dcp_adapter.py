@@ -2,7 +2,7 @@
 
 Run the protocol suite against it from the repository root:
 
-    PYTHONPATH=docs/examples pytest spec_tests/protocol/test_snapshot.py -n 2 --impl sync_dcp_adapter
+    PYTHONPATH=docs/examples pytest ckptspec/spec/protocol/test_snapshot.py -n 2 --impl sync_dcp_adapter
 
 A synchronous save is a correct, if slow, asynchronous one: start() returns once the checkpoint is written, so the
 snapshot, staging and durability promises hold trivially. It has no way to abort, which its expectations file lists.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from spec_tests.harness.target.protocol import SaveHandle, Saver
+from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
 
 NAME = "sync-dcp"
 DISTRIBUTION = "torch"  # the report's column shows the installed torch version

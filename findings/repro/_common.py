@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 # PACKAGE argument -> the prefix its spec module paths ("async_ckpt.core", ...) get.
 _PREFIXES = {
-    "impl": "impl.",
+    "impl": "ckptspec.impl.",
     "nvidia_resiliency_ext": "nvidia_resiliency_ext.checkpointing.",
 }
 # Megatron-Core has the async core and the storage modules under other names.

@@ -1,0 +1,109 @@
+"""impl's overlapped staging (`AsyncCallsQueue(overlap_staging=True)`, ckptspec/impl/async_ckpt/overlap.py): the checks of its
+contract that no spec clause states, for the `dcp:impl-overlapped` peer these benchmarks time.
+
+- Snapshot: once `wait_for_staging()` returns, the trainer may change the tensors: each checkpoint holds the values
+  they had at the call (CPU here; CUDA tensors, with and without the device clone, on a GPU).
+- Memory: saves of one size reuse one slab (the pool holds it between saves; nothing else stays), CUDA slabs are
+  page-locked once, and `close()` frees the pool.
+- Arguments: overlapped staging needs a persistent queue; the device clone needs overlapped staging.
+
+The spec's own snapshot family runs on the overlapped mode with `CKPTSPEC_IMPL_STAGING=overlapped` (docs/impl.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from ckptspec.bench.peers import plan_write
+from ckptspec.spec.harness import load_target
+from ckptspec.spec.harness.asserts import bounded
+
+BOUND = 120.0  # seconds for a save, the first of which starts the worker
+BIG = 1 << 20  # elements of the large tensor: its copy is still running when the small ones are done
+
+
+def _queue(**options: Any) -> Any:
+    """impl's AsyncCallsQueue (through its target adapter, as the suite reaches impl)."""
+    return load_target("impl").module("async_ckpt.core").AsyncCallsQueue(**options)
+
+
+def _state(device: str, version: int) -> dict[str, Any]:
+    return {
+        "big": torch.arange(BIG, dtype=torch.float32, device=device) + version,
+        "small": torch.full((7,), float(version), device=device),
+        "step": version,
+    }
+
+
+def _saves_then_changes(tmp_path, device: str, saves: int, **options) -> tuple[Any, list[str]]:
+    """`saves` saves of one state dict on one overlapped queue, each changed in place once staging returned."""
+    queue = _queue(overlap_staging=True, **options)
+    state, problems = _state(device, 0), []
+    for version in range(saves):
+        path = str(tmp_path / f"c{version}")
+        state["step"] = version
+        queue.schedule_async_request(plan_write("impl", state, path).request())
+        queue.wait_for_staging()
+        for key in ("big", "small"):
+            state[key].add_(1)  # the next training step; the checkpoint must hold the values before it
+        bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
+        loaded: dict = {"big": torch.empty(BIG), "small": torch.empty(7), "step": -1}
+        dcp.load(loaded, checkpoint_id=path, no_dist=True)
+        want = _state("cpu", version)
+        problems += [f"save {version}: {k} differs" for k in ("big", "small") if not torch.equal(loaded[k], want[k])]
+        if loaded["step"] != version:
+            problems.append(f"save {version}: step {loaded['step']}")
+    return queue, problems
+
+
+def _pool(queue: Any) -> dict[int, list]:
+    caller = queue._persistent_caller
+    assert caller is not None  # a save ran
+    return {size: slabs for size, slabs in caller._pool._free.items() if slabs}
+
+
+def test_overlapped_saves_hold_the_state_at_the_call_and_reuse_one_slab(tmp_path):
+    queue, problems = _saves_then_changes(tmp_path, "cpu", 3)
+    try:
+        assert not problems, problems
+        pool = _pool(queue)
+        assert [len(slabs) for slabs in pool.values()] == [1], f"slabs kept after 3 saves of one size: {pool}"
+    finally:
+        bounded(BOUND, "close()", queue.close)
+    assert not _pool(queue), "close() left slabs in the pool"
+
+
+@pytest.mark.gpu  # skips without CUDA (the spec plugin); run by the GPU stages impl-gpu and impl-overlapped-lease
+@pytest.mark.parametrize("device_clone", [False, True], ids=["d2h", "clone"])
+def test_overlapped_cuda_saves_hold_the_state_at_the_call_and_free_the_pool(tmp_path, device_clone):
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    queue, problems = _saves_then_changes(tmp_path, "cuda", 3, device_clone=device_clone)
+    try:
+        assert not problems, problems
+        (slabs,) = _pool(queue).values()
+        assert len(slabs) == 1, f"{len(slabs)} slabs kept after 3 saves of one size"
+        assert slabs[0].pinned, "the CUDA tensors' slab is not page-locked"
+    finally:
+        bounded(BOUND, "close()", queue.close)
+    assert not _pool(queue), "close() left slabs in the pool"
+    torch.cuda.synchronize()
+    # the trainer's own state (3 tensors) is all that stays: no clone outlives its copy
+    assert torch.cuda.memory_allocated() - before <= (BIG + 7) * 4 + 4096
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"persistent": False, "overlap_staging": True}, "persistent queue"),
+        ({"device_clone": True}, "needs overlap_staging"),
+        ({"overlap_staging": 1}, "must be a bool"),
+    ],
+)
+def test_overlapped_staging_options_are_checked(options, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        _queue(**options)

@@ -1,0 +1,149 @@
+"""Small helpers shared by the async and local checkpoint modules.
+
+* ``tree_map`` rebuilds nested dicts, lists and tuples with ``fn`` applied to every
+  other value. Dict and tuple types are kept (an ``OrderedDict`` state dict stays one,
+  including its ``_metadata`` attribute; named tuples stay named tuples).
+* ``picklable_error`` turns an exception into one that survives a pickle round trip,
+  so it can cross a process boundary or go through ``all_gather_object``.
+* ``dist_ready`` / ``dist_rank``: the "world" is ``torch.distributed`` when it is initialized,
+  otherwise this process alone (rank 0).
+* ``collective_device``, ``all_reduce`` and ``all_gather``: the collectives every module uses,
+  on the device the group's backend needs (the current GPU for NCCL, the CPU otherwise).
+* ``errors_by_rank``: which ranks of a gathered list reported an error.
+
+NVRx's public helpers of this module, with their meaning: ``diff``, ``dict_list_map_outplace`` and
+``preload_tensors`` (``ckptspec.impl.dict_utils``), ``logger_stack``, ``debug_time``, ``debug_msg`` and ``fallback_logger``
+(``ckptspec.impl.debug_log``), ``wrap_for_async(fn)`` (``fn`` run with the garbage collector disabled; it returns None) and
+the type variables ``U`` and ``V``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gc
+import pickle
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from .debug_log import debug_msg, debug_time, fallback_logger, logger_stack
+from .dict_utils import dict_list_map_outplace, diff, preload_tensors
+
+__all__ = [
+    "U",
+    "V",
+    "all_gather",
+    "all_reduce",
+    "collective_device",
+    "debug_msg",
+    "debug_time",
+    "dict_list_map_outplace",
+    "diff",
+    "dist_rank",
+    "dist_ready",
+    "errors_by_rank",
+    "fallback_logger",
+    "logger_stack",
+    "picklable_error",
+    "preload_tensors",
+    "tree_map",
+    "wrap_for_async",
+]
+
+U = TypeVar("U")
+V = TypeVar("V")
+
+
+def wrap_for_async(fn: Callable[..., object]) -> Callable[..., None]:
+    """``fn`` run with the garbage collector disabled (if it was enabled, it is enabled again after); the wrapper
+    takes ``fn``'s arguments and returns None."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> None:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            fn(*args, **kwargs)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return wrapped
+
+
+def dist_ready() -> bool:
+    """True when torch.distributed is initialized (collectives are possible)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def dist_rank() -> int:
+    """This process's rank, 0 outside torch.distributed."""
+    return dist.get_rank() if dist_ready() else 0
+
+
+def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
+    """Device for the tensors of a collective over ``group``: the current GPU under NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce(
+    values: list[int],
+    op: dist.ReduceOp.RedOpType,
+    dtype: torch.dtype = torch.int32,
+    group: dist.ProcessGroup | None = None,
+) -> list[int]:
+    """Collective: ``values`` reduced elementwise with ``op`` over ``group``, in one all-reduce."""
+    tensor = torch.tensor(values, dtype=dtype, device=collective_device(group))
+    dist.all_reduce(tensor, op=op, group=group)
+    return tensor.tolist()
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Collective: every rank's ``obj``, in rank order; ``[obj]`` outside torch.distributed."""
+    if not dist_ready():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def errors_by_rank(errors: Sequence[Any]) -> dict[int, Any]:
+    """``{rank: error}`` for each entry of ``errors`` (one per rank) that is not None."""
+    return {rank: err for rank, err in enumerate(errors) if err is not None}
+
+
+def tree_map(fn: Callable[[Any], Any], obj: Any) -> Any:
+    """Return a copy of ``obj`` with ``fn`` applied to each non-container leaf."""
+    if isinstance(obj, dict):
+        # copy.copy keeps the mapping type and instance attributes; values are replaced below.
+        out = copy.copy(obj)
+        for key, value in obj.items():
+            out[key] = tree_map(fn, value)
+        return out
+    if isinstance(obj, list):
+        return [tree_map(fn, value) for value in obj]
+    if isinstance(obj, tuple):
+        values = [tree_map(fn, value) for value in obj]
+        if type(obj) is tuple:
+            return tuple(values)
+        if hasattr(obj, "_fields"):  # a NamedTuple: built from its fields, not from one iterable
+            named: Any = obj
+            return named._make(values)
+        return type(obj)(values)
+    return fn(obj)
+
+
+def picklable_error(exc: BaseException) -> BaseException:
+    """Return ``exc`` if it round-trips through pickle, else a RuntimeError describing it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        trace = "".join(traceback.format_exception(exc))
+        return RuntimeError(f"{exc!r} (original exception could not be pickled)\n{trace}")

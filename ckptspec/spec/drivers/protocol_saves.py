@@ -1,0 +1,156 @@
+"""What the protocol tests share: each rank's state dict, bounded calls of the protocol interface, reading back.
+
+Each rank saves its own keys (`rank_state(rank, version)`), so a checkpoint is complete only with every rank's
+data. Where a checkpoint lies, whether it is complete and how it is read back is the target's format
+(ckptspec.spec.harness.target.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
+with the format's loader in this process, no process group; `committed` and `data_file` ask the same format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+import torch
+
+from ckptspec.spec.drivers.saving import template
+from ckptspec.spec.harness.asserts import Outcome, assert_state_dict_equal, attempt, bounded
+from ckptspec.spec.harness.ranks import world
+from ckptspec.spec.harness.target.loading import checkpoint_format
+from ckptspec.spec.harness.target.protocol import SaveHandle, Saver, protocol_saver
+
+__all__ = [
+    "BOUND",
+    "EXIT_BOUND",
+    "WARM_BOUND",
+    "committed",
+    "data_file",
+    "expected",
+    "rank_state",
+    "release",
+    "save",
+    "save_outcome",
+    "start",
+    "wait",
+    "warm_saver",
+]
+
+BOUND = 30.0
+"""Seconds for a wait, an error or a save's completion (as PC-5 and AQ-7)."""
+EXIT_BOUND = 10.0
+"""Seconds for processes to be gone (as PC-4 and AQ-11)."""
+WARM_BOUND = 120.0
+"""Seconds for a saver's first save, which starts its workers (spawning a process that imports torch can take
+tens of seconds on a loaded machine); the clauses' bounds apply to the saves after it."""
+
+
+def rank_state(rank: int, version: int, numel: int = 12) -> dict[str, Any]:
+    """What rank `rank` saves as checkpoint `version`: its own keys, a tensor and a plain value."""
+    weight = torch.arange(numel, dtype=torch.float32) + 1000 * version + rank
+    return {f"r{rank}": {"w": weight, "step": version}}
+
+
+def expected(world_size: int, version: int, numel: int = 12) -> dict[str, Any]:
+    """The whole checkpoint `version`: every rank's state dict."""
+    whole: dict[str, Any] = {}
+    for rank in range(world_size):
+        whole.update(rank_state(rank, version, numel))
+    return whole
+
+
+def start(saver: Saver, state_dict: dict[str, Any], path: str) -> SaveHandle:
+    return bounded(BOUND, "start()", saver.start, state_dict, path)
+
+
+def wait(handle: SaveHandle, bound: float = BOUND) -> Any:
+    return bounded(bound, "wait()", handle.wait)
+
+
+def save(state_dict: dict[str, Any], path: str, saver: Saver | None = None, bound: float = BOUND) -> None:
+    """One complete save (start, wait, each within `bound`) with a saver of its own unless one is given, which it
+    closes; a new saver's first save gets WARM_BOUND (it starts the saver's workers)."""
+    own = saver is None
+    saver = saver or protocol_saver()
+    bound = max(bound, WARM_BOUND) if own else bound
+    try:
+        wait(bounded(bound, "start()", saver.start, state_dict, path), bound)
+    finally:
+        if own:
+            bounded(bound, "close()", saver.close)
+
+
+def warm_saver(path: str, **options: Any) -> Saver:
+    """A new saver that has completed one save, to `path` + ".warm", as a trainer's has; collective."""
+
+    saver = protocol_saver(**options)
+    handle = bounded(WARM_BOUND, "the first start()", saver.start, rank_state(world()[0], 0), path + ".warm")
+    bounded(WARM_BOUND, "the first wait()", handle.wait)
+    return saver
+
+
+def committed(path: str, world_size: int) -> bool:
+    """Whether the checkpoint of `world_size` ranks at `path` is complete by the target's format's rule."""
+    return checkpoint_format().committed(path, world_size)
+
+
+def load(want: dict[str, Any], path: str) -> dict[str, Any]:
+    """The checkpoint at `path` read back by the target's format (this process, no process group): want's keys."""
+    return checkpoint_format().load(path, template(want))
+
+
+def assert_loads(path: str, want: dict[str, Any], call: str = "") -> None:
+    """The checkpoint at `path` loads, by the target's format, to exactly `want` (P-LOAD-1 for DCP's format)."""
+    fmt = checkpoint_format()
+    assert_state_dict_equal(
+        load(want, path),
+        want,
+        call=call or f"{'torch.distributed.checkpoint.load' if fmt.dcp else fmt.loader} of {path}",
+    )
+
+
+def loader() -> str:
+    """The target's loader as messages name it ("dcp.load" for DCP's format)."""
+    return checkpoint_format().loader
+
+
+__all__ += ["assert_loads", "load", "loader", "template"]
+
+
+def in_group(pgid: int) -> list[int]:
+    """The live processes of process group (or session) `pgid`, from /proc: what a trainer leader started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and pgid in (int(fields[2]), int(fields[3])):
+                found.append(int(entry))
+    return found
+
+
+__all__ += ["in_group"]
+
+
+def data_file(path: str, rank: int) -> str:
+    """The (first) data file of `rank` in the target's format (DCP's: `__<rank>_0.distcp`)."""
+    return checkpoint_format().data_file(path, rank)
+
+
+def save_outcome(path: str, version: int = 1) -> Outcome:
+    """What a whole save (start, then wait) of checkpoint `version` by a warm saver did on this rank, within BOUND."""
+    rank, _ = world()
+    saver = warm_saver(path)
+    state = rank_state(rank, version)
+    outcome = attempt(lambda: start(saver, state, path).wait(), bound=BOUND, what="start() and wait()")
+    attempt(saver.close, bound=BOUND, what="close()")
+    return outcome
+
+
+def release(fifo: str) -> None:
+    """Let a writer blocked opening `fifo` go on (it then writes into a pipe nobody reads: EPIPE)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))

@@ -1,0 +1,264 @@
+"""Findings pages: for one recorded run of a target release, what it breaks, for its maintainers.
+
+    python -m ckptspec.spec.harness.records.findings conformance/all/nvrx-0.7.0.json ... --out docs/findings
+
+writes docs/findings/<target>-<release>.md per run (the file name is the run's label, spaces as dashes). A page lists
+the clauses the run breaks, documented and implied first, each group ordered by severity (data-loss, hang, leak,
+wrong-error, cosmetic): the clause's statement, its basis and quoted source, the mechanism (the reason of the
+target's expectations entry, read in the release's source), the tests that show it, and the standalone reproducer
+`findings/repro/<target>-<release>/<clause>.py` where one exists, and beside it, for a data-loss or hang break,
+the maintainer report `<clause>.md` (ckptspec.spec.harness.records.repro_reports; `reportable` says which breaks get one). Then, in one short list, the clauses where the
+target meets less than a decision of this spec asks (not promises of the library), and the clauses judged with
+the release's own documents or changed API. Pages are generated (python regenerate.py); edit the clauses, the
+expectations files or the runs, never the pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ckptspec.spec.harness import clauses as clause_registry
+from ckptspec.spec.harness.records import advice, changes, provenance, verdicts
+from ckptspec.spec.harness.records.findings_html import to_html
+from ckptspec.spec.harness.records.report import clause_verdict
+from ckptspec.spec.harness.records.runs import REPO_ROOT, ReportError, Run, clause_anchor, load_run, page_name
+
+__all__ = [
+    "REPORTED_SEVERITIES",
+    "SEVERITIES",
+    "main",
+    "mechanisms",
+    "page",
+    "page_name",
+    "report_path",
+    "reportable",
+    "repro_path",
+    "severity_rank",
+    "tests_showing",
+]
+
+SEVERITIES = ("data-loss", "hang", "leak", "wrong-error", "cosmetic")
+REPORTED_SEVERITIES = ("data-loss", "hang")  # the breaks that get a maintainer report beside their reproducer
+REPRO_DIR = "findings/repro"
+_PREFIX = re.compile(r"^\[[^\]]*\]\s*")
+_NOT_STRICT = re.compile(r"\s*\(not strict: [^)]*\)$")
+
+
+def _anchored(clause_id: str) -> str:
+    return f'<a id="{clause_anchor(clause_id)}"></a>'
+
+
+def mechanisms(run: Run, clause_id: str) -> list[str]:
+    """The reasons of the expectations entries charged with `clause_id` in `run` (read in the release's code)."""
+    reasons = (
+        _NOT_STRICT.sub("", _PREFIX.sub("", record.message)).strip()
+        for record in run.citing(clause_id)
+        if record.outcome in ("xfail", "xpass") and clause_id in record.charged
+    )
+    return list(dict.fromkeys(reason for reason in reasons if reason))
+
+
+def tests_showing(run: Run, clause_id: str) -> list[str]:
+    """The node ids of `run`'s expected failures charged with `clause_id`."""
+    return sorted(n for n, r in run.tests.items() if r.outcome == "xfail" and clause_id in r.charged)
+
+
+def _weak_level(run: Run, cid: str, clause: Mapping[str, Any], registry: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What the release still keeps of a strict data-loss or hang clause it breaks: its weak level's verdict, or
+    why none applies, or that none is written yet (an expected failure could then hide a worse one)."""
+    if _severity(run, cid, clause) not in ("data-loss", "hang") or clause.get("weakens"):
+        return []
+    weak = clause_registry.weak_levels(registry).get(cid)
+    if weak is not None:
+        return [f"- **Weak level**: {weak}: {clause_verdict(run, weak, registry)}"]
+    if clause.get("no_weak_level"):
+        return [f"- **Weak level**: none applies: {clause['no_weak_level']}"]
+    return ["- **Weak level**: none yet (what the release still keeps here is not judged)"]
+
+
+def repro_path(run: Run, clause_id: str) -> Path:
+    """The standalone reproducer of `clause_id` on `run`'s release, relative to the repository root."""
+    return Path(REPRO_DIR) / page_name(run) / f"{clause_id}.py"
+
+
+def report_path(run: Run, clause_id: str) -> Path:
+    """The maintainer report beside that reproducer, relative to the repository root."""
+    return repro_path(run, clause_id).with_suffix(".md")
+
+
+def reportable(
+    run: Run, clause_id: str, clause: Mapping[str, Any], verdict: verdicts.Verdict, root: Path = REPO_ROOT
+) -> bool:
+    """Whether `run`'s break of a clause gets a maintainer report: a documented or implied clause (not a decision
+    of this spec) of severity data-loss or hang that the run breaks, at its strict level at least (where the run
+    keeps the weak level, the strict promise is still broken), with a reproducer."""
+    if verdict.word == verdicts.WEAK_ONLY:  # what its strict tests say, before the weak level is counted
+        verdict = verdicts.judge(run.citing(clause_id), clause_id, {clause_id: clause})
+    return (
+        verdict.broken
+        and verdict.word != verdicts.BROKEN_WORDS["decision"]
+        and _severity(run, clause_id, clause) in REPORTED_SEVERITIES
+        and (root / repro_path(run, clause_id)).exists()
+    )
+
+
+def _entry(
+    run: Run, cid: str, registry: Mapping[str, Mapping[str, Any]], verdict: verdicts.Verdict, root: Path
+) -> list[str]:
+    clause = registry[cid]
+    repro = repro_path(run, cid)
+    lines = [
+        _anchored(cid),
+        "",
+        f"### {cid} ({_severity(run, cid, clause)}): {verdict}",
+        "",
+        f"- **Clause**: {clause.get('statement', '')}",
+        f"- **Basis**: {verdicts.basis_of(clause)}; source: {clause.get('source', '')}",
+    ]
+    if clause.get("decision"):
+        lines.append(f"- **Decision**: {clause['decision']}")
+    lines += _weak_level(run, cid, clause, registry)
+    lines += [f"- **Mechanism**: {m}" for m in mechanisms(run, cid)]
+    lines += [f"- **Test**: `{t}`" for t in tests_showing(run, cid)]
+    if not (root / repro).exists():
+        lines.append("- **Reproducer**: not yet written")
+        return [*lines, ""]
+    lines.append(f"- **Reproducer**: [`{repro}`](../../{repro}) (needs only torch and the library)")
+    if reportable(run, cid, clause, verdict, root):
+        report = report_path(run, cid)
+        lines.append(f"- **Report**: [`{report}`](../../{report}) (ready to file: the promise, the output, the code)")
+    return [*lines, ""]
+
+
+def _report_links(
+    run: Run, cid: str, registry: Mapping[str, Mapping[str, Any]], verdict: verdicts.Verdict, root: Path
+) -> str:
+    """The reproducer and maintainer report of a clause the run keeps only at its weak level, where they exist."""
+    if not reportable(run, cid, registry[cid], verdict, root):
+        return ""
+    repro, report = repro_path(run, cid), report_path(run, cid)
+    return f" (strict promise broken: reproducer [`{repro.name}`](../../{repro}), report [`{report.name}`](../../{report}))"
+
+
+def _what_to_do(
+    run: Run, registry: Mapping[str, Mapping[str, Any]], rules: Sequence[advice.Rule], root: Path
+) -> list[str]:
+    """The usage rules that apply to the run's release, each with its reason, safe way, clauses and reproducers."""
+    applying = advice.for_run(rules, run, registry)
+    if not applying:
+        return []
+    lines = [f"## What to do ({len(applying)})", ""]
+    for rule, cids in applying:
+        judged = ", ".join(f"{cid} ({clause_verdict(run, cid, registry).word})" for cid in cids)
+        repros = [Path(REPRO_DIR) / page_name(run) / f"{cid}.py" for cid in cids]
+        links = ", ".join(f"[`{p.name}`](../../{p})" for p in repros if (root / p).exists())
+        lines += [
+            f"- **{rule.rule}.** Otherwise {rule.because}. Instead: {rule.instead}. Clauses: {judged}."
+            + (f" Reproducer: {links}." if links else ""),
+        ]
+    return [*lines, ""]
+
+
+def page(
+    run: Run,
+    registry: Mapping[str, Mapping[str, Any]],
+    root: Path = REPO_ROOT,
+    rules: Sequence[advice.Rule] = (),
+    previous: Run | None = None,
+) -> str:
+    """The Markdown page of one run (ends with a newline); `rules`: the usage rules (findings/advice.toml) whose
+    applying ones open the page; `previous`: the run of the target's next older release, whose comparison follows
+    them (ckptspec.spec.harness.records.changes)."""
+    judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
+    broken = [cid for cid, v in judged.items() if v.broken and v.word != verdicts.BROKEN_WORDS["decision"]]
+    broken.sort(
+        key=lambda cid: (
+            severity_rank(_severity(run, cid, registry[cid])),
+            verdicts.basis_of(registry[cid]) != "documented",
+        )
+    )
+    stricter = [cid for cid, v in judged.items() if v.word == verdicts.BROKEN_WORDS["decision"]]
+    weak_only = [cid for cid, v in judged.items() if v.word == "weak level only"]
+    otherwise = [
+        cid for cid, v in judged.items() if v.word in ("API changed in this release", verdicts.DOCUMENTED_OTHERWISE)
+    ]
+    lines = [
+        f"# Findings: {run.label}",
+        "",
+        "Generated from the stored run `conformance/all/` by `python regenerate.py`: do not edit. Measured on a "
+        f"2-core CPU machine with gloo and {run.tensor_device} tensors; clauses that need a GPU were not run.",
+        "",
+        "Provenance of the stored run (ckptspec.spec.harness.records.provenance; one line per run merged into it):",
+        "",
+        *(f"- {provenance.describe(part)}" for part in run.provenance),
+        *([] if run.provenance else ["- not recorded"]),
+        "",
+        *_what_to_do(run, registry, rules, root),
+        *(changes.section(previous, run, registry, clause_verdict) if previous is not None else []),
+        f"## Breaks: documented and implied clauses ({len(broken)})",
+        "",
+    ]
+    for cid in broken:
+        lines += _entry(run, cid, registry, judged[cid], root)
+    if not broken:
+        lines += ["None.", ""]
+    lines += [f"## Stricter than documented: decisions of this spec it does not meet ({len(stricter)})", ""]
+    for cid in stricter:
+        weak = " ".join(
+            line.removeprefix("- **Weak level**:").strip() for line in _weak_level(run, cid, registry[cid], registry)
+        )
+        lines.append(
+            f"- {_anchored(cid)}{cid} ({_severity(run, cid, registry[cid])}): {registry[cid]['statement']}"
+            + (f" Weak level: {weak}" if weak else "")
+        )
+    lines += ["", f"## Weak level only ({len(weak_only)})", ""]
+    lines += [
+        f"- {_anchored(cid)}{cid}: misses the strict clause, meets its weak level"
+        + _report_links(run, cid, registry, judged[cid], root)
+        for cid in weak_only
+    ]
+    lines += ["", f"## Judged by the release's own documents or changed API ({len(otherwise)})", ""]
+    lines += [f"- {_anchored(cid)}{cid}: {judged[cid]}" for cid in otherwise]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _severity(run: Run, cid: str, clause: Mapping[str, Any]) -> str:
+    """The clause's severity for the run's target: its expectations entry's where it says one, else the clause's."""
+    return str(run.severity(cid, clause.get("severity", "severity not yet assessed")))
+
+
+def severity_rank(severity: str) -> int:
+    """Where a severity sorts: data-loss first, an unknown one last."""
+    return SEVERITIES.index(severity) if severity in SEVERITIES else len(SEVERITIES)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ckptspec.spec.harness.records.findings", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("files", nargs="+", type=Path, metavar="JSON", help="stored runs (conformance/all/*.json)")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the pages go")
+    args = parser.parse_args(argv)
+    registry = clause_registry.load()
+    try:
+        runs = [load_run(path) for path in args.files]
+        rules = advice.load(registry)
+    except ReportError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    older = changes.predecessors(runs)
+    for run in runs:
+        text = page(run, registry, rules=rules, previous=older.get(run.label))
+        (args.out / f"{page_name(run)}.md").write_text(text)
+        (args.out / f"{page_name(run)}.html").write_text(to_html(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""The results page: one self-contained HTML file of every clause against every stored run, with filters.
+
+    python -m ckptspec.spec.harness.records.report conformance/all/*.json --html docs/results.html
+
+The page needs no server, no network and no build step: the table is plain HTML (readable with scripts off), and
+a short inline script filters it by target, area, verdict word, severity and basis. Each row shows the clause's
+statement in full, its source and the decision on demand (a <details> element); each cell where a target breaks
+a clause links to that clause on the target's findings page (docs/findings/, ckptspec.spec.harness.records.findings).
+
+The filters can also be set from the address: `results.html#target=nvrx-0.7.0&verdict=breaks+its+documentation`
+sets the controls as a reader would and applies them (the browser test does exactly this), and every change of a
+control writes the address back, so a filtered view can be shared as a link.
+
+Rows: every clause of the registry, area by area in table order; a cell's verdict is the one docs/results.md shows
+(report.clause_verdict). Row and cell attributes carry what the filters read (data-area, data-severity, data-basis,
+data-target, data-word).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ckptspec.spec.harness import clauses as clause_registry
+from ckptspec.spec.harness.records import provenance, verdicts
+from ckptspec.spec.harness.records.runs import Run, clause_anchor, page_name
+
+__all__ = ["render", "slug"]
+
+FINDINGS_DIR = "findings"  # relative to the page, which lives in docs/
+
+
+def slug(heading: str) -> str:
+    """The anchor a Markdown renderer (GitHub's) gives a heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+# Where each verdict word is listed on a findings page (findings.page): the cells saying one of these link there.
+LISTED = (*verdicts.BROKEN_WORDS.values(), verdicts.WEAK_ONLY, verdicts.API_CHANGED, verdicts.DOCUMENTED_OTHERWISE)
+# Every verdict word's colour class: the legend shows each, and a cell's class is its word's (first matching prefix).
+COLOURS = (
+    ("pass", "passes", (verdicts.PASSES,)),
+    (
+        "break",
+        "breaks a documented or implied promise",
+        (verdicts.BROKEN_WORDS["documented"], verdicts.BROKEN_WORDS["implied"]),
+    ),
+    (
+        "stricter",
+        "meets less than this spec's decision, or only the weak level",
+        (verdicts.BROKEN_WORDS["decision"], verdicts.WEAK_ONLY),
+    ),
+    (
+        "otherwise",
+        "judged by the release's own documents or changed API",
+        (verdicts.API_CHANGED, verdicts.DOCUMENTED_OTHERWISE),
+    ),
+    ("unexpected", "fails, and no expectation says so (a regression to look at)", (verdicts.UNEXPECTED,)),
+    (
+        "unjudged",
+        "not judged here",
+        (
+            verdicts.NOT_RUN_GPU,
+            "not applicable (lacks",
+            verdicts.NO_MODULE,
+            verdicts.SKIPPED,
+            verdicts.NOT_JUDGED,
+            verdicts.NOT_COVERED,
+        ),
+    ),
+)
+
+
+def colour(word: str) -> str:
+    """The colour class of a verdict word (COLOURS)."""
+    return next(name for name, _, words in COLOURS if word.startswith(words))
+
+
+def _cell(run: Run, cid: str, verdict: verdicts.Verdict) -> str:
+    text = html.escape(str(verdict))
+    if verdict.word in LISTED:
+        href = f"{FINDINGS_DIR}/{page_name(run)}.html#{clause_anchor(cid)}"
+        text = f'<a href="{html.escape(href)}">{text}</a>'
+    classes = colour(verdict.word) + (" intermittent" if "intermittent" in verdict.note else "")
+    word = html.escape(verdict.word)
+    return f'<td class="{classes}" data-target="{html.escape(page_name(run))}" data-word="{word}">{text}</td>'
+
+
+def _statement(clause: Mapping[str, Any]) -> str:
+    parts = [f"<p>{html.escape(str(clause.get('statement', '')))}</p>"]
+    parts.extend(
+        f"<p><b>{field.capitalize()}:</b> {html.escape(str(clause[field]))}</p>"
+        for field in ("source", "decision")
+        if clause.get(field)
+    )
+    short = html.escape(" ".join(str(clause.get("statement", "")).split()[:9]) + " …")
+    return f"<details><summary>{short}</summary>{''.join(parts)}</details>"
+
+
+def _options(name: str, label: str, values: Sequence[str]) -> str:
+    options = "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in values)
+    return f'<label>{label} <select id="{name}"><option value="">all</option>{options}</select></label>'
+
+
+def _legend() -> str:
+    """Every colour with the verdict words it stands for (COLOURS), then how intermittent passes look."""
+    items = "".join(
+        f'<li><span class="swatch {name}"></span> {html.escape(meaning)}: '
+        + ", ".join(f"<i>{html.escape(word)}{'…' if word.endswith('(lacks') else ''}</i>" for word in words)
+        + "</li>"
+        for name, meaning, words in COLOURS
+    )
+    items += (
+        '<li><span class="swatch pass intermittent"></span> hatched: the verdict holds on some runs only '
+        "(an intermittent race: <i>intermittent: failed k of n runs</i>)</li>"
+    )
+    return f'<ul id="legend">{items}</ul>'
+
+
+def _summary(runs: Sequence[Run], counts: Mapping[str, Counter[str]]) -> str:
+    """One row per target: how many clauses it says each colour of verdict for, and its findings page."""
+    heads = "".join(f'<th><span class="swatch {name}"></span> {name}</th>' for name, _, _ in COLOURS)
+    rows = "".join(
+        f'<tr data-target="{html.escape(page_name(r))}"><th scope="row">'
+        f'<a href="{FINDINGS_DIR}/{html.escape(page_name(r))}.html">{html.escape(r.label)}</a></th>'
+        + "".join(f"<td>{counts[r.label][name]}</td>" for name, _, _ in COLOURS)
+        + "</tr>"
+        for r in runs
+    )
+    return f'<table id="summary"><thead><tr><th>target</th>{heads}</tr></thead><tbody>{rows}</tbody></table>'
+
+
+Judge = Callable[[Run, str, Mapping[str, Mapping[str, Any]]], verdicts.Verdict]
+
+
+def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
+    """The whole page (ends with a newline); `clause_verdict` is report.clause_verdict (passed in: report imports
+    this module)."""
+    registry = clause_registry.load()
+    known = {**{c: e for r in runs for c, e in r.clauses.items()}, **registry}
+    rows: list[str] = []
+    words: set[str] = set()
+    counts: dict[str, Counter[str]] = {r.label: Counter() for r in runs}
+    for area in clause_registry.AREAS:
+        for cid, clause in clause_registry.load((area,)).items():
+            judged = [clause_verdict(run, cid, known) for run in runs]
+            words.update(v.word for v in judged)
+            for run, verdict in zip(runs, judged, strict=True):
+                counts[run.label][colour(verdict.word)] += 1
+            cells = "".join(_cell(r, cid, v) for r, v in zip(runs, judged, strict=True))
+            basis, severity = verdicts.basis_of(clause), str(clause.get("severity", ""))
+            rows.append(
+                f'<tr data-clause="{html.escape(cid)}" data-area="{area}" data-severity="{html.escape(severity)}" '
+                f'data-basis="{basis}"><th scope="row">{html.escape(cid)}</th><td>{_statement(clause)}</td>'
+                f"<td>{area}</td><td>{basis}</td><td>{html.escape(severity)}</td>{cells}</tr>"
+            )
+    heads = "".join(f'<th data-target="{html.escape(page_name(r))}">{html.escape(r.label)}</th>' for r in runs)
+    filters = "".join(
+        [
+            _options("target", "Target", [page_name(r) for r in runs]),
+            _options("area", "Area", list(clause_registry.AREAS)),
+            _options("verdict", "Verdict", sorted(words)),
+            _options("severity", "Severity", list(clause_registry.SEVERITIES)),
+            _options("basis", "Basis", ["documented", "implied", "decision"]),
+        ]
+    )
+    devices = ", ".join(sorted({run.tensor_device for run in runs}))
+    return _PAGE.format(
+        filters=filters,
+        heads=heads,
+        rows="\n".join(rows),
+        legend=_legend(),
+        summary=_summary(runs, counts),
+        devices=devices,
+        total=len(rows),
+        provenance=_provenance(runs),
+        script=_SCRIPT,
+    )
+
+
+def _provenance(runs: Sequence[Run]) -> str:
+    """Where each run came from: one list item per provenance part (ckptspec.spec.harness.records.provenance)."""
+    items = [
+        f"<li>{html.escape(provenance.describe(part).replace('`', ''))}</li>"
+        for run in runs
+        for part in run.provenance or [{"target": run.label, "version": "(no provenance recorded)"}]
+    ]
+    return "<ul>\n" + "\n".join(items) + "\n</ul>"
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>ckptspec: conformance results</title>
+<!-- Generated by python regenerate.py from conformance/all/*.json: do not edit. -->
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 1em; }}
+#filters label {{ margin-right: 1em; }}
+table {{ border-collapse: collapse; margin-top: 1em; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 6px; vertical-align: top; text-align: left; }}
+thead th {{ position: sticky; top: 0; background: #eee; z-index: 2; }}
+#results tbody th {{ position: sticky; left: 0; background: #fafafa; z-index: 1; }}
+#results thead th:first-child {{ left: 0; z-index: 3; }}
+.pass {{ background: #e6f4e6; }}
+.break {{ background: #fbe3e3; }}
+.stricter {{ background: #fff3d6; }}
+.otherwise {{ background: #e3ecfb; }}
+.unexpected {{ background: #d9534f; color: #fff; font-weight: bold; }}
+.unjudged {{ background: #fff; color: #666; }}
+.intermittent {{ background-image: repeating-linear-gradient(45deg, transparent 0 6px, #f0a0a0 6px 8px); }}
+.swatch {{ display: inline-block; width: 1.2em; height: 0.9em; border: 1px solid #999; vertical-align: middle; }}
+#legend {{ columns: 2; max-width: 80em; }}
+details summary {{ cursor: pointer; }}
+details p {{ max-width: 40em; margin: 0.3em 0; }}
+</style>
+</head>
+<body>
+<h1>ckptspec: every clause against every stored run</h1>
+<p>Measured with {devices} tensors (gloo) on a 2-core CPU machine; no verdict here was measured on a GPU.
+Click a statement for its source and the decision behind it; a coloured cell that names a break, a decision, a weak
+level or another document links to the clause on the target's findings page. "(k of n tests)": only k of the n
+tests judging the clause say so; a failure counts only against the clauses its expectations entry names.</p>
+{legend}
+<h2>By target</h2>
+{summary}
+<h2>By clause</h2>
+<p>The filters below can be set from the address, and each change writes it back, so a filtered view is a link
+to share: <code>results.html#target=nvrx-0.7.0&amp;verdict=breaks+its+documentation</code>, or
+<code>#area=protocol&amp;severity=hang</code> (keys: target, area, verdict, severity, basis).</p>
+<form id="filters">{filters} <span id="shown">{total} of {total} clauses shown</span></form>
+<table id="results">
+<thead><tr><th>clause</th><th>statement</th><th>area</th><th>basis</th><th>severity</th>{heads}</tr></thead>
+<tbody>
+{rows}
+</tbody>
+</table>
+<h2>Where each run came from</h2>
+{provenance}
+<script>
+{script}
+</script>
+</body>
+</html>
+"""
+
+_SCRIPT = """
+"use strict";
+const KEYS = ["target", "area", "verdict", "severity", "basis"];
+const control = (key) => document.getElementById(key);
+function apply() {
+  const want = Object.fromEntries(KEYS.map((k) => [k, control(k).value]));
+  document.querySelectorAll("[data-target]").forEach((el) => {
+    el.hidden = want.target !== "" && el.dataset.target !== want.target;
+  });
+  const rows = document.querySelectorAll("#results tbody tr");
+  let shown = 0;
+  rows.forEach((row) => {
+    const cells = [...row.querySelectorAll("td[data-target]")].filter((td) => !td.hidden);
+    const ok = (want.area === "" || row.dataset.area === want.area)
+      && (want.severity === "" || row.dataset.severity === want.severity)
+      && (want.basis === "" || row.dataset.basis === want.basis)
+      && (want.verdict === "" || cells.some((td) => td.dataset.word === want.verdict));
+    row.hidden = !ok;
+    shown += ok ? 1 : 0;
+  });
+  control("shown").textContent = shown + " of " + rows.length + " clauses shown";
+  const params = new URLSearchParams(KEYS.filter((k) => want[k] !== "").map((k) => [k, want[k]]));
+  history.replaceState(null, "", params.toString() ? "#" + params.toString() : location.pathname);
+}
+KEYS.forEach((key) => control(key).addEventListener("change", apply));
+const given = new URLSearchParams(location.hash.slice(1));
+KEYS.forEach((key) => {
+  if (given.has(key)) {
+    control(key).value = given.get(key);
+    control(key).dispatchEvent(new Event("change"));
+  }
+});
+"""

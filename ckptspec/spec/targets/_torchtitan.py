@@ -1,0 +1,189 @@
+"""torchtitan's `CheckpointManager` (torchtitan 0.3.0, `torchtitan/components/checkpointer/dcp.py`) behind the
+protocol layer: `TitanSaver(mode)` for either async mode; the adapter `torchtitan` uses async_mode "async". Written
+against the documented adapter contract (ckptspec.spec.harness.target.contract), as an outside author would.
+
+"async_with_pinned_mem" is not a target here: torchtitan builds its DefaultStager with `use_pinned_memory=True`
+and `use_non_blocking_copy=True` whatever the device, and torch 2.13's DefaultStager refuses that without an
+accelerator ("Non-blocking copy requires that the current accelerator is available"), so on a CPU machine its
+first save raises. An adapter for it is `TitanSaver("async_with_pinned_mem")`, for a GPU run.
+
+The manager is built as torchtitan's trainer builds it, with small stand-ins for what its checkpoint code expects:
+`model_parts` a one-layer `nn.Linear`, `optimizers` and `lr_schedulers` `Stateful` objects of one step counter
+each, no dataloader, and `states` a dict the adapter fills with the state dict of each save (the trainer's
+`train_state`). What a checkpoint holds is then torchtitan's own flattening of all of it: the test's keys beside
+the stand-ins' (`_flattened_model_states_sd`), saved by `dcp.async_save` on the manager's gloo group.
+
+The five calls, as torchtitan's trainer makes them (`torchtitan/trainer.py`):
+
+- start(state, path): `save(step)` with a step one higher than the last, `interval=1` (every step is saved); save()
+  first waits for the previous save (`maybe_wait_for_saving`), then dispatches this one and returns.
+- staged(): `maybe_wait_for_staging()`, which the trainer calls right before `optimizers.step()`.
+- wait(): `maybe_wait_for_saving()`.
+- abort(): none (the default raises NotImplementedError); torchtitan documents no way to stop a save.
+- close(): `close()` ("Release background threads and other resources.").
+
+The one change to the library: a checkpoint goes to the directory the test names instead of `<folder>/step-<N>`
+(`_create_checkpoint_id` returns it), so faults placed there reach it; the format is DCP's. Retention
+(`keep_latest_k`) therefore never sees a `step-<N>` directory: the protocol layer does not judge it. The manager
+layer does: `TitanManager` (below) uses torchtitan's own `step-<N>` directories, retention and load.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from typing import Any
+
+from ckptspec.spec.harness.target.manager import CheckpointManager
+from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
+
+DISTRIBUTION = "torchtitan"
+INSTALL = 'pip install "torch==2.13.0" -e ".[test,torchtitan]"'
+MODULES: dict[str, str] = {}
+PACKAGES = ("torchtitan",)
+CAPABILITIES = frozenset({"protocol", "manager", "manager_retention", "manager_ranks"})
+
+
+class _Counter:
+    """A Stateful stand-in (an optimizer or LR scheduler container): one step counter."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.steps = state_dict["steps"]
+
+
+class _TitanHandle(SaveHandle):
+    def __init__(self, saver: TitanSaver, step: int):
+        self.saver, self.step = saver, step
+
+    def staged(self) -> None:
+        if self.saver.step == self.step:  # an earlier save was waited for when the next one started
+            self.saver.manager.maybe_wait_for_staging()
+
+    def wait(self) -> None:
+        if self.saver.step == self.step:
+            self.saver.manager.maybe_wait_for_saving()
+
+
+class TitanSaver(Saver):
+    """One CheckpointManager with async_mode `mode`, kept across saves as the trainer keeps it."""
+
+    def __init__(self, mode: str):
+        import torch
+        from torchtitan.components.checkpointer.dcp import CheckpointManager
+
+        class _AtPath(CheckpointManager):
+            target = ""
+
+            def _create_checkpoint_id(self, step: int, folder: str = "") -> str:
+                return self.target
+
+        self.states: dict[str, Any] = {}
+        self.components = set()
+        config = CheckpointManager.Config(enable=True, folder="unused", interval=1, async_mode=mode)
+        self.manager = _AtPath(
+            config,
+            dataloader=None,
+            model_parts=[torch.nn.Linear(2, 2)],
+            optimizers=_Counter(),
+            lr_schedulers=_Counter(),
+            states=self.states,
+            sd_adapter=None,
+        )
+        self.components = set(self.states)  # model, optimizer, dataloader, lr_scheduler
+        self.step = 0
+
+    def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
+        for key in set(self.states) - self.components:
+            del self.states[key]
+        self.states.update(state_dict)
+        self.step += 1
+        self.manager.target = path
+        self.manager.save(self.step)
+        return _TitanHandle(self, self.step)
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+class TitanManager(CheckpointManager):
+    """torchtitan's CheckpointManager as its trainer uses it: `folder` the root, `interval=1`, `keep_latest_k` the
+    retention, async_mode "async"; checkpoints in `<root>/step-<N>` (its own naming, unchanged), resume through
+    `load(step=-1)`.
+
+    - save(step, state): `save(step)` with `state` in the manager's `states`; it waits for the previous save, starts
+      `dcp.async_save` and queues retention (`_purge_stale_checkpoints`) before returning.
+    - wait(): `maybe_wait_for_saving()`. Retention runs on torchtitan's purge thread; close() joins it.
+    - latest(): `_find_load_step()` (-1 is None), what `load(step=-1)` loads; resume(template): that step, then
+      `load(step=-1)` into `template`'s keys; load(step, template): `load(step)`.
+    - keep=1 is refused by torchtitan's config (ValueError: 'We need to maintain at least 2 checkpoint replicas').
+    """
+
+    def __init__(self, root: str, keep: int):
+        import torch
+        from torchtitan.components.checkpointer.dcp import CheckpointManager as Titan
+
+        self.root = root
+        self.states: dict[str, Any] = {}
+        config = Titan.Config(enable=True, folder=root, interval=1, async_mode="async", keep_latest_k=keep)
+        self.manager = Titan(
+            config,
+            dataloader=None,
+            model_parts=[torch.nn.Linear(2, 2)],
+            optimizers=_Counter(),
+            lr_schedulers=_Counter(),
+            states=self.states,
+            sd_adapter=None,
+        )
+        self.components = set(self.states)
+
+    def _use(self, state_dict: dict[str, Any]) -> None:
+        for key in set(self.states) - self.components:
+            del self.states[key]
+        self.states.update(state_dict)
+
+    def save(self, step: int, state_dict: dict[str, Any]) -> None:
+        self._use(state_dict)
+        self.manager.save(step)
+
+    def wait(self) -> None:
+        self.manager.maybe_wait_for_saving()
+
+    def latest(self) -> int | None:
+        step = self.manager._find_load_step()
+        return None if step < 0 else int(step)
+
+    def _loaded(self, template: dict[str, Any]) -> dict[str, Any]:
+        return {key: self.states[key] for key in template}
+
+    def load(self, step: int, template: dict[str, Any]) -> dict[str, Any]:
+        self._use(copy.deepcopy(template))
+        self.manager.load(step)
+        return self._loaded(template)
+
+    def resume(self, template: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+        step = self.latest()
+        self._use(copy.deepcopy(template))
+        if not self.manager.load(-1) or step is None:
+            return None
+        return step, self._loaded(template)
+
+    def location(self, step: int) -> str:
+        return os.path.join(self.root, f"step-{step}")
+
+    def steps(self) -> list[int]:
+        if not os.path.isdir(self.root):
+            return []
+        return sorted(int(m.group(1)) for m in map(re.compile(r"step-(\d+)$").match, os.listdir(self.root)) if m)
+
+    def close(self) -> None:
+        try:
+            self.manager.maybe_wait_for_saving()
+        finally:
+            self.manager.close()  # joins the purge thread, even after a failed save (which wait re-raises)

@@ -1,0 +1,42 @@
+"""mypy checks every built-in adapter module against the adapter contract (ckptspec.spec.harness.target.contract).
+
+Nothing here runs: under TYPE_CHECKING each adapter module is assigned to the protocol it must satisfy, so a
+missing name or a wrong signature (a `protocol_saver` without `**options`) is a type error in CI. A new adapter
+adds its line (harness_tests/test_contract.py fails until it does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ckptspec.spec.harness.target.contract import ManagerAdapter, ProtocolAdapter
+    from ckptspec.spec.targets import (
+        dcp_process,
+        dcp_staged,
+        dcp_thread,
+        impl,
+        impl_local,
+        lightning,
+        mcore,
+        nvrx,
+        torchtitan,
+    )
+
+    CHECKED: dict[str, ProtocolAdapter] = {
+        "dcp-process": dcp_process,
+        "dcp-staged": dcp_staged,
+        "dcp-thread": dcp_thread,
+        "impl": impl,
+        "lightning": lightning,
+        "mcore": mcore,
+        "nvrx": nvrx,
+        "torchtitan": torchtitan,
+    }
+    MANAGERS: dict[str, ManagerAdapter] = {
+        "impl": impl,
+        "impl-local": impl_local,
+        "nvrx": nvrx,
+        "torchtitan": torchtitan,
+        "lightning": lightning,
+    }

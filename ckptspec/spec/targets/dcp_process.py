@@ -1,0 +1,26 @@
+"""Adapter for torch DCP's `async_save` with the process configuration (target `dcp-process`; see ckptspec.spec.targets._dcp)."""
+
+from pathlib import Path
+from typing import Any
+
+from ckptspec.spec.targets._dcp import CAPABILITIES, DISTRIBUTION, INSTALL, MODULES, NCCL_BACKEND, PACKAGES, DcpSaver
+
+__all__ = [
+    "CAPABILITIES",
+    "DISTRIBUTION",
+    "EXPECTATIONS",
+    "INSTALL",
+    "MODULES",
+    "NAME",
+    "NCCL_BACKEND",
+    "PACKAGES",
+    "protocol_saver",
+]
+
+NAME = "dcp-process"
+EXPECTATIONS = str(Path(__file__).with_name("dcp-process.expectations.toml"))
+
+
+def protocol_saver(**options: Any) -> DcpSaver:
+    """dcp.async_save with the process configuration; options of other targets' savers are ignored."""
+    return DcpSaver("process")
