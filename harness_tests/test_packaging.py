@@ -115,7 +115,9 @@ def test_an_installed_copy_runs_from_site_packages(wheel, tmp_path):
     assert done.stdout.split() == ["False", str(target), "True"], done.stdout + done.stderr
     for theirs in ("benchmarks", "impl"):  # a library's own packages of those names shadow nothing
         (elsewhere / theirs).mkdir()
-        (elsewhere / theirs / "__init__.py").write_text(f"raise ImportError('the user\\'s own {theirs} was imported')\n")
+        (elsewhere / theirs / "__init__.py").write_text(
+            f"raise ImportError('the user\\'s own {theirs} was imported')\n"
+        )
     done = _python(["-m", "ckptspec", "--version"], elsewhere, env)
     assert done.stdout.startswith("ckptspec "), done.stdout + done.stderr
     done = _python(["-m", "ckptspec.bench.regression", "--help"], elsewhere, env)
