@@ -8,7 +8,7 @@
                                            cores): writes mutation/results.json, then `python -m mutation.summary
                                            --update docs/spec-design.md` (`-- --sample 0` runs every mutant, `-- --resume`
                                            goes on with a stopped run, `-- --rejudge` re-runs the survivors)
-    spec(NAME)                             ckptspec/spec against one release of ckptspec/spec/harness/records/releases.py (NAME:
+    spec(NAME)                             ckptspec/spec against one release of ckptspec/report/releases.py (NAME:
                                            nvrx-0.4.1, dcp-thread-2.13.0, ...), on the Python that release needs;
                                            writes conformance/NAME.json
                                            `-- ckptspec/faults` runs the fault suite instead (writes
@@ -19,7 +19,7 @@
     launched                               ckptspec/spec on two torchrun "nodes" of this machine (2 x 4 ranks, loopback)
                                            against impl, compared verdict by verdict with a forked run (issue 19)
 
-The conformance table of the releases run here: `python -m ckptspec.spec.harness.records.report conformance/*.json`; of the
+The conformance table of the releases run here: `python -m ckptspec.report.report conformance/*.json`; of the
 stored runs: `python regenerate.py` (docs/results.md).
 """
 
@@ -34,7 +34,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))  # this tree's release list, whatever the Python that runs nox has installed
-from ckptspec.spec.harness.records import releases  # noqa: E402
+from ckptspec.report import releases  # noqa: E402
 
 RUN_OPTIONS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ckptspec"]["run-options"]
 TORCH = f"torch=={releases.TORCH}"  # the README's pin: pip must never resolve a newer, CUDA-sized torch
@@ -90,7 +90,7 @@ def mutation(session: nox.Session) -> None:
     session.run("python", "-m", "mutation.summary")
 
 
-# The releases (ckptspec/spec/harness/records/releases.py): one `spec(NAME)` and one `record(NAME)` session each.
+# The releases (ckptspec/report/releases.py): one `spec(NAME)` and one `record(NAME)` session each.
 RELEASE_IDS = [nox.param(r.python, r.name, id=r.name) for r in releases.RELEASES]
 
 
@@ -181,7 +181,7 @@ def record(session: nox.Session, name: str) -> None:
     """Record a release's run (its suites, releases.SUITES) as its stored run conformance/all/NAME.json, then
     regenerate every table and page from the stored runs (`python regenerate.py`).
 
-    What adding a release takes after its entry in ckptspec/spec/harness/records/releases.py. Posargs go to pytest (`-- -n 2`).
+    What adding a release takes after its entry in ckptspec/report/releases.py. Posargs go to pytest (`-- -n 2`).
     """
     release = releases.by_name()[name]
     _install_release(session, release)

@@ -12,7 +12,7 @@ runs, the clauses' `symptom`s and the usage rules of `findings/advice.toml`). Ea
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
 The findings pages `docs/findings/<target>-<release>.md` (and their HTML copies, which the results page links to), the maintainer reports `findings/repro/<target>-<release>/
 <CLAUSE>.md` (with the reproducers' captured outputs) and the filterable page `docs/results.html` come from the
-stored runs too (ckptspec.spec.harness.records.findings, ckptspec.spec.harness.records.repro_reports, ckptspec.spec.harness.records.report --html). `--check` makes everything in a
+stored runs too (ckptspec.report.findings, ckptspec.report.repro_reports, ckptspec.report.report --html). `--check` makes everything in a
 temporary directory and compares. Run it from the repository root.
 """
 
@@ -28,14 +28,14 @@ from pathlib import Path
 
 from ckptspec.bench import summary as benchmark_summary
 from ckptspec.faults import matrix
-from ckptspec.spec.harness.records import findings, glance, releases, report, repro_reports
+from ckptspec.report import findings, glance, releases, report, repro_reports
 from ckptspec.spec.harness.target import contract
 from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
 
 ROOT = Path(__file__).resolve().parent
 RUNS = "conformance/all"
-# The stored runs by the release list (ckptspec/spec/harness/records/releases.py): impl and the releases judged on every
+# The stored runs by the release list (ckptspec/report/releases.py): impl and the releases judged on every
 # clause area, then those judged on the protocol area only.
 RELEASES = [releases.REFERENCE, *(r.name for r in releases.full_suite())]
 PROTOCOL_ONLY = [r.name for r in releases.protocol_only()]

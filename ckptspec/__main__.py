@@ -1,5 +1,5 @@
-"""`python -m ckptspec ...`: the `ckptspec` command (ckptspec.spec.harness.cli)."""
+"""`python -m ckptspec ...`: the `ckptspec` command (ckptspec.cli)."""
 
-from ckptspec.spec.harness.cli import main
+from ckptspec.cli import main
 
 raise SystemExit(main())

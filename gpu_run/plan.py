@@ -6,7 +6,7 @@ CUDA tensors on impl, then the same on every NVRx and Megatron-Core release and 
 benchmarks, then the full suites. A *call* is a group of stages that fits one command of a lent device machine
 (600 s, less `CALL_LIMIT_S`'s margin, with `SETUP_S` for the set-up every call repeats); calls 1 to 3 fit one
 30-minute session of device time, calls 4 to 7 (the releases' full suites) a later one. Nothing here needs more
-than the standard library (the release list, ckptspec.spec.harness.records.releases, included): the driver runs on the GPU
+than the standard library (the release list, ckptspec.report.releases, included): the driver runs on the GPU
 machine's own Python before anything is installed.
 """
 
@@ -16,8 +16,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptspec.spec.harness.records import releases as release_list
-from ckptspec.spec.harness.records.releases import Release
+from ckptspec.report import releases as release_list
+from ckptspec.report.releases import Release
 
 ROOT = Path(__file__).resolve().parent.parent
 CALL_LIMIT_S = 570  # a device command runs at most 600 s; the rest is for packing the results
@@ -47,7 +47,7 @@ MACHINE_PROVIDES = (
 )
 
 
-# The library releases a GPU run installs from their wheels (ckptspec/spec/harness/records/releases.py, `gpu`), by name, and the
+# The library releases a GPU run installs from their wheels (ckptspec/report/releases.py, `gpu`), by name, and the
 # listed releases it does not install yet; the DCP configurations run on the GPU machine's own torch.
 RELEASES: dict[str, Release] = {r.name: r for r in release_list.RELEASES if r.gpu and r.distribution != "torch"}
 NOT_YET_ON_GPU = tuple(r.name for r in release_list.RELEASES if not r.gpu)

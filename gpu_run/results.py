@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from ckptspec.spec.harness.records.run_file import PhaseRecord, RunFile
+from ckptspec.report.run_file import PhaseRecord, RunFile
 from gpu_run.plan import DCP_TARGETS, RELEASES
 
 START, END = "<!-- gpu-results:start -->", "<!-- gpu-results:end -->"

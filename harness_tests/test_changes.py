@@ -1,4 +1,4 @@
-"""What changed between two releases of one target (ckptspec.spec.harness.records.changes), as a findings page states it."""
+"""What changed between two releases of one target (ckptspec.report.changes), as a findings page states it."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness.records import changes, findings
-from ckptspec.spec.harness.records.report import clause_verdict
-from ckptspec.spec.harness.records.runs import Run, load_run
+from ckptspec.report import changes, findings
+from ckptspec.report.report import clause_verdict
+from ckptspec.report.runs import Run, load_run
 
 REGISTRY: dict[str, dict[str, Any]] = {
     cid: {"statement": f"promise {cid}", "source": "000 'quote'", "basis": "documented", "severity": "data-loss"}

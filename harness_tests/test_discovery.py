@@ -15,7 +15,7 @@ from importlib import metadata
 
 import pytest
 
-from ckptspec.spec.harness import clauses
+from ckptspec.report import clauses
 from ckptspec.spec.harness.target import loading as targets
 
 

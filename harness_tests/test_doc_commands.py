@@ -8,7 +8,7 @@ Each is checked without running it, since many run for minutes or need a release
 - `python regenerate.py --opt`: as above;
 - `pytest ... --opt` (also after `nox -s NAME --`): every option is in pytest's help with this project's plugin,
   and every path argument exists;
-- `ckptspec SUBCOMMAND ... --opt`: as `python -m ckptspec.spec.harness.cli`;
+- `ckptspec SUBCOMMAND ... --opt`: as `python -m ckptspec.cli`;
 - `nox -s NAME`: the noxfile defines the session (the release list the release, for `spec(NAME)`), and the options
   after `--` are pytest's (spec sessions) or mutation.run's (mutation);
 - `pip install ... -e ".[extra,...]"`: every extra is declared in pyproject.toml.
@@ -33,8 +33,8 @@ import tomllib
 
 import pytest
 
-from ckptspec.spec.harness.records import releases
-from ckptspec.spec.harness.records.runs import REPO_ROOT
+from ckptspec.report import releases
+from ckptspec.report.runs import REPO_ROOT
 
 PAGES = [
     "README.md",
@@ -200,7 +200,7 @@ def test_a_shown_command_exists_as_shown(page, command, pytest_help):
     elif program == "pytest":
         _check_pytest(words[1:], pytest_help)
     elif program == "ckptspec":  # the console script of pyproject.toml's [project.scripts]
-        _check_python(["python", "-m", "ckptspec.spec.harness.cli", *words[1:]], pytest_help)
+        _check_python(["python", "-m", "ckptspec.cli", *words[1:]], pytest_help)
     elif program == "nox":
         _check_nox(words, pytest_help)
     elif program == "pip":
@@ -213,9 +213,7 @@ def test_the_pages_show_commands():
 
 def test_a_wrong_command_is_caught(pytest_help):
     with pytest.raises(AssertionError, match="does not take"):
-        _check_python(
-            ["python", "-m", "ckptspec.spec.harness.records.report", "x.json", "--udpate", "y.md"], pytest_help
-        )
+        _check_python(["python", "-m", "ckptspec.report.report", "x.json", "--udpate", "y.md"], pytest_help)
     with pytest.raises(AssertionError, match="pytest does not know"):
         _check_pytest(["ckptspec/spec", "--implementation", "nvrx"], pytest_help)
     with pytest.raises(AssertionError, match="no session"):

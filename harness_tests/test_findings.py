@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ckptspec.spec.harness.records import findings
-from ckptspec.spec.harness.records.runs import load_run
+from ckptspec.report import findings
+from ckptspec.report.runs import load_run
 
 REGISTRY: dict[str, dict[str, Any]] = {
     "D-1": {"statement": "cosmetic promise", "source": "002 'quote'", "basis": "documented", "severity": "cosmetic"},

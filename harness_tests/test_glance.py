@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import advice, findings, glance
-from ckptspec.spec.harness.records.runs import REPO_ROOT, ReportError, load_run
+from ckptspec.report import advice, findings, glance
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.runs import REPO_ROOT, ReportError, load_run
 
 REGISTRY: dict[str, dict[str, Any]] = {
     "D-1": {"statement": "s", "symptom": "wrong index", "source": "q", "basis": "documented", "severity": "cosmetic"},

@@ -1,5 +1,5 @@
 """The GPU run (gpu_run, docs/gpu.md) stays runnable without a GPU to try it on: its plan fits the device calls, its
-releases are the release list's (ckptspec/spec/harness/records/releases.py), and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
+releases are the release list's (ckptspec/report/releases.py), and a dry run of a stage goes from set-up to "skipped: no GPU" through the real code."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptspec.spec.harness import clauses
-from ckptspec.spec.harness.records import releases
+from ckptspec.report import clauses, releases
 from ckptspec.spec.harness.target.loading import builtin_targets
 from gpu_run import __main__ as cli
 from gpu_run import plan, runner

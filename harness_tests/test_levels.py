@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ckptspec.spec.harness import clauses, expectations
+from ckptspec.report import clauses
+from ckptspec.spec.harness import expectations
 
 
 def test_weak_levels_of_the_registry_name_strict_clauses():

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptspec.spec.harness.records.merge_runs import main, merge
-from ckptspec.spec.harness.records.runs import OUTCOMES, ReportError, load_run
+from ckptspec.report.merge_runs import main, merge
+from ckptspec.report.runs import OUTCOMES, ReportError, load_run
 
 NODEIDS = ["t.py::a", "t.py::b", "t.py::c[x]", "t.py::c[y]"]
 CLAUSES = {"X-1": {"statement": "one", "source": "s"}}

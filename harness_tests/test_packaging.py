@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptspec.spec.harness import installed
-from ckptspec.spec.harness.cli import version
+from ckptspec.cli import version
+from ckptspec.report import installed
 from harness_tests.pytest_runs import REPO_ROOT, clean_env
 
 PACKAGES = ("ckptspec",)
@@ -51,6 +51,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE", "findings/advice.toml"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO_ROOT / name, source / name)
+    shutil.copytree(REPO_ROOT / "conformance" / "all", source / "conformance" / "all")  # the stored runs' link
     for package in PACKAGES:
         ignore = shutil.ignore_patterns("__pycache__", "results")
         shutil.copytree(REPO_ROOT / package, source / package, symlinks=True, ignore=ignore)
@@ -81,12 +82,14 @@ def test_the_wheel_installs_one_top_level_name(wheel):
 
 def test_the_wheel_holds_the_data_the_suite_reads(wheel):
     data = _tracked("ckptspec/spec/*.toml", "ckptspec/bench/baseline/*.json")
-    wanted = {*data, "ckptspec/spec/harness/installed.toml", "ckptspec/spec/harness/data/advice.toml"}
+    stored = [f"ckptspec/report/data/stored/{Path(name).name}" for name in _tracked("conformance/all/*.json")]
+    assert len(stored) >= 10, "git ls-files found too few stored runs to check"
+    wanted = {*data, *stored, "ckptspec/spec/harness/installed.toml", "ckptspec/report/data/advice.toml"}
     assert any(name.endswith(".expectations.toml") for name in wanted), "no expectations file found to check"
     missing = sorted(wanted - _names(wheel))
     assert not missing, f"data files the wheel lacks: {missing}"
     with zipfile.ZipFile(wheel) as archive:
-        rules = archive.read("ckptspec/spec/harness/data/advice.toml")
+        rules = archive.read("ckptspec/report/data/advice.toml")
     assert rules == (REPO_ROOT / "findings" / "advice.toml").read_bytes(), "the packaged usage rules differ"
 
 
@@ -98,7 +101,7 @@ def test_the_wheel_metadata_has_the_version_the_urls_and_the_command(wheel):
     assert meta["Version"] == PYPROJECT["project"]["version"]
     urls = meta.get_all("Project-URL") or []
     assert {u.split(",")[0] for u in urls} >= {"Homepage", "Repository", "Changelog"}, urls
-    assert "ckptspec = ckptspec.spec.harness.cli:main" in entry_points
+    assert "ckptspec = ckptspec.cli:main" in entry_points
 
 
 def test_an_installed_copy_runs_from_site_packages(wheel, tmp_path):
@@ -108,7 +111,7 @@ def test_an_installed_copy_runs_from_site_packages(wheel, tmp_path):
     subprocess.run([*pip, str(wheel)], check=True, timeout=300, capture_output=True)
     env = clean_env(PYTHONPATH=str(target))
     probe = (
-        "from ckptspec.spec.harness import clauses, installed; from ckptspec.spec.harness.records import advice; "
+        "from ckptspec.report import clauses, installed; from ckptspec.report import advice; "
         "print(installed.CHECKOUT, installed.ROOT, len(advice.load(clauses.load())) > 0)"
     )
     done = _python(["-c", probe], elsewhere, env)
@@ -122,12 +125,39 @@ def test_an_installed_copy_runs_from_site_packages(wheel, tmp_path):
     assert done.stdout.startswith("ckptspec "), done.stdout + done.stderr
     done = _python(["-m", "ckptspec.bench.regression", "--help"], elsewhere, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    collect = ["-m", "ckptspec.spec.harness.cli", "pytest", "--pyargs", "ckptspec.spec.protocol.test_snapshot"]
+    collect = ["-m", "ckptspec.cli", "pytest", "--pyargs", "ckptspec.spec.protocol.test_snapshot"]
     done = _python([*collect, "--collect-only", "-q", "--impl", "impl", "-p", "no:randomly"], elsewhere, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     assert ids, done.stdout[-3000:]
     assert all(i.startswith("ckptspec/spec/protocol/test_snapshot.py::") for i in ids), ids[:3]
+
+
+def test_the_wheel_alone_reports_the_stored_verdicts_without_torch(wheel, tmp_path):
+    """`pip install ckptspec` (no extra) into a fresh virtual environment: no torch comes with it, and `ckptspec
+    report` prints the stored verdicts from the runs the wheel carries; `ckptspec judge` says what to install."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel)]
+    done = subprocess.run(pip, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    env = clean_env()
+    probe = "import importlib.util as u; print([m for m in ('torch', 'pytest', 'numpy') if u.find_spec(m)])"
+    done = _python_in(python, ["-c", probe], tmp_path, env)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+    done = _python_in(python, ["-m", "ckptspec", "report", "--areas", "protocol"], tmp_path, env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header = done.stdout.splitlines()[0]
+    assert "nvrx 0.7.0" in header, header
+    assert "| P-SNAP-1 |" in done.stdout
+    done = _python_in(python, ["-m", "ckptspec", "judge", "nvrx"], tmp_path, env)
+    assert done.returncode != 0
+    assert "ckptspec[test]" in done.stderr, done.stderr
+
+
+def _python_in(python: str, args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
 
 
 def _python(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -154,7 +184,7 @@ def test_a_checkout_is_run_with_its_own_configuration():
 def test_the_version_comes_from_the_installed_metadata(capsys):
     from importlib import metadata
 
-    from ckptspec.spec.harness.cli import main
+    from ckptspec.cli import main
 
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"ckptspec {metadata.version('ckptspec')}\n"

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from ckptspec.spec.harness import clauses as clause_registry
+from ckptspec.report import clauses as clause_registry
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 _ADAPTER = """\

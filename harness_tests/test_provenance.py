@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.cli import summary
-from ckptspec.spec.harness.records import advice, provenance, releases
-from ckptspec.spec.harness.records.merge_runs import merge
-from ckptspec.spec.harness.records.runs import Record, Run, load_run
+from ckptspec.cli import summary
+from ckptspec.report import advice, provenance, releases
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.merge_runs import merge
+from ckptspec.report.runs import Record, Run, load_run
 from harness_tests.pytest_runs import clean_env, run_pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +65,7 @@ def test_a_recorded_run_says_where_it_came_from(tmp_path):
 def test_every_stored_run_has_provenance_and_the_listed_runs_name_their_release():
     for path in sorted((ROOT / "conformance" / "all").glob("*.json")):
         run = load_run(path)
-        assert run.provenance, (
-            f"{path.name}: no provenance (python -m ckptspec.spec.harness.records.provenance --reconstruct)"
-        )
+        assert run.provenance, f"{path.name}: no provenance (python -m ckptspec.report.provenance --reconstruct)"
         for part in run.provenance:
             reference = path.stem in (releases.REFERENCE, releases.LOCAL_REFERENCE)
             assert releases.base_version(str(part["version"])) in path.stem or reference

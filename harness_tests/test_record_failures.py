@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from ckptspec.spec.harness import expectations
-from ckptspec.spec.harness.records import record_failures
-from ckptspec.spec.harness.records.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
+from ckptspec.report.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
+from ckptspec.spec.harness import expectations, record_failures
 
 _FILE = """\
 # a comment that must survive

@@ -1,4 +1,4 @@
-"""The release list (ckptspec/spec/harness/records/releases.py) and what is written from it elsewhere: pyproject.toml's extras
+"""The release list (ckptspec/report/releases.py) and what is written from it elsewhere: pyproject.toml's extras
 never downgrade an installed library, the stored runs are the listed releases', and the list imports without torch."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from ckptspec.spec.harness import clauses
-from ckptspec.spec.harness.records import releases
+from ckptspec.report import clauses, releases
 from ckptspec.spec.harness.target.loading import builtin_targets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,8 +80,8 @@ def test_the_release_list_and_the_run_readers_import_without_torch():
     """gpu_run imports the list before anything is installed; `ckptspec report` reads stored runs without torch."""
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['psutil'] = None\n"
-        "import ckptspec.spec.harness.records.releases, ckptspec.spec.harness.records.report, ckptspec.spec.harness.records.findings\n"
-        "import ckptspec.spec.harness.records.provenance, ckptspec.spec.harness.cli\n"
+        "import ckptspec.report.releases, ckptspec.report.report, ckptspec.report.findings\n"
+        "import ckptspec.report.provenance, ckptspec.cli\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import report, runs
-from ckptspec.spec.harness.records.blocks import END_MARKER, START_MARKER, replace_block
-from ckptspec.spec.harness.records.report import main, render
-from ckptspec.spec.harness.records.runs import ReportError, load_run
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report import report, runs
+from ckptspec.report.blocks import END_MARKER, START_MARKER, replace_block
+from ckptspec.report.report import main, render
+from ckptspec.report.runs import ReportError, load_run
 
 REGISTRY = {
     "X-1": {"statement": "first clause", "source": "s", "basis": "documented", "severity": "hang"},

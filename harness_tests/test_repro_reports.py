@@ -1,7 +1,7 @@
 """Maintainer reports (issue 45, item 7): every documented or implied data-loss or hang break of a stored run has
 its report beside its reproducer and the reproducer's captured output; the reports are made deterministically from
 their data; captured output is normalised. No reproducer runs here (they are captured by
-ckptspec.spec.harness.records.repro_capture, on the release's environment)."""
+ckptspec.report.repro_capture, on the release's environment)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import findings, repro_capture, repro_reports
-from ckptspec.spec.harness.records.report import clause_verdict
-from ckptspec.spec.harness.records.runs import REPO_ROOT, ReportError, load_run, page_name
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report import findings, repro_capture, repro_reports
+from ckptspec.report.report import clause_verdict
+from ckptspec.report.runs import REPO_ROOT, ReportError, load_run, page_name
 
 RUNS = sorted((REPO_ROOT / "conformance" / "all").glob("*.json"))
 REGISTRY = clause_registry.load()
@@ -47,9 +47,7 @@ def test_every_break_has_its_report_and_captured_output(release, clause):
     base = REPO_ROOT / findings.REPRO_DIR / release
     assert (base / f"{clause}.md").is_file(), f"{release}/{clause}.md missing: python regenerate.py"
     release_out = base / f"{clause}.out"
-    command = (
-        f"python -m ckptspec.spec.harness.records.repro_capture --release {release} --python PYTHON --clauses {clause}"
-    )
+    command = f"python -m ckptspec.report.repro_capture --release {release} --python PYTHON --clauses {clause}"
     assert release_out.is_file(), f"{release}/{clause}.out missing: {command}"
     assert repro_capture.read(release_out).exit_code == 1, f"{release}/{clause}.py did not reproduce the break"
     if repro_capture.IMPL in repro_capture.package_arguments(base / f"{clause}.py"):

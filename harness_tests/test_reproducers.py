@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptspec.spec.harness.records.runs import REPO_ROOT
+from ckptspec.report.runs import REPO_ROOT
 
 REPRO = REPO_ROOT / "findings" / "repro"
 FINDINGS = REPO_ROOT / "docs" / "findings"

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import results_page, verdicts
-from ckptspec.spec.harness.records.report import clause_verdict, main
-from ckptspec.spec.harness.records.runs import REPO_ROOT, load_run
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report import results_page, verdicts
+from ckptspec.report.report import clause_verdict, main
+from ckptspec.report.runs import REPO_ROOT, load_run
 
 PAGE = REPO_ROOT / "docs" / "results.html"
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")

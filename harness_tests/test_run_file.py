@@ -1,4 +1,4 @@
-"""The conformance record's one type (ckptspec.spec.harness.records.run_file): every stored run reads back and writes
+"""The conformance record's one type (ckptspec.report.run_file): every stored run reads back and writes
 out the same JSON, so the writer (the plugin) and the readers share one format."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptspec.spec.harness.records.run_file import PhaseRecord, ReportError, RunFile
+from ckptspec.report.run_file import PhaseRecord, ReportError, RunFile
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,4 +24,4 @@ def test_an_older_torch_is_named_in_the_header(monkeypatch: pytest.MonkeyPatch) 
 
 def test_the_floor_is_pyproject_tomls() -> None:
     project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
-    assert f"torch>={SUPPORTED_TORCH}" in project["dependencies"]
+    assert f"torch>={SUPPORTED_TORCH}" in project["optional-dependencies"]["test"]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptspec.spec.harness.records import verdicts
-from ckptspec.spec.harness.records.runs import OUTCOMES, Record
+from ckptspec.report import verdicts
+from ckptspec.report.runs import OUTCOMES, Record
 
 REGISTRY: dict[str, dict[str, Any]] = {
     "D-1": {"statement": "documented", "basis": "documented", "snapshot": True},

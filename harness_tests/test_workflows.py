@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from ckptspec.bench.regression.__main__ import parser as regression_parser
+from ckptspec.report import releases
 from ckptspec.spec.harness import ci_job
-from ckptspec.spec.harness.records import releases
 from harness_tests.pytest_runs import REPO_ROOT, clean_env
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"

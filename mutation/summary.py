@@ -21,7 +21,7 @@ import tomllib
 from collections import defaultdict
 from pathlib import Path
 
-from ckptspec.spec.harness.records.blocks import replace_block
+from ckptspec.report.blocks import replace_block
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- mutation:start -->", "<!-- mutation:end -->"

@@ -32,7 +32,8 @@ from ckptspec.bench.figures import (
     snapshot_verdict,
 )
 from ckptspec.bench.goals import goals
-from ckptspec.spec.harness import ReportError, update_file
+from ckptspec.report.blocks import update_file
+from ckptspec.report.runs import ReportError
 
 __all__ = ["main", "noise", "render", "render_compact"]
 

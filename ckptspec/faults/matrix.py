@@ -7,14 +7,14 @@
         first run `pytest ckptspec/faults -n auto -q -p no:randomly --impl T --conformance-json
         DIR/faults-T.json` per target (DIR defaults to conformance/), timing each run, then report on
         those files, with the wall times. Pytest exit codes 0 and 1 are data; any other is an error.
-        The run and the command line's error handling are ckptspec.spec.harness.records.runs' (`run_target`, `cli`),
+        The run and the command line's error handling are ckptspec.report.runs' (`run_target`, `cli`),
         shared with the conformance table.
 
-Input is what `--conformance-json` writes (see ckptspec.spec.harness.plugin and ckptspec.spec.harness.records.runs). A test's fault
+Input is what `--conformance-json` writes (see ckptspec.spec.harness.plugin and ckptspec.report.runs). A test's fault
 is the family of the FI-* clauses it cites (FI-RANK-1 -> FI-RANK; FI-ORPHAN-1, cited by every fault
 test, does not count); its phase is the first `-`-separated word of its parameter id that names a
 phase (`test_killed_worker[write-child]` -> write). A cell aggregates the outcomes of the tests of
-that fault, phase and target in verdict words (ckptspec.spec.harness.records.verdicts.judge_tests: a known failure is worded by
+that fault, phase and target in verdict words (ckptspec.report.verdicts.judge_tests: a known failure is worded by
 the basis of the clause its expectations entry names), or says "n/a" where no test exists: the fault cannot happen
 in that phase. The row "leftovers (audit)" says whether the orphan audit (FI-ORPHAN-1) failed a test of that phase:
 "leaves processes" if it did, "passes" if tests of the phase ran without such a failure.
@@ -30,11 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptspec.spec.harness import Record, load_run, write_block
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records.run_file import PhaseRecord, RunFile
-from ckptspec.spec.harness.records.runs import cli, run_parser, run_target
-from ckptspec.spec.harness.records.verdicts import judge_tests
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.blocks import write_block
+from ckptspec.report.run_file import PhaseRecord, RunFile
+from ckptspec.report.runs import Record, cli, load_run, run_parser, run_target
+from ckptspec.report.verdicts import judge_tests
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
@@ -75,13 +75,13 @@ class TargetRun:
 
     label: str
     records: tuple[PhaseRecord, ...]  # every recorded phase of every test
-    tests: dict[str, Record]  # nodeid -> its record, worst phase (ckptspec.spec.harness.records.runs.load_run)
+    tests: dict[str, Record]  # nodeid -> its record, worst phase (ckptspec.report.runs.load_run)
     registry: dict  # the clauses: the run's, then the project's
     wall_s: float | None = None
 
 
 def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
-    """Read one conformance JSON file (validated by ckptspec.spec.harness.records.runs.load_run)."""
+    """Read one conformance JSON file (validated by ckptspec.report.runs.load_run)."""
     run = load_run(path)
     records = tuple(RunFile.read(path).tests)
     return TargetRun(run.label, records, dict(run.tests), {**run.clauses, **clause_registry.load()}, wall_s)

@@ -21,7 +21,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ckptspec.spec.harness import installed
+from ckptspec.report import installed
 
 __all__ = ["ROOT", "Figure", "Settings", "figures_of", "normalised", "run_set", "source_of"]
 

@@ -5,16 +5,14 @@ Sub-packages (one job each; each one's __init__ lists its modules):
                 launched runner, the reaper
     target      the target surface: loading a target, the adapter contract, the protocol and manager layers,
                 formats, the documented recipe
-    records     recorded runs and everything that reads them: verdicts, the table, findings, the results page,
-                merging runs, recording failures, the release list
 
 Modules beside them:
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
     applicability  which tests apply to the target: the plugin's skips (capabilities, GPU, "not applicable")
     profiles    the hypothesis profiles (ci, explore, nightly) and which one a run loads
-    cli         the `ckptspec` command (judge the installed library, read stored runs)
-    clauses     the clause registry (ckptspec/spec/clauses/*.toml)
+    ci_job      the conformance workflow's job: run the suite against an adapter, summarise it
     expectations  a target's known failures (its expectations file), read by the plugin and record_failures
+    record_failures  expectations entries (`raises`, `match`) written from a recorded run
     asserts     bounded calls and their outcomes; the assertion family (one message shape)
     processes   the async core and its callers; observing processes and files from outside; cleaning up
     warm_savers one saver kept warm on a rank across the examples of a property test (kept, end_kept)
@@ -23,6 +21,9 @@ Modules beside them:
     strategies  hypothesis strategies for state dicts and tensors
     s3          an S3 endpoint on loopback with a fault proxy, and its fixture (moto is imported on demand)
     machines    running hypothesis state machines (imported on demand: it needs hypothesis)
+
+Recorded runs and everything that reads them (the run record the plugin writes, verdicts, pages, the release list,
+the clause registry) are `ckptspec.report`, torch-free, below the harness; the `ckptspec` command is `ckptspec.cli`.
 
 The import rule, the same for every file (CONTRIBUTING.md, "Layers"): the harness is the bottom layer (it imports
 no target, driver or test); above it, code imports this package's names below or a harness module's public names,
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
     )
     from ckptspec.spec.harness.processes import CALLERS, alive, async_core, close_quietly, exists, remove, wait_for_file
     from ckptspec.spec.harness.ranks import RankFailures, RankPool, rank_state, run_on_ranks, world
-    from ckptspec.spec.harness.records.blocks import update_file, write_block
-    from ckptspec.spec.harness.records.runs import Record, ReportError, load_run
     from ckptspec.spec.harness.target.loading import MissingCapability, Target, current_target, load_target
 
 __all__ = [
@@ -59,8 +58,6 @@ __all__ = [
     "Outcome",
     "RankFailures",
     "RankPool",
-    "Record",
-    "ReportError",
     "Target",
     "alive",
     "assert_each_rank",
@@ -72,16 +69,13 @@ __all__ = [
     "close_quietly",
     "current_target",
     "exists",
-    "load_run",
     "load_target",
     "outcome_of",
     "rank_state",
     "remove",
     "run_on_ranks",
-    "update_file",
     "wait_for_file",
     "world",
-    "write_block",
 ]
 
 
@@ -102,12 +96,10 @@ _HOMES = {
         ),
         "asserts",
     ),
-    **dict.fromkeys(("update_file", "write_block"), "records.blocks"),
     **dict.fromkeys(
         ("CALLERS", "alive", "async_core", "close_quietly", "exists", "remove", "wait_for_file"), "processes"
     ),
     **dict.fromkeys(("RankFailures", "RankPool", "rank_state", "run_on_ranks", "world"), "ranks"),
-    **dict.fromkeys(("Record", "ReportError", "load_run"), "records.runs"),
     **dict.fromkeys(("MissingCapability", "Target", "current_target", "load_target"), "target.loading"),
 }
 

@@ -5,7 +5,7 @@
                                                 [--expectations FILE] [--out FILE]
 
 `run` runs the suite's areas (those of `ckptspec judge --areas`; default: protocol and the fault suite) against the
-adapter, from a checkout or an installed copy (ckptspec/spec/harness/installed.py), with the expectations the adapter
+adapter, from a checkout or an installed copy (ckptspec/report/installed.py), with the expectations the adapter
 names or $CKPTSPEC_EXPECTATIONS, and records DIR/run.json. Its exit status is pytest's: 0 when every test passed or
 failed as its expectations entry says, 1 on a new failure or a fixed one (a strict XPASS), so that the job turns red.
 
@@ -28,11 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness import expectations, installed
-from ckptspec.spec.harness.records import record_failures, releases, report
-from ckptspec.spec.harness.records.run_file import RunFile
-from ckptspec.spec.harness.records.runs import load_run
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report import installed, releases, report
+from ckptspec.report.run_file import RunFile
+from ckptspec.report.runs import load_run
+from ckptspec.spec.harness import expectations, record_failures
 
 __all__ = ["DEFAULT_AREAS", "area_paths", "main", "stored_runs", "summary"]
 

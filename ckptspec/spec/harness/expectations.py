@@ -71,8 +71,8 @@ import pytest
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.clauses import SEVERITIES
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.clauses import SEVERITIES
 
 __all__ = [
     "VERDICTS",

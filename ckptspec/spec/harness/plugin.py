@@ -16,7 +16,7 @@ loads it too, for a run with another ini file).
   matches no test of a file the run collected whole is listed in the terminal summary; an error when $CI is set.
 - A failing test's traceback ends with the statement of every clause it cites (exception notes).
 - `--conformance-json PATH` records every test's outcome with its clauses, and for an expected failure its entry
-  and how it failed (see ckptspec.spec.harness.records.runs); an expected failure that fails otherwise than its entry says
+  and how it failed (see ckptspec.report.runs); an expected failure that fails otherwise than its entry says
   (raises / match) is reported failed.
 - Hypothesis profiles `ci` (derandomized: what CI runs, and the default), `explore` and `nightly` (randomized),
   chosen by --hypothesis-profile, else $HYPOTHESIS_PROFILE, else `ci` (ckptspec.spec.harness.profiles).
@@ -46,12 +46,12 @@ import pytest
 from _pytest.reports import CollectReport
 from hypothesis import settings
 
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report import provenance
+from ckptspec.report.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
 from ckptspec.spec.harness import applicability, expectations
-from ckptspec.spec.harness import clauses as clause_registry
 from ckptspec.spec.harness.profiles import in_ci, load_profile
 from ckptspec.spec.harness.ranks import RankPool, devices, launched, reaper, use_runner
-from ckptspec.spec.harness.records import provenance
-from ckptspec.spec.harness.records.run_file import EntryRecord, FailureRecord, PhaseRecord, RunFile
 from ckptspec.spec.harness.target.loading import (
     CAPABILITY_DOCS,
     ENV_VAR,

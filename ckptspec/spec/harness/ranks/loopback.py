@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records.runs import Run, load_run
-from ckptspec.spec.harness.records.verdicts import judge
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.runs import Run, load_run
+from ckptspec.report.verdicts import judge
 
 __all__ = [
     "Node",

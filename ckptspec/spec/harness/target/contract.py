@@ -274,7 +274,7 @@ def table() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ckptspec.spec.harness.records.blocks import markers, write_block
+    from ckptspec.report.blocks import markers, write_block
 
     parser = argparse.ArgumentParser(prog="python -m ckptspec.spec.harness.target.contract", description=table.__doc__)
     parser.add_argument("--update", type=Path, help="put the table between the contract block's markers of this file")

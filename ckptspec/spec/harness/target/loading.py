@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
 
-from ckptspec.spec.harness.records.provenance import NO_EXPECTATIONS_VAR
+from ckptspec.report.provenance import NO_EXPECTATIONS_VAR
 from ckptspec.spec.harness.target import contract
 from ckptspec.spec.harness.target.formats import DCP, CheckpointFormat
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ckptspec.spec.harness.records import verdicts
-from ckptspec.spec.harness.records.runs import Run
+from ckptspec.report import verdicts
+from ckptspec.report.runs import Run
 
 __all__ = ["predecessors", "section"]
 

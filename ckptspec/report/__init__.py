@@ -1,6 +1,10 @@
-"""Recorded runs and everything that reads them: verdicts, tables, pages, merging, recording failures.
+"""ckptspec's reports: recorded runs and everything that reads them (verdicts, tables, pages, reproducer reports).
 
-Nothing here imports torch, a target or the runner: `ckptspec report` works in an environment without them.
+Nothing here imports torch, pytest, a target or the runner (harness_tests/test_report_without_torch.py renders
+every page with torch unimportable): `pip install ckptspec` without the `test` extra installs this and the
+`ckptspec report|findings` commands, and the stored runs come with it (`data/stored/`, the checkout's
+`conformance/all/`). The suite writes the run record (`run_file`) and reads the clause registry and the release
+list from here; nothing here imports the suite.
 
 Modules:
     run_file         the conformance record as types (RunFile, PhaseRecord): written by the plugin, read by every reader
@@ -19,5 +23,6 @@ Modules:
     repro_reports    maintainer reports for each documented or implied data-loss or hang break
     blocks           the generated blocks of Markdown files (between marker lines)
     merge_runs       a stored run completed by a rerun of some of its tests
-    record_failures  expectations entries (`raises`, `match`) written from a recorded run
+    clauses          the clause registry (ckptspec/spec/clauses/*.toml)
+    installed        a checkout or an installed copy: where the configuration and the data files lie
 """

@@ -13,7 +13,7 @@ import html
 
 import markdown
 
-from ckptspec.spec.harness.records.results_page import slug
+from ckptspec.report.results_page import slug
 
 __all__ = ["to_html"]
 

@@ -1,28 +1,28 @@
 """Conformance table: each clause of the registry (`ckptspec/spec/clauses/`) against each target, in verdict words.
 
-Input is the JSON that `pytest ckptspec/spec --impl NAME --conformance-json PATH` writes (ckptspec.spec.harness.records.runs).
+Input is the JSON that `pytest ckptspec/spec --impl NAME --conformance-json PATH` writes (ckptspec.report.runs).
 Usage:
 
-    python -m ckptspec.spec.harness.records.report A.json B.json ...        print the table to stdout
-    python -m ckptspec.spec.harness.records.report A.json --update FILE     replace the block between the lines
+    python -m ckptspec.report.report A.json B.json ...        print the table to stdout
+    python -m ckptspec.report.report A.json --update FILE     replace the block between the lines
                                                                  <!-- conformance:start --> and
                                                                  <!-- conformance:end --> in FILE
-    python -m ckptspec.spec.harness.records.report A.json --areas async_ckpt storage
+    python -m ckptspec.report.report A.json --areas async_ckpt storage
                                                                  only the rows of those clause areas
-    python -m ckptspec.spec.harness.records.report --run impl nvrx-0.7.0 [--out DIR] [--suite DIR] [--update FILE]
+    python -m ckptspec.report.report --run impl nvrx-0.7.0 [--out DIR] [--suite DIR] [--update FILE]
         first run the suite once per target (a name runs here with pytest; TARGET-RELEASE in its nox session
         `spec(TARGET-RELEASE)`), recording DIR/TARGET.json (DIR defaults to conformance/), then report on those.
 
-    python -m ckptspec.spec.harness.records.report A.json B.json ... --html FILE
+    python -m ckptspec.report.report A.json B.json ... --html FILE
                                                                  write the filterable results page
-                                                                 (ckptspec.spec.harness.records.results_page) instead
+                                                                 (ckptspec.report.results_page) instead
 
 Every generated table and page of the project is regenerated from the stored runs by `python regenerate.py`.
 
 Table contract: one row per clause id, registry order first (a clause no test cites is still a row), then ids only
 the input files know; columns clause, statement (shortened to about 70 characters), basis (documented, implied,
 decision), severity (what a user suffers when a target misses it), then one column per input file headed
-"target version". A cell is ckptspec.spec.harness.records.verdicts.judge's verdict: a failure counts only against the clauses its
+"target version". A cell is ckptspec.report.verdicts.judge's verdict: a failure counts only against the clauses its
 expectations entry names. Below the table: the legend and one summary line per target (rows by verdict word). Bad
 input (unreadable, not JSON, wrong shape) is an error naming the file; errors exit with status 1.
 """
@@ -36,10 +36,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import results_page, verdicts
-from ckptspec.spec.harness.records.blocks import markers, write_block
-from ckptspec.spec.harness.records.runs import Run, cli, load_run, run_parser, run_target
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report import results_page, verdicts
+from ckptspec.report.blocks import markers, write_block
+from ckptspec.report.runs import Run, cli, load_run, run_parser, run_target
 
 __all__ = ["clause_verdict", "main", "render"]
 
@@ -116,7 +116,7 @@ def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, Any]] | None
 
 def _parser() -> argparse.ArgumentParser:
     parser = run_parser(
-        "python -m ckptspec.spec.harness.records.report",
+        "python -m ckptspec.report.report",
         "Render the clause-by-target conformance table from --conformance-json files.",
         what="the suite",
         written="TARGET.json",

@@ -1,11 +1,11 @@
 """The results page: one self-contained HTML file of every clause against every stored run, with filters.
 
-    python -m ckptspec.spec.harness.records.report conformance/all/*.json --html docs/results.html
+    python -m ckptspec.report.report conformance/all/*.json --html docs/results.html
 
 The page needs no server, no network and no build step: the table is plain HTML (readable with scripts off), and
 a short inline script filters it by target, area, verdict word, severity and basis. Each row shows the clause's
 statement in full, its source and the decision on demand (a <details> element); each cell where a target breaks
-a clause links to that clause on the target's findings page (docs/findings/, ckptspec.spec.harness.records.findings).
+a clause links to that clause on the target's findings page (docs/findings/, ckptspec.report.findings).
 
 The filters can also be set from the address: `results.html#target=nvrx-0.7.0&verdict=breaks+its+documentation`
 sets the controls as a reader would and applies them (the browser test does exactly this), and every change of a
@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import provenance, verdicts
-from ckptspec.spec.harness.records.runs import Run, clause_anchor, page_name
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report import provenance, verdicts
+from ckptspec.report.runs import Run, clause_anchor, page_name
 
 __all__ = ["render", "slug"]
 
@@ -182,7 +182,7 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
 
 
 def _provenance(runs: Sequence[Run]) -> str:
-    """Where each run came from: one list item per provenance part (ckptspec.spec.harness.records.provenance)."""
+    """Where each run came from: one list item per provenance part (ckptspec.report.provenance)."""
     items = [
         f"<li>{html.escape(provenance.describe(part).replace('`', ''))}</li>"
         for run in runs

@@ -1,6 +1,6 @@
 """Findings at a glance: the README's block of what each judged library breaks, and what to do about it.
 
-    python -m ckptspec.spec.harness.records.glance conformance/all/*.json --update README.md
+    python -m ckptspec.report.glance conformance/all/*.json --update README.md
 
 replaces the block between `<!-- glance:start -->` and `<!-- glance:end -->` with, for each library that has a
 stored run (NVRx, Megatron-Core, torch DCP, torchtitan, Lightning; impl has no findings): its releases' findings
@@ -8,7 +8,7 @@ pages and verdict counts; a table of the clauses a release breaks as documented 
 (data-loss, hang, leak, wrong-error, cosmetic), documented before implied, each with the clause's `symptom`, the
 releases that break it and a standalone reproducer where one exists; the clauses met only at their weak level; the
 decisions of this spec the releases do not meet, apart (the library never promised them); and the usage rules of
-`findings/advice.toml` that apply (ckptspec.spec.harness.records.advice). Everything comes from the stored runs, the clauses
+`findings/advice.toml` that apply (ckptspec.report.advice). Everything comes from the stored runs, the clauses
 and the advice file (python regenerate.py; CI checks it for drift).
 """
 
@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import advice, findings, verdicts
-from ckptspec.spec.harness.records.blocks import markers, write_block
-from ckptspec.spec.harness.records.report import clause_verdict
-from ckptspec.spec.harness.records.runs import REPO_ROOT, ReportError, Run, load_run, page_name
+from ckptspec.report import advice, findings, verdicts
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.blocks import markers, write_block
+from ckptspec.report.report import clause_verdict
+from ckptspec.report.runs import REPO_ROOT, ReportError, Run, load_run, page_name
 
 __all__ = ["main", "render", "repro_path", "symptom"]
 
@@ -165,9 +165,7 @@ def render(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ckptspec.spec.harness.records.glance", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m ckptspec.report.glance", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path, metavar="JSON", help="stored runs (conformance/all/*.json)")
     parser.add_argument("--update", type=Path, required=True, metavar="FILE", help="the file holding the glance block")
     args = parser.parse_args(argv)

@@ -1,13 +1,13 @@
 """Findings pages: for one recorded run of a target release, what it breaks, for its maintainers.
 
-    python -m ckptspec.spec.harness.records.findings conformance/all/nvrx-0.7.0.json ... --out docs/findings
+    python -m ckptspec.report.findings conformance/all/nvrx-0.7.0.json ... --out docs/findings
 
 writes docs/findings/<target>-<release>.md per run (the file name is the run's label, spaces as dashes). A page lists
 the clauses the run breaks, documented and implied first, each group ordered by severity (data-loss, hang, leak,
 wrong-error, cosmetic): the clause's statement, its basis and quoted source, the mechanism (the reason of the
 target's expectations entry, read in the release's source), the tests that show it, and the standalone reproducer
 `findings/repro/<target>-<release>/<clause>.py` where one exists, and beside it, for a data-loss or hang break,
-the maintainer report `<clause>.md` (ckptspec.spec.harness.records.repro_reports; `reportable` says which breaks get one). Then, in one short list, the clauses where the
+the maintainer report `<clause>.md` (ckptspec.report.repro_reports; `reportable` says which breaks get one). Then, in one short list, the clauses where the
 target meets less than a decision of this spec asks (not promises of the library), and the clauses judged with
 the release's own documents or changed API. Pages are generated (python regenerate.py); edit the clauses, the
 expectations files or the runs, never the pages.
@@ -22,11 +22,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import advice, changes, provenance, verdicts
-from ckptspec.spec.harness.records.findings_html import to_html
-from ckptspec.spec.harness.records.report import clause_verdict
-from ckptspec.spec.harness.records.runs import REPO_ROOT, ReportError, Run, clause_anchor, load_run, page_name
+from ckptspec.report import advice, changes, provenance, verdicts
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.findings_html import to_html
+from ckptspec.report.report import clause_verdict
+from ckptspec.report.runs import REPO_ROOT, ReportError, Run, clause_anchor, load_run, page_name, stored_runs
 
 __all__ = [
     "REPORTED_SEVERITIES",
@@ -173,7 +173,7 @@ def page(
 ) -> str:
     """The Markdown page of one run (ends with a newline); `rules`: the usage rules (findings/advice.toml) whose
     applying ones open the page; `previous`: the run of the target's next older release, whose comparison follows
-    them (ckptspec.spec.harness.records.changes)."""
+    them (ckptspec.report.changes)."""
     judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
     broken = [cid for cid, v in judged.items() if v.broken and v.word != verdicts.BROKEN_WORDS["decision"]]
     broken.sort(
@@ -193,7 +193,7 @@ def page(
         "Generated from the stored run `conformance/all/` by `python regenerate.py`: do not edit. Measured on a "
         f"2-core CPU machine with gloo and {run.tensor_device} tensors; clauses that need a GPU were not run.",
         "",
-        "Provenance of the stored run (ckptspec.spec.harness.records.provenance; one line per run merged into it):",
+        "Provenance of the stored run (ckptspec.report.provenance; one line per run merged into it):",
         "",
         *(f"- {provenance.describe(part)}" for part in run.provenance),
         *([] if run.provenance else ["- not recorded"]),
@@ -238,15 +238,15 @@ def severity_rank(severity: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ckptspec.spec.harness.records.findings", description=__doc__.splitlines()[0]
+    parser = argparse.ArgumentParser(prog="python -m ckptspec.report.findings", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "files", nargs="*", type=Path, metavar="JSON", help="runs (default: the stored runs, conformance/all/*.json)"
     )
-    parser.add_argument("files", nargs="+", type=Path, metavar="JSON", help="stored runs (conformance/all/*.json)")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="where the pages go")
     args = parser.parse_args(argv)
     registry = clause_registry.load()
     try:
-        runs = [load_run(path) for path in args.files]
+        runs = [load_run(path) for path in args.files or stored_runs()]
         rules = advice.load(registry)
     except ReportError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ckptspec.spec.harness.records.runs import Record
+from ckptspec.report.runs import Record
 
 __all__ = [
     "BROKEN_WORDS",

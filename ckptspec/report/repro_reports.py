@@ -1,9 +1,9 @@
 """Maintainer reports: for each documented or implied data-loss or hang break, a page ready to file upstream.
 
-    python -m ckptspec.spec.harness.records.repro_reports conformance/all/*.json --out findings/repro
+    python -m ckptspec.report.repro_reports conformance/all/*.json --out findings/repro
 
 writes `<out>/<target>-<release>/<CLAUSE>.md` beside the reproducer `findings/repro/<target>-<release>/<CLAUSE>.py`
-for every break ckptspec.spec.harness.records.findings.reportable selects, and removes the other `.md` files of those release
+for every break ckptspec.report.findings.reportable selects, and removes the other `.md` files of those release
 directories (a break that is gone loses its report). A report gives:
 
 - a title: what goes wrong, naming the API (findings/report-titles.toml, by target or target-release; a reported
@@ -13,7 +13,7 @@ directories (a break that is gone loses its report). A report gives:
 - the promise: the clause's statement, its basis (documented: the library's own documents; implied: its own code or
   docstrings) and its quoted source;
 - the reproducer command as a user types it from a clone, and its captured output on the release and on impl
-  (`<CLAUSE>.out`, `<CLAUSE>.impl.out`, recorded by ckptspec.spec.harness.records.repro_capture; a missing capture is said);
+  (`<CLAUSE>.out`, `<CLAUSE>.impl.out`, recorded by ckptspec.report.repro_capture; a missing capture is said);
 - the mechanism in the release's code: the reasons of the release's expectations entries for the clause
   (the findings pages' "Mechanism"), and the tests that show it.
 
@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records import verdicts
-from ckptspec.spec.harness.records.findings import (
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report import verdicts
+from ckptspec.report.findings import (
     REPRO_DIR,
     mechanisms,
     report_path,
@@ -41,9 +41,9 @@ from ckptspec.spec.harness.records.findings import (
     repro_path,
     tests_showing,
 )
-from ckptspec.spec.harness.records.report import clause_verdict
-from ckptspec.spec.harness.records.repro_capture import IMPL, PACKAGES, Captured, out_path, package_arguments, read
-from ckptspec.spec.harness.records.runs import REPO_ROOT, ReportError, Run, load_run, page_name
+from ckptspec.report.report import clause_verdict
+from ckptspec.report.repro_capture import IMPL, PACKAGES, Captured, out_path, package_arguments, read
+from ckptspec.report.runs import REPO_ROOT, ReportError, Run, load_run, page_name
 
 __all__ = ["TITLES", "main", "report", "reports"]
 
@@ -125,9 +125,7 @@ def report(
     verdict = clause_verdict(run, cid, {**run.clauses, **registry})
     package = PACKAGES.get(_target(run), _target(run))
     script = repro_path(run, cid)
-    capture_command = (
-        f"python -m ckptspec.spec.harness.records.repro_capture --release {release} --python PYTHON --clauses {cid}"
-    )
+    capture_command = f"python -m ckptspec.report.repro_capture --release {release} --python PYTHON --clauses {cid}"
     lines = [
         f"# {run.label}: {_title(titles, run, cid)}",
         "",

@@ -1,9 +1,9 @@
 """Captured reproducer outputs: each reproducer of a release run once, on the release and on impl, and recorded.
 
-    python -m ckptspec.spec.harness.records.repro_capture --release nvrx-0.7.0 --python /work/main/.nox/spec-nvrx-0-7-0/bin/python
+    python -m ckptspec.report.repro_capture --release nvrx-0.7.0 --python /work/main/.nox/spec-nvrx-0-7-0/bin/python
         [--impl-python PYTHON] [--no-impl] [--clauses AQ-7 AR-8 ...] [--bound 600]
 
-For each clause whose maintainer report exists (ckptspec.spec.harness.records.findings.reportable: a documented or implied
+For each clause whose maintainer report exists (ckptspec.report.findings.reportable: a documented or implied
 data-loss or hang break of the stored run `conformance/all/<release>.json` with a reproducer), or each of
 `--clauses`, runs `findings/repro/<release>/<CLAUSE>.py` from the repository root, as a user types it: with the
 release's package (`--python`: an environment where that release is installed) and, where the script takes `impl`
@@ -11,7 +11,7 @@ release's package (`--python`: an environment where that release is installed) a
 `--bound` seconds; its whole process group is then killed. Run it under the heavy lock: a reproducer starts ranks.
 
 Each run is written to `findings/repro/<release>/<CLAUSE>.out` (the release) or `<CLAUSE>.impl.out` (impl), as
-committed data the reports (ckptspec.spec.harness.records.repro_reports) quote:
+committed data the reports (ckptspec.report.repro_reports) quote:
 
     $ python findings/repro/<release>/<CLAUSE>.py PACKAGE
     exit status: 1                      (or "none: killed after the N s bound")
@@ -42,10 +42,10 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness.records.findings import REPRO_DIR, reportable
-from ckptspec.spec.harness.records.report import clause_verdict
-from ckptspec.spec.harness.records.runs import RELEASE_LABEL, REPO_ROOT, ReportError, load_run
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.findings import REPRO_DIR, reportable
+from ckptspec.report.report import clause_verdict
+from ckptspec.report.runs import RELEASE_LABEL, REPO_ROOT, ReportError, load_run
 
 __all__ = [
     "PACKAGES",

@@ -6,7 +6,7 @@ FIELDS: the project commit (`+dirty` when tracked files differed from it), the U
 torch, Python, the machine (platform, CPU count, GPUs), the tensor device, the pytest command, and whether the
 target's expectations were applied.
 
-Runs stored before provenance was recorded get a reconstructed part (`python -m ckptspec.spec.harness.records.provenance
+Runs stored before provenance was recorded get a reconstructed part (`python -m ckptspec.report.provenance
 --reconstruct FILE ...`): what the file itself says (target, version, tensor device; torch for DCP, whose version is
 torch's), the commits that stored the file (`git log --follow`), and "unknown" for everything else; its
 `reconstructed` field says so. Nothing is guessed. Standard library only (read without torch).
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness.records.run_file import RunFile
+from ckptspec.report.run_file import RunFile
 
 __all__ = [
     "FIELDS",
@@ -58,7 +58,7 @@ FIELDS = (
 # Set (to the reason) by `ckptspec judge` for a version with no recorded run: the target's expectations file is not
 # applied, so that every failure is reported as it is (ckptspec.spec.harness.target.loading reads it).
 NO_EXPECTATIONS_VAR = "CKPTSPEC_NO_EXPECTATIONS"
-_ROOT = Path(__file__).resolve().parents[4]
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _git(*args: str, cwd: Path = _ROOT) -> str | None:
@@ -167,9 +167,7 @@ def describe(part: Mapping[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ckptspec.spec.harness.records.provenance", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m ckptspec.report.provenance", description=__doc__.splitlines()[0])
     parser.add_argument("--reconstruct", nargs="+", type=Path, required=True, metavar="JSON")
     args = parser.parse_args(argv)
     for path in args.reconstruct:

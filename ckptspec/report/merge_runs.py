@@ -1,6 +1,6 @@
 """Merge conformance JSON files of one target into one: a later run of a test replaces the earlier one.
 
-    python -m ckptspec.spec.harness.records.merge_runs OUT.json FULL.json RERUN.json ...
+    python -m ckptspec.report.merge_runs OUT.json FULL.json RERUN.json ...
 
 For a full run completed by later runs of a few modules (a changed test, a new clause) without running the whole
 suite again. Every input must be a run of the same target and version (else an error naming both); a test recorded
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ckptspec.spec.harness.records import provenance
-from ckptspec.spec.harness.records.run_file import ReportError, RunFile
+from ckptspec.report import provenance
+from ckptspec.report.run_file import ReportError, RunFile
 
 __all__ = ["main", "merge"]
 
@@ -50,9 +50,7 @@ def merge(paths: Sequence[Path | str]) -> RunFile:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ckptspec.spec.harness.records.merge_runs", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m ckptspec.report.merge_runs", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="the merged JSON file to write")
     parser.add_argument("files", nargs="+", type=Path, help="conformance JSON files of one target, oldest first")
     args = parser.parse_args(argv)

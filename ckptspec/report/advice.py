@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness import installed
-from ckptspec.spec.harness.records.report import clause_verdict
-from ckptspec.spec.harness.records.runs import ReportError, Run
+from ckptspec.report import installed
+from ckptspec.report.report import clause_verdict
+from ckptspec.report.runs import ReportError, Run
 
 __all__ = ["ADVICE", "LIBRARIES", "Rule", "applies", "for_run", "library_of", "load"]
 

@@ -2,8 +2,8 @@
 
     ckptspec judge nvrx|mcore|dcp|torchtitan|lightning|ADAPTER [--areas AREA ...] [-n N] [--tensor-device DEV]
                    [--out DIR]
-    ckptspec report JSON ... [options of python -m ckptspec.spec.harness.records.report]
-    ckptspec findings JSON ... --out DIR
+    ckptspec report [JSON ...] [options of python -m ckptspec.report.report]
+    ckptspec findings [JSON ...] --out DIR
     ckptspec pytest [PYTEST_ARGS ...]
     ckptspec --version
 
@@ -11,14 +11,15 @@
 distribution (as the suite does), runs pytest on the suites (or the areas asked for) against it in a process of its
 own, writes the run JSON and the findings page into DIR (default `ckptspec-judged/` under the working directory),
 and prints a short report: what the release keeps, what it breaks by severity, what to do (findings/advice.toml).
-When the project has a recorded run of that version (ckptspec/spec/harness/records/releases.py), the target's expectations
+When the project has a recorded run of that version (ckptspec/report/releases.py), the target's expectations
 file applies, so a known failure reads as the clause it breaks; for any other version the expectations are not
 applied ($CKPTSPEC_NO_EXPECTATIONS), every failure is reported as it happened, charged to each clause its test
 cites, and the report says that no recorded run exists. `dcp` judges the three configurations of `dcp.async_save`
-in turn. `report` and `findings` read stored runs and need no torch.
+in turn. `report` and `findings` read runs (by default the stored runs this copy carries) and need no torch:
+`pip install ckptspec` alone installs them; `judge` and `pytest` need the `test` extra.
 
 `pytest` runs pytest in the working directory with the suite's configuration and its rootdir, from a checkout or
-an installed copy alike (ckptspec/spec/harness/installed.py), so that `ckptspec pytest --pyargs ckptspec.spec.protocol
+an installed copy alike (ckptspec/report/installed.py), so that `ckptspec pytest --pyargs ckptspec.spec.protocol
 --impl mylib.ckptspec_adapter` names each test as the expectations files do. `--version` prints ckptspec's version
 (the installed distribution's metadata).
 """
@@ -35,10 +36,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness import clauses as clause_registry
-from ckptspec.spec.harness import installed
-from ckptspec.spec.harness.records import advice, findings, glance, provenance, releases, report, verdicts
-from ckptspec.spec.harness.records.runs import REPO_ROOT, Run, load_run, page_name
+from ckptspec.report import advice, findings, glance, installed, provenance, releases, report, verdicts
+from ckptspec.report import clauses as clause_registry
+from ckptspec.report.runs import REPO_ROOT, Run, load_run, page_name
 
 __all__ = ["main"]
 
@@ -155,6 +155,19 @@ def _severity(run: Run, cid: str, registry: Mapping[str, Mapping[str, Any]]) -> 
     return str(run.severity(cid, registry[cid].get("severity", "")))
 
 
+def _suite_missing(command: str) -> str | None:
+    """Why `command` cannot run the suite here (`pip install ckptspec` without the `test` extra), or None."""
+    import importlib.util
+
+    absent = [name for name in ("torch", "pytest", "hypothesis") if importlib.util.find_spec(name) is None]
+    if not absent:
+        return None
+    return (
+        f"ckptspec {command}: the suite needs {', '.join(absent)}, not installed here; install "
+        "`ckptspec[test]` beside your torch (`ckptspec report` and `ckptspec findings` need neither)"
+    )
+
+
 def _judge(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="ckptspec judge", description="judge the installed library, change nothing")
     parser.add_argument("target", help="nvrx, mcore, dcp, torchtitan, lightning, or an adapter (module or name)")
@@ -163,12 +176,16 @@ def _judge(argv: Sequence[str]) -> int:
     parser.add_argument("--tensor-device", choices=("cpu", "cuda"), help="where the snapshot tests keep the state")
     parser.add_argument("--out", type=Path, help="where the run and its page go (default: ./ckptspec-judged)")
     args = parser.parse_args(argv)
+    if (missing := _suite_missing("judge")) is not None:
+        raise SystemExit(missing)
     out = _out_dir(args.out)
     codes = [_judge_one(target, args, out) for target in ALIASES.get(args.target, (args.target,))]
     return max(codes)
 
 
 def _pytest(argv: Sequence[str]) -> int:
+    if (missing := _suite_missing("pytest")) is not None:
+        raise SystemExit(missing)
     import pytest  # in this process, as the `pytest` command runs it
 
     return int(pytest.main([*installed.pytest_options(anywhere=True), *argv]))

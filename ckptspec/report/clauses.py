@@ -57,7 +57,7 @@ __all__ = [
     "weak_levels",
 ]
 
-DIRECTORY = Path(__file__).resolve().parent.parent / "clauses"
+DIRECTORY = Path(__file__).resolve().parents[1] / "spec" / "clauses"
 INDEX = "areas.toml"
 _FIELDS = {
     "id",

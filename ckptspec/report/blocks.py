@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ckptspec.spec.harness.records.runs import ReportError
+from ckptspec.report.runs import ReportError
 
 __all__ = ["END_MARKER", "START_MARKER", "markers", "replace_block", "update_file", "write_block"]
 

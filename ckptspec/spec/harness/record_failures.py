@@ -1,7 +1,7 @@
 """Record how each expected failure fails: `raises` and `match` for expectations entries, from a recorded run.
 
-    python -m ckptspec.spec.harness.records.record_failures RUN.json EXPECTATIONS.toml           what it would record
-    python -m ckptspec.spec.harness.records.record_failures RUN.json EXPECTATIONS.toml --write   record it in the file
+    python -m ckptspec.spec.harness.record_failures RUN.json EXPECTATIONS.toml           what it would record
+    python -m ckptspec.spec.harness.record_failures RUN.json EXPECTATIONS.toml --write   record it in the file
 
 RUN.json is a run of the target's release with `--conformance-json` (its expected failures carry "failure": the
 exception's type and text, ckptspec.spec.harness.plugin). For each entry of the file that applies to the run's release,
@@ -12,7 +12,7 @@ quotes (which change from run to run). A proposal is kept only if every recorded
 (expectations.failure_problem); an entry whose failures disagree is listed, not recorded. --write adds the two lines
 after the entry's `reason` line, leaving the rest of the file as it is.
 
-    python -m ckptspec.spec.harness.records.record_failures RUN.json EXPECTATIONS.toml --new [--write]
+    python -m ckptspec.spec.harness.record_failures RUN.json EXPECTATIONS.toml --new [--write]
 
 starts a new target's file from its real failures: for every test of the run that failed with no entry (outcome
 failed or error), a stub entry with the test's node id, the clauses it cites (keep those that broke), the `raises`
@@ -29,8 +29,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ckptspec.report.run_file import FailureRecord, ReportError, RunFile
 from ckptspec.spec.harness import expectations
-from ckptspec.spec.harness.records.run_file import FailureRecord, ReportError, RunFile
 
 __all__ = ["FILL_IN", "main", "propose", "stubs"]
 
@@ -159,7 +159,7 @@ def write(path: Path, proposals: dict[expectations.Entry, dict[str, str]]) -> in
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ckptspec.spec.harness.records.record_failures", description=__doc__.splitlines()[0]
+        prog="python -m ckptspec.spec.harness.record_failures", description=__doc__.splitlines()[0]
     )
     parser.add_argument("run", type=Path, help="a --conformance-json run of the target's release")
     parser.add_argument("expectations", type=Path, help="the target's expectations file")

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ckptspec.spec.harness import installed
-from ckptspec.spec.harness.records.run_file import OUTCOMES, PhaseRecord, ReportError, RunFile, read_json
+from ckptspec.report import installed, releases
+from ckptspec.report.run_file import OUTCOMES, PhaseRecord, ReportError, RunFile, read_json
 
 __all__ = [
     "OUTCOMES",
@@ -43,12 +43,13 @@ __all__ = [
     "read_json",
     "run_parser",
     "run_target",
+    "stored_runs",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_OPTIONS: list[str] = tomllib.loads(installed.CONFIG.read_text())["tool"]["ckptspec"]["run-options"]
 """The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same; an
-installed copy reads its own copy of them, ckptspec/spec/harness/installed.py)."""
+installed copy reads its own copy of them, ckptspec/report/installed.py)."""
 # `nvrx-0.7.0`: a release of a target, run in its nox session (noxfile.py) instead of in this environment.
 RELEASE_LABEL = re.compile(r"^(?P<target>[A-Za-z0-9_]+)-(?P<release>[0-9][A-Za-z0-9.+]*)$")
 
@@ -130,6 +131,17 @@ def load_run(path: Path | str) -> Run:
 # ---------------------------------------------------------------------------------- making a run
 
 
+def stored_runs() -> list[Path]:
+    """The stored runs this copy carries (a checkout's conformance/all/, or the installed copy's data), in the
+    release list's order (impl, then each release), any other stored run after them by name."""
+    directory = installed.data_file("conformance/all")
+    found = {path.stem: path for path in sorted(directory.glob("*.json"))}
+    if not found:
+        raise ReportError(f"no stored runs in {directory}")
+    listed = [releases.REFERENCE, *(release.name for release in releases.RELEASES)]
+    return [found.pop(name) for name in listed if name in found] + list(found.values())
+
+
 def pytest_command(target: str, json_path: Path, suite: str = "ckptspec/spec") -> list[str]:
     """The command that runs `suite` (a directory of the repository) against `target`, recording to `json_path`.
 
@@ -182,7 +194,11 @@ def run_parser(prog: str, description: str, *, what: str, written: str, update_h
     against each TARGET first), `--out DIR` (where --run writes `written`, TARGET in its name), `--update FILE`."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
-        "files", nargs="*", type=Path, metavar="JSON", help="files written by pytest --conformance-json"
+        "files",
+        nargs="*",
+        type=Path,
+        metavar="JSON",
+        help="files written by pytest --conformance-json (default, without --run: the stored runs this copy carries)",
     )
     parser.add_argument(
         "--run",
@@ -210,9 +226,9 @@ def cli(
     A ReportError is one line `PROG: error: ...` on stderr and status 1 (the report's and ckptspec.faults.matrix's).
     """
     args = parser.parse_args(argv)
-    if not args.files and not args.run:
-        parser.error("give JSON files, --run TARGET ..., or both")
     try:
+        if not args.files and not args.run:
+            args.files = stored_runs()
         action(args)
     except ReportError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
