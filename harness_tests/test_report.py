@@ -11,7 +11,7 @@ from ckptspec.report import clauses as clause_registry
 from ckptspec.report import report, runs
 from ckptspec.report.blocks import END_MARKER, START_MARKER, replace_block
 from ckptspec.report.report import main, render
-from ckptspec.report.runs import ReportError, load_run
+from ckptspec.report.runs import ReportError, load_run, stored_runs
 
 REGISTRY = {
     "X-1": {"statement": "first clause", "source": "s", "basis": "documented", "severity": "hang"},
@@ -250,11 +250,15 @@ def test_missing_file_is_an_error_naming_it(tmp_path, capsys):
     assert f"{path}: cannot read" in capsys.readouterr().err
 
 
-def test_no_input_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit) as info:
-        main([])
-    assert info.value.code == 2
-    assert "--run" in capsys.readouterr().err
+def test_no_input_reports_the_stored_runs(capsys):
+    """Without JSON files or --run, the table is that of the stored runs this copy carries, in the release list's
+    order (impl first)."""
+    assert main(["--areas", "protocol"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    columns = [c.strip() for c in header.strip("|").split("|")][4:]
+    assert columns[0] == "impl (source tree)", columns
+    assert {"nvrx 0.7.0", "torchtitan 0.3.0"} <= set(columns), columns
+    assert len(columns) == len(stored_runs()), columns
 
 
 # ---------------------------------------------------------------------------------- --run

@@ -169,6 +169,13 @@ def _cited(item: pytest.Item) -> list[str]:
     return [cid for mark in item.iter_markers("spec") for cid in mark.args]
 
 
+def _below(path: Path, directory: str) -> bool:
+    """Whether `path` lies in the checkout's (or site-packages') `directory` (`ckptspec/spec`), wherever the root is."""
+    wanted = tuple(directory.split("/"))
+    parts = Path(path).parts
+    return any(parts[i : i + len(wanted)] == wanted for i in range(len(parts) - len(wanted)))
+
+
 def _must_cite(item: pytest.Item, rootdir: Path) -> bool:
     path = Path(str(item.path)).resolve()
     if rootdir not in path.parents:
@@ -304,7 +311,7 @@ def _end_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
     this keeps a target whose workers never exit from filling the machine's memory over a run. Only below
     ckptspec/spec/: the fault suite's audit fails a test for what it leaves, and benchmarks keep workers between tests.
     """
-    if "ckptspec/spec" not in request.node.path.parts or launched.active():
+    if not _below(request.node.path, "ckptspec/spec") or launched.active():
         # Launched ranks end what each run or pool left themselves (rank 0's pool workers are its own children).
         yield
         return
