@@ -1,6 +1,8 @@
 """TorchAsyncCheckpoint: torch.save in the background, finalized in a training loop."""
 
 import os
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +12,7 @@ import torch
 from ckptspec.spec.async_ckpt.pickle_probe import PidOnPickle, pickled_by
 from ckptspec.spec.drivers import saving
 from ckptspec.spec.harness import strategies, workloads
-from ckptspec.spec.harness.asserts import assert_equal, assert_state_dict_equal, attempt, bounded
+from ckptspec.spec.harness.asserts import HUNG, assert_equal, assert_state_dict_equal, attempt, bounded
 from ckptspec.spec.harness.processes import CALLERS, remove
 from ckptspec.spec.harness.ranks import devices
 from ckptspec.spec.harness.shared_runs import shared
@@ -222,4 +224,39 @@ def test_persistent_queue_chooses_the_caller(rank_pool, tmp_path, persistent):
         f"TorchAsyncCheckpoint(persistent_queue={persistent}): both saves serialized in the same process",
         first == second,
         persistent,
+    )
+
+
+def _closed_with_abort(tmp, persistent):
+    """close(abort=True) while a save's write is held at a gate: what close did within 10 s. The gate is opened
+    after the verdict, so that a close that waits for the write (abort ignored) ends here, not in a later test."""
+    gate, reached, path = os.path.join(tmp, "gate"), os.path.join(tmp, "reached"), os.path.join(tmp, "ckpt.pt")
+    os.makedirs(reached, exist_ok=True)
+    ckpt = _checkpointer(persistent)
+    ckpt.async_save({"0gate": workloads.PickleGate(gate, reached=reached), "w": torch.ones(4)}, path)
+    deadline = time.monotonic() + 60  # when the writer starts is not the subject
+    while not os.listdir(reached):
+        assert time.monotonic() < deadline, "the save's writer did not reach the gate within 60 s"
+        time.sleep(0.01)
+    closed = attempt(ckpt.close, abort=True, bound=10, what="close(abort=True)")
+    workloads.open_gate(gate)
+    if closed.text == HUNG:
+        # abort ignored: the close() still running finalizes the save once the write ends; wait for it here
+        bounded(60, "the close(abort=True) that waited, once the write was let go", _join_close)
+    return closed.text
+
+
+def _join_close():
+    for thread in threading.enumerate():
+        if thread.name == "bounded:close(abort=True)":
+            thread.join()
+
+
+@pytest.mark.spec("TAC-5")
+@pytest.mark.parametrize("persistent", CALLERS)
+def test_close_with_abort_does_not_wait_for_the_save_in_flight(rank_pool, tmp_path, persistent):
+    assert_equal(
+        f"TorchAsyncCheckpoint(persistent_queue={persistent}).close(abort=True) while a save's write was held",
+        rank_pool(1).run(_closed_with_abort, str(tmp_path), persistent)[0],
+        "returned",
     )

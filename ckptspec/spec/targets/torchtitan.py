@@ -1,6 +1,10 @@
 """Adapter for torchtitan 0.3.0's CheckpointManager with async_mode "async" (target `torchtitan`; see
 ckptspec.spec.targets._torchtitan): `dcp.async_save` on the manager's own gloo group, one save in flight; through the
-protocol layer (a checkpoint at the test's path) and the manager layer (its own step-<N> folders and retention)."""
+protocol layer (a checkpoint at the test's path) and the manager layer (its own step-<N> folders and retention).
+
+Unjudged: async_mode "async_with_pinned_mem", the mode a GPU user runs (pinned, non-blocking staging through torch's
+DefaultStager). It refuses to run without an accelerator, so none of this target's verdicts, all measured on CPU,
+speak for it (docs/adding-a-target.md, step 7)."""
 
 from __future__ import annotations
 

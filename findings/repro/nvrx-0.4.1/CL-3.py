@@ -4,11 +4,15 @@ Shown on NVRx 0.4.1 and 0.7.0 (same replication code). CliqueReplicationStrategy
 checkpoint and returns the replicated checkpoints with IDs", it "gathers replicated copies from other ranks, and
 reconstructs the state dictionaries".
 
-GroupWrapper.isend_state_dict pops the tensors and sends each with dist.send(tensor.cuda()) as it is, and
-irecv_state_dict receives into a fresh contiguous tensor of the same shape. For a CUDA tensor (what
-BasicTensorAwareStateDict requires) .cuda() returns the tensor itself, so a non-contiguous view is sent as the
-memory it starts at: a [:, ::2] view holding [100, 102, ...] arrives as [100, 101, ...]. Here CPU tensors stand
-for CUDA tensors (.cuda() returns the tensor itself) and gloo sends the same way.
+Configuration that shows it: a gloo process group and CPU tensors, 2 ranks, one clique (replication factor 2).
+replicate() pops the tensors and calls GroupWrapper.all_gather_batch (strategies.py:119), which broadcasts each
+tensor from its owner as it is, into a fresh contiguous tensor of the same shape on every other rank
+(group_utils.py:360-373: `ten = my_tensors[i]` on the owner, `tp.empty_like()` elsewhere, then
+`self.broadcast(ten, src=...)`). Over gloo a non-contiguous view is sent as the memory it starts at: a [:, ::2]
+view holding [100, 102, ...] arrives as [100, 101, ...]; an expanded view arrives as the elements after its one
+stored element. The local checkpoint's BasicTensorAwareStateDict takes CUDA tensors; this script's own
+TensorAwareStateDict holds CPU tensors so that gloo runs the broadcast. What NCCL does with a non-contiguous CUDA
+tensor in this broadcast was not run (no GPU): this report claims nothing about it.
 
     python CL-3.py nvidia_resiliency_ext | impl
 """

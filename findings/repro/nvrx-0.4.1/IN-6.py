@@ -1,15 +1,18 @@
-"""IN-6: a state dict whose part could never be loaded back is refused at save(): CheckpointingException on every
-rank, naming the class, and no checkpoint is committed.
+"""IN-6, the spec's decided part: a state dict whose part could never be loaded back is refused at save():
+CheckpointingException on every rank, naming the class, and no checkpoint is committed.
 
-Implied by the local checkpointing guide: "If these requirements are not met, a custom implementation of
-`TensorAwareStateDict` is necessary." A documented extension point implies that what the manager saves with it
-loads again, and what cannot load is refused while the program can still be fixed (at save, not after a crash).
+This script shows a decision of this spec, not a broken promise of NVRx, and is not a bug report. IN-6's implied
+part (the local checkpointing guide: "If these requirements are not met, a custom implementation of
+`TensorAwareStateDict` is necessary", so a program's own module-level class saves and loads) passes on NVRx 0.4.1
+and 0.7.0. Refusing what cannot load at save, rather than at load after a crash, is what IN-6's decision text
+makes the spec's: no NVRx document promises it.
 
-In NVRx 0.4.1 (0.7.0 fails this script the same way), LocalCheckpointManager.save checks nothing: _save_fn runs torch.save on the part, so a state dict of
-a class defined inside a function fails with pickle's own error (AttributeError "Can't pickle local object"),
-not CheckpointingException. (The finding's other cases are not shown here: a value of a class no one allowed is
-saved and committed, which 0.4.1 still loads since it unpickles with weights_only=False, IN-4's matter; and the
-persistent caller with replication drops the request, as LM-3.) Synchronous save, no replication, 2 gloo ranks.
+In NVRx 0.4.1 and 0.7.0, LocalCheckpointManager.save checks nothing: _save_fn runs torch.save on the part, so a
+synchronous save of a state dict of a class defined inside a function fails with pickle's own error
+(AttributeError "Can't pickle local object"), loudly, and commits nothing. (With the persistent queue the same
+state dict hangs the blocking finalize: the unpicklable request is dropped by the queue's feeder thread; that is
+charged to IN-6w and AQ-16, both decisions of this spec, and not shown here.) Synchronous save, no replication, 2
+gloo ranks.
 
     python IN-6.py nvidia_resiliency_ext | impl
 """
