@@ -205,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ckptspec {version()}")
         return 0
     commands = {"judge": _judge, "report": report.main, "findings": findings.main, "pytest": _pytest}
+    if argv[:1] in (["--help"], ["-h"]):
+        print(__doc__.split("\n\n")[1])
+        return 0
     if not argv or argv[0] not in commands:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
