@@ -57,7 +57,7 @@ def test_every_clause_is_a_row_and_a_broken_cell_links_to_its_finding(tmp_path):
     assert rows == list(clause_registry.load()), "one row per clause, in registry order"
     link = 'href="findings/impl-source-tree.html#clause-ar-5"'
     assert link in page, "the broken AR-5 cell links to its place on the findings page"
-    assert 'data-word="passes">passes</td>' in page
+    assert 'data-word="passes" data-colour="pass">passes</td>' in page
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page), "self-contained: nothing loaded from elsewhere"
 
 
@@ -115,12 +115,15 @@ def test_every_verdict_word_has_a_colour_in_the_legend():
         "not applicable (lacks storage_writer)",
         verdicts.SKIPPED,
         verdicts.NOT_JUDGED,
+        verdicts.NOT_SET_UP,
         verdicts.NOT_COVERED,
+        verdicts.SOME_RUNS,
     ]
     legend = PAGE.read_text().split('<ul id="legend">', 1)[1].split("</ul>", 1)[0]
     for word in words:
         colour = results_page.colour(word)
         shown = word if not word.startswith("not applicable (lacks") else "not applicable (lacks"
+        shown = "fails k of n runs" if word == verdicts.SOME_RUNS else shown
         assert f'class="swatch {colour}"' in legend, f"no swatch of the colour of {word!r}"
         assert html.escape(shown) in legend, f"{word!r} is not in the legend"
 
@@ -136,7 +139,8 @@ def test_an_intermittent_pass_looks_different_from_a_pass(tmp_path):
     path.write_text(json.dumps(data))
     page = results_page.render([load_run(path)], clause_verdict)
     row = page.split('<tr data-clause="AR-1"', 1)[1].split("</tr>", 1)[0]
-    assert 'class="pass intermittent"' in row, row
+    assert 'class="sometimes intermittent"' in row, row
+    assert ">fails 1 of 3 runs<" in row, "an intermittent entry's pass reads as the failures it had, not as a pass"
 
 
 def test_the_report_command_writes_the_page(tmp_path):
