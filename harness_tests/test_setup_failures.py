@@ -73,7 +73,8 @@ def test_a_library_that_fails_to_import_stops_the_run_naming_the_cause_and_versi
     judge = [sys.executable, "-m", "ckptspec.cli", "judge", "brokenlib_adapter", "--out", str(tmp_path / "out")]
     done = subprocess.run(judge, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode != 0, done
-    assert "brokenlib 0.9.1" in done.stderr and "missing_dependency_xyz" in done.stderr, done.stderr
+    assert "brokenlib 0.9.1" in done.stderr, done.stderr
+    assert "missing_dependency_xyz" in done.stderr, done.stderr
     assert "nothing was judged" in done.stderr, done.stderr
     assert "Breaks" not in done.stdout + done.stderr, "no clause is charged with a library that never ran"
 
@@ -96,6 +97,7 @@ def test_a_manager_class_that_moved_is_not_judged_and_never_a_break(tmp_path):
     text = cli.summary(recorded, registry, advice.load(registry), recorded=False, wall_s=1.0)
     assert "Could not set up the library for the tests of 2 clauses" in text, text
     assert "cannot import name 'CheckpointManager'" in text, text
-    assert "Breaks" not in text and "Failed tests" not in text, text
+    assert "Breaks" not in text, text
+    assert "Failed tests" not in text, text
     assert "Every test passed for 0 clauses." in text, text
     assert cli.set_up_failed(recorded), "judge's exit status says no test could set the library up"
