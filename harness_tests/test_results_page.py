@@ -171,6 +171,7 @@ class _Rows(HTMLParser):
             self.rows.append({**row, "hidden": "hidden" in a, "cells": []})
         elif tag == "td" and "data-target" in a and self.rows:
             self.rows[-1]["cells"].append((a["data-target"], a["data-word"], "hidden" in a))
+            self.rows[-1].setdefault("colours", {})[a["data-target"]] = a.get("data-colour")
         elif tag == "th" and "data-target" in a:
             self.heads[a["data-target"]] = "hidden" in a
         self._in_shown = tag == "span" and a.get("id") == "shown"
@@ -225,3 +226,22 @@ def test_the_page_filters_by_target_and_verdict_in_a_browser(tmp_path):
     severe = _open(tmp_path, "area=protocol&severity=hang")
     assert hangs, "two filters together"
     assert [row["clause"] for row in severe.rows if not row["hidden"]] == hangs, "two filters together"
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+def test_a_literal_plus_and_the_judged_and_failing_boxes_in_a_browser(tmp_path):
+    """`#target=dcp-thread-2.13.0+cpu` keeps its `+` (not read as a space); judged=1 keeps the rows where the shown
+    column judges the clause; failing=1 those where it breaks, misses or fails on some runs."""
+    static = _parse(PAGE.read_text())
+    target = "dcp-thread-2.13.0+cpu"
+    assert target in static.heads, "the stored runs hold dcp-thread 2.13.0+cpu: choose another target for this test"
+    judged = [row["clause"] for row in static.rows if row["colours"][target] != "unjudged"]
+    failing = [row["clause"] for row in static.rows if row["colours"][target] in results_page.FAILING]
+    assert failing, f"{target} fails no clause: choose another target for this test"
+    assert len(failing) < len(judged) < len(static.rows), "each box narrows the rows"
+
+    shown = _open(tmp_path, f"target={target}&judged=1")
+    assert {t for t, hidden in shown.heads.items() if not hidden} == {target}, "the + is literal: the target is set"
+    assert [row["clause"] for row in shown.rows if not row["hidden"]] == judged
+    failing_shown = _open(tmp_path, f"target={target}&failing=1")
+    assert [row["clause"] for row in failing_shown.rows if not row["hidden"]] == failing
