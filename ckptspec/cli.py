@@ -11,6 +11,9 @@
 distribution (as the suite does), runs pytest on the suites (or the areas asked for) against it in a process of its
 own, writes the run JSON and the findings page into DIR (default `ckptspec-judged/` under the working directory),
 and prints a short report: what the release keeps, what it breaks by severity, what to do (findings/advice.toml).
+A library that cannot be set up here (it, or what the adapter imports of it, fails to import) is not judged: the
+run stops with one line naming the cause and the installed version, or those tests read "not judged (could not set
+up)", never a break; the exit status is 2 when no test could set it up.
 When the project has a recorded run of that version (ckptspec/report/releases.py), the target's expectations
 file applies, so a known failure reads as the clause it breaks; for any other version the expectations are not
 applied ($CKPTSPEC_NO_EXPECTATIONS), every failure is reported as it happened, charged to each clause its test
@@ -60,7 +63,7 @@ def _installed_version(target: str) -> str:
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise SystemExit(f"ckptspec judge: cannot load {target!r}: {last}")
+        raise SystemExit(f"ckptspec judge: {target!r} cannot be judged here, nothing was judged: {last}")
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -103,7 +106,13 @@ def _judge_one(target: str, args: argparse.Namespace, out: Path) -> int:
     page.write_text(text.replace(_STORED_HEADER, f"Written by `ckptspec judge` from {json_path.name}.", 1))
     print(summary(run, registry, rules, recorded=recorded, wall_s=wall))
     print(f"Written: {page} (the findings page), {json_path} (the run)\n")
-    return 0
+    return 2 if set_up_failed(run) else 0
+
+
+def set_up_failed(run: Run) -> bool:
+    """Whether no test of `run` judged the library: some failed to set it up, and none passed or failed otherwise."""
+    outcomes = [r for r in run.tests.values() if r.outcome != "skipped"]
+    return any(r.setup_failure for r in outcomes) and all(r.setup_failure for r in outcomes)
 
 
 def summary(
@@ -114,32 +123,54 @@ def summary(
     recorded: bool,
     wall_s: float,
 ) -> str:
-    """The plain-language report of one judged run."""
+    """The plain-language report of one judged run: each line says what it counts, and a test that could not set up
+    the library (an import error: the environment's or the adapter's) is counted apart, never as a break."""
     judged = {cid: report.clause_verdict(run, cid, registry) for cid in registry}
     judged = {cid: v for cid, v in judged.items() if v.word != verdicts.NOT_COVERED}
-    kept = [cid for cid, v in judged.items() if v.word == verdicts.PASSES]
-    broken = [cid for cid, v in judged.items() if (v.broken and v.word != _STRICTER) or v.word == verdicts.UNEXPECTED]
-    stricter = [cid for cid, v in judged.items() if v.word == _STRICTER]
-    lines = [f"\n{run.label}: judged on {len(judged)} clauses in {wall_s:.0f} s."]
+    decision = {cid for cid in judged if verdicts.basis_of(registry[cid]) == "decision"}
+    kept = [cid for cid, v in judged.items() if v.word == verdicts.PASSES and not v.missed]
+    not_set_up = [cid for cid, v in judged.items() if v.word == verdicts.NOT_SET_UP]
+    failed = [cid for cid, v in judged.items() if v.word == verdicts.UNEXPECTED]
+    broken = [
+        cid
+        for cid, v in judged.items()
+        if (v.broken and v.word != _STRICTER) or (v.intermittent and cid not in decision)
+    ]
+    stricter = [cid for cid, v in judged.items() if v.word == _STRICTER or (v.intermittent and cid in decision)]
+    weak = [cid for cid, v in judged.items() if v.word == verdicts.WEAK_ONLY]
+    counted = {*kept, *not_set_up, *failed, *broken, *stricter, *weak}
+    rest = [cid for cid in judged if cid not in counted]
+    lines = [f"\n{run.label}: {len(judged)} clauses have tests in this run ({wall_s:.0f} s)."]
+    causes = sorted({r.setup_failure for r in run.tests.values() if r.setup_failure})
+    if not_set_up:
+        lines.append(
+            f"Could not set up the library for the tests of {len(not_set_up)} clauses ({'; '.join(causes)}): an "
+            "environment or adapter failure, not a verdict; those clauses are not judged."
+        )
     if recorded:
         lines.append("This release has a recorded run here: its known failures are read as the clauses they break.")
     else:
         lines.append(
-            "No recorded run of this version exists in this project: it was judged without expectations, so every "
-            "failure is reported as it happened and charged to each clause its test cites (a failure may come from "
-            "this environment rather than the library; the findings page lists the tests)."
+            "No recorded run of this version exists in this project: it was judged without expectations, so a "
+            "failing test is listed as it happened under each clause it cites, unconfirmed (a failure may come "
+            "from this environment rather than the library; the findings page lists the tests)."
         )
-    rest = len(judged) - len(kept) - len(broken) - len(stricter)
-    lines.append(f"Keeps {len(kept)} clauses (every test passed); {rest} others are met at a weak level only, not")
-    lines.append("applicable to it, or skipped here (the findings page says which).")
-    if not broken:
-        lines.append("Breaks none of the library's documented or implied promises that were judged.")
-    by_severity: dict[str, list[str]] = {}
-    for cid in sorted(broken, key=lambda c: findings.severity_rank(_severity(run, c, registry))):
-        by_severity.setdefault(_severity(run, cid, registry) or "severity not assessed", []).append(cid)
-    for severity, ids in by_severity.items():
-        lines.append(f"Breaks, {severity} ({len(ids)}):")
-        lines += [f"  - {cid}: {glance.symptom(registry[cid])} [{judged[cid]}]" for cid in ids]
+    lines.append(f"Every test passed for {len(kept)} clauses.")
+    if weak:
+        lines.append(f"Met at the weak level only: {len(weak)} clauses ({', '.join(weak)}).")
+    if rest:
+        lines.append(
+            f"Not applicable to it, not run here or skipped: {len(rest)} clauses (the findings page says which)."
+        )
+    if not broken and not failed:
+        lines.append("No test showed a break of the library's documented or implied promises.")
+    for title, ids in (("Breaks", broken), ("Failed tests, not in any expectations entry", failed)):
+        by_severity: dict[str, list[str]] = {}
+        for cid in sorted(ids, key=lambda c: findings.severity_rank(_severity(run, c, registry))):
+            by_severity.setdefault(_severity(run, cid, registry) or "severity not assessed", []).append(cid)
+        for severity, group in by_severity.items():
+            lines.append(f"{title}, {severity} ({len(group)} clauses):")
+            lines += [f"  - {cid}: {glance.symptom(registry[cid])} [{judged[cid]}]" for cid in group]
     if stricter:
         lines.append(
             f"Misses {len(stricter)} decisions of this spec (stricter than documented): {', '.join(stricter)}."

@@ -66,4 +66,4 @@ def test_a_pass_of_a_race_seen_on_some_runs_is_not_a_fix(tmp_path):
     newer = load_run(path)
     lines = changes.section(older, newer, REGISTRY, clause_verdict)
     assert "- **Fixed** (0): none." in lines
-    assert "- **Missed by both** (1): A-1 (breaks its documentation -> passes)." in lines
+    assert "- **Missed by both** (1): A-1 (breaks its documentation -> fails 1 of 2 runs)." in lines

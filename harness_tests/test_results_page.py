@@ -57,7 +57,7 @@ def test_every_clause_is_a_row_and_a_broken_cell_links_to_its_finding(tmp_path):
     assert rows == list(clause_registry.load()), "one row per clause, in registry order"
     link = 'href="findings/impl-source-tree.html#clause-ar-5"'
     assert link in page, "the broken AR-5 cell links to its place on the findings page"
-    assert 'data-word="passes">passes</td>' in page
+    assert 'data-word="passes" data-colour="pass">passes</td>' in page
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page), "self-contained: nothing loaded from elsewhere"
 
 
@@ -115,12 +115,15 @@ def test_every_verdict_word_has_a_colour_in_the_legend():
         "not applicable (lacks storage_writer)",
         verdicts.SKIPPED,
         verdicts.NOT_JUDGED,
+        verdicts.NOT_SET_UP,
         verdicts.NOT_COVERED,
+        verdicts.SOME_RUNS,
     ]
     legend = PAGE.read_text().split('<ul id="legend">', 1)[1].split("</ul>", 1)[0]
     for word in words:
         colour = results_page.colour(word)
         shown = word if not word.startswith("not applicable (lacks") else "not applicable (lacks"
+        shown = "fails k of n runs" if word == verdicts.SOME_RUNS else shown
         assert f'class="swatch {colour}"' in legend, f"no swatch of the colour of {word!r}"
         assert html.escape(shown) in legend, f"{word!r} is not in the legend"
 
@@ -136,7 +139,8 @@ def test_an_intermittent_pass_looks_different_from_a_pass(tmp_path):
     path.write_text(json.dumps(data))
     page = results_page.render([load_run(path)], clause_verdict)
     row = page.split('<tr data-clause="AR-1"', 1)[1].split("</tr>", 1)[0]
-    assert 'class="pass intermittent"' in row, row
+    assert 'class="sometimes intermittent"' in row, row
+    assert ">fails 1 of 3 runs<" in row, "an intermittent entry's pass reads as the failures it had, not as a pass"
 
 
 def test_the_report_command_writes_the_page(tmp_path):
@@ -167,6 +171,7 @@ class _Rows(HTMLParser):
             self.rows.append({**row, "hidden": "hidden" in a, "cells": []})
         elif tag == "td" and "data-target" in a and self.rows:
             self.rows[-1]["cells"].append((a["data-target"], a["data-word"], "hidden" in a))
+            self.rows[-1].setdefault("colours", {})[a["data-target"]] = a.get("data-colour")
         elif tag == "th" and "data-target" in a:
             self.heads[a["data-target"]] = "hidden" in a
         self._in_shown = tag == "span" and a.get("id") == "shown"
@@ -221,3 +226,22 @@ def test_the_page_filters_by_target_and_verdict_in_a_browser(tmp_path):
     severe = _open(tmp_path, "area=protocol&severity=hang")
     assert hangs, "two filters together"
     assert [row["clause"] for row in severe.rows if not row["hidden"]] == hangs, "two filters together"
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+def test_a_literal_plus_and_the_judged_and_failing_boxes_in_a_browser(tmp_path):
+    """`#target=dcp-thread-2.13.0+cpu` keeps its `+` (not read as a space); judged=1 keeps the rows where the shown
+    column judges the clause; failing=1 those where it breaks, misses or fails on some runs."""
+    static = _parse(PAGE.read_text())
+    target = "dcp-thread-2.13.0+cpu"
+    assert target in static.heads, "the stored runs hold dcp-thread 2.13.0+cpu: choose another target for this test"
+    judged = [row["clause"] for row in static.rows if row["colours"][target] != "unjudged"]
+    failing = [row["clause"] for row in static.rows if row["colours"][target] in results_page.FAILING]
+    assert failing, f"{target} fails no clause: choose another target for this test"
+    assert len(failing) < len(judged) < len(static.rows), "each box narrows the rows"
+
+    shown = _open(tmp_path, f"target={target}&judged=1")
+    assert {t for t, hidden in shown.heads.items() if not hidden} == {target}, "the + is literal: the target is set"
+    assert [row["clause"] for row in shown.rows if not row["hidden"]] == judged
+    failing_shown = _open(tmp_path, f"target={target}&failing=1")
+    assert [row["clause"] for row in failing_shown.rows if not row["hidden"]] == failing

@@ -32,8 +32,9 @@ from pathlib import Path
 
 from ckptspec.report import clauses as clause_registry
 from ckptspec.report.blocks import write_block
+from ckptspec.report.report import clause_verdict
 from ckptspec.report.run_file import PhaseRecord, RunFile
-from ckptspec.report.runs import Record, cli, load_run, run_parser, run_target
+from ckptspec.report.runs import Record, Run, cli, load_run, run_parser, run_target
 from ckptspec.report.verdicts import judge_tests
 
 __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
@@ -65,7 +66,8 @@ LEGEND = (
     "failure by the basis of the clause its expectations entry names: **breaks its documentation**, **misses an "
     "implied rule**, **stricter than documented**); **n/a**: the fault cannot happen in that phase; (k of n "
     "tests): only k of the n tests say so. The last row is the orphan audit run around every test. Measured on "
-    "CPU (gloo, CPU tensors)."
+    "CPU (gloo, CPU tensors). A known failure reads as its clause reads in the conformance table and on the "
+    "findings page: **weak level only** where the release keeps the clause's weak level."
 )
 
 
@@ -78,13 +80,14 @@ class TargetRun:
     tests: dict[str, Record]  # nodeid -> its record, worst phase (ckptspec.report.runs.load_run)
     registry: dict  # the clauses: the run's, then the project's
     wall_s: float | None = None
+    run: Run | None = None  # the run as the conformance table reads it (its clause verdicts, weak levels counted)
 
 
 def load(path: Path | str, wall_s: float | None = None) -> TargetRun:
     """Read one conformance JSON file (validated by ckptspec.report.runs.load_run)."""
     run = load_run(path)
     records = tuple(RunFile.read(path).tests)
-    return TargetRun(run.label, records, dict(run.tests), {**run.clauses, **clause_registry.load()}, wall_s)
+    return TargetRun(run.label, records, dict(run.tests), {**run.clauses, **clause_registry.load()}, wall_s, run)
 
 
 def phase_of(nodeid: str) -> str | None:
@@ -107,7 +110,13 @@ def families(clauses) -> set[str]:
 
 def _fault_cell(run: TargetRun, family: str, phase: str) -> str:
     records = [r for n, r in run.tests.items() if phase_of(n) == phase and family in families(r.cited)]
-    return str(judge_tests(records, run.registry)) if records else NOT_APPLICABLE
+    if not records:
+        return NOT_APPLICABLE
+    stored = run.run
+    if stored is None:
+        return str(judge_tests(records, run.registry))
+    # A known failure reads as its clause's verdict in the run: the word of the clause's row and findings page.
+    return str(judge_tests(records, run.registry, lambda cid: clause_verdict(stored, cid, run.registry).word))
 
 
 def _audit_cell(run: TargetRun, phase: str) -> str:

@@ -70,6 +70,7 @@ _FIELDS = {
     "weakens",
     "snapshot",
     "no_weak_level",
+    "severity_reason",  # a weak level more severe than its strict clause says why (harness_tests/test_consistency)
 }
 _REQUIRED = {"id", "statement", "symptom", "basis", "severity", "source"}
 BASES = ("documented", "implied", "decision")

@@ -175,14 +175,24 @@ def page(
     applying ones open the page; `previous`: the run of the target's next older release, whose comparison follows
     them (ckptspec.report.changes)."""
     judged = {cid: clause_verdict(run, cid, registry) for cid in registry}
-    broken = [cid for cid, v in judged.items() if v.broken and v.word != verdicts.BROKEN_WORDS["decision"]]
+    decision = {cid for cid in registry if verdicts.basis_of(registry[cid]) == "decision"}
+    # A break, or a documented or implied clause failing on some runs (at the severity of its symptom).
+    broken = [
+        cid
+        for cid, v in judged.items()
+        if (v.broken and v.word != verdicts.BROKEN_WORDS["decision"]) or (v.intermittent and cid not in decision)
+    ]
     broken.sort(
         key=lambda cid: (
             severity_rank(_severity(run, cid, registry[cid])),
             verdicts.basis_of(registry[cid]) != "documented",
         )
     )
-    stricter = [cid for cid, v in judged.items() if v.word == verdicts.BROKEN_WORDS["decision"]]
+    stricter = [
+        cid
+        for cid, v in judged.items()
+        if v.word == verdicts.BROKEN_WORDS["decision"] or (v.intermittent and cid in decision)
+    ]
     weak_only = [cid for cid, v in judged.items() if v.word == "weak level only"]
     otherwise = [
         cid for cid, v in judged.items() if v.word in ("API changed in this release", verdicts.DOCUMENTED_OTHERWISE)
@@ -212,8 +222,10 @@ def page(
         weak = " ".join(
             line.removeprefix("- **Weak level**:").strip() for line in _weak_level(run, cid, registry[cid], registry)
         )
+        some_runs = f" It {judged[cid].word}: {'; '.join(mechanisms(run, cid))}" if judged[cid].intermittent else ""
         lines.append(
             f"- {_anchored(cid)}{cid} ({_severity(run, cid, registry[cid])}): {registry[cid]['statement']}"
+            + some_runs
             + (f" Weak level: {weak}" if weak else "")
         )
     lines += ["", f"## Weak level only ({len(weak_only)})", ""]

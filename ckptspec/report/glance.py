@@ -70,6 +70,8 @@ def _counts(run: Run, judged: Mapping[str, verdicts.Verdict]) -> str:
         f"weak level only {counts[verdicts.WEAK_ONLY]}",
         f"stricter than documented {counts[_STRICTER]}",
     ]
+    some_runs = sum(1 for v in judged.values() if v.intermittent)
+    parts += [f"fails on some runs {some_runs}"] if some_runs else []
     return f"{release_of(run)}: " + ", ".join(parts)
 
 
@@ -83,7 +85,7 @@ def _library(
     version = f"; torch {', '.join(shared)}" if shared else ""
     lines = [f"**{name}** (findings: {pages}{version}). Clauses judged on each release: "]
     lines[0] += "; ".join(_counts(run, judged[run.label]) for run in runs) + "."
-    broken_on = {cid: [run for run in runs if judged[run.label][cid].word in _BREAKS] for cid in registry}
+    broken_on = {cid: [run for run in runs if _listed(judged[run.label][cid], registry[cid])] for cid in registry}
     breaks = sorted(
         (cid for cid, on in broken_on.items() if on),
         key=lambda cid: (
@@ -105,7 +107,7 @@ def _library(
             symptom(registry[cid]),
             cid,
             verdicts.basis_of(registry[cid]),
-            ", ".join(release_of(run) for run in broken_on[cid]),
+            ", ".join(_release_cell(run, judged[run.label][cid]) for run in broken_on[cid]),
             repro,
         ]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
@@ -129,27 +131,50 @@ def _library(
     return [*lines, ""]
 
 
+def _listed(verdict: verdicts.Verdict, clause: Mapping[str, Any]) -> bool:
+    """Whether the table of breaks lists the verdict: a documented or implied break, or a documented or implied
+    clause failing on some runs (an intermittent entry, at the severity of its symptom)."""
+    return verdict.word in _BREAKS or (verdict.intermittent and verdicts.basis_of(clause) != "decision")
+
+
+def _release_cell(run: Run, verdict: verdicts.Verdict) -> str:
+    return f"{release_of(run)} ({verdict.word})" if verdict.intermittent else release_of(run)
+
+
 def _apart(
     runs: Sequence[Run], judged: Mapping[str, Mapping[str, verdicts.Verdict]], registry: Mapping[str, Any]
 ) -> list[str]:
-    """The weak-level-only line and the decisions line (ids grouped by severity)."""
+    """The weak-level-only line and the decisions line (ids grouped by their severity on these releases; a decision
+    failing on some runs says so, with the releases)."""
     lines = []
-    for word, title in (
-        (verdicts.WEAK_ONLY, "Meets only the weak level of"),
+    for words, title in (
+        ((verdicts.WEAK_ONLY,), "Meets only the weak level of"),
         (
-            _STRICTER,
+            (_STRICTER, verdicts.SOME_RUNS),
             "Does not meet these decisions of this spec (stricter than documented, not promises of the library)",
         ),
     ):
-        ids = {cid for run in runs for cid, v in judged[run.label].items() if v.word == word}
+        on = {
+            cid: [run for run in runs if judged[run.label][cid].word.startswith(words)]
+            for cid in registry
+            if verdicts.basis_of(registry[cid]) == "decision" or words == (verdicts.WEAK_ONLY,)
+        }
+        on = {cid: found for cid, found in on.items() if found}
+        severity = {cid: _severity(found, cid, registry[cid]) for cid, found in on.items()}
         groups = [
-            f"{severity}: {', '.join(sorted(cid for cid in ids if registry[cid].get('severity') == severity))}"
-            for severity in SEVERITIES
-            if any(registry[cid].get("severity") == severity for cid in ids)
+            f"{level}: {', '.join(_decision(cid, on[cid], judged) for cid in sorted(on) if severity[cid] == level)}"
+            for level in SEVERITIES
+            if level in severity.values()
         ]
         if groups:
             lines.append(f"{title}: {'; '.join(groups)}.")
     return lines
+
+
+def _decision(cid: str, on: Sequence[Run], judged: Mapping[str, Mapping[str, verdicts.Verdict]]) -> str:
+    some = [run for run in on if judged[run.label][cid].intermittent]
+    cells = ", ".join(f"{judged[run.label][cid].word} on {release_of(run)}" for run in some)
+    return f"{cid} ({cells})" if some else cid
 
 
 def render(

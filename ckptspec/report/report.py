@@ -99,7 +99,7 @@ def render(runs: Sequence[Run], registry: Mapping[str, Mapping[str, Any]] | None
     lines = ["| " + " | ".join(_md(h) for h in header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     columns: list[list[verdicts.Verdict]] = [[] for _ in runs]
     for cid, entry in rows.items():
-        cells = [clause_verdict(run, cid, known) for run in runs]
+        cells = [results_page.with_severity(run, cid, clause_verdict(run, cid, known), entry) for run in runs]
         for column, verdict in zip(columns, cells, strict=True):
             column.append(verdict)
         basis = verdicts.basis_of(entry) if entry else ""

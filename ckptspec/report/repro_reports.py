@@ -99,8 +99,11 @@ def _releases(run: Run, cid: str, runs: Sequence[Run], registry: Mapping[str, Ma
         if _target(other) == _target(run):
             verdict = clause_verdict(other, cid, {**other.clauses, **registry})
             this = " (this report)" if other is run else ""
-            if verdict.broken:
+            if verdict.broken or verdict.intermittent:
                 affected.append(f"- {other.label}{this}: {verdict}")
+            elif verdict.word == verdicts.WEAK_ONLY:  # the strict promise this report is about breaks there
+                strict = verdicts.judge(other.citing(cid), cid, {**other.clauses, **registry})
+                affected.append(f"- {other.label}{this}: {strict} (its weak level holds)")
             elif verdict.word == verdicts.PASSES:
                 good.append(f"- {other.label}: {verdict}")
         elif _target(other) == IMPL and clause_verdict(other, cid, registry).word == verdicts.PASSES:

@@ -28,9 +28,27 @@ from ckptspec.report import clauses as clause_registry
 from ckptspec.report import provenance, verdicts
 from ckptspec.report.runs import Run, clause_anchor, page_name
 
+Judge = Callable[[Run, str, Mapping[str, Mapping[str, Any]]], verdicts.Verdict]
+
+
+def with_severity(run: Run, clause_id: str, verdict: verdicts.Verdict, clause: Mapping[str, Any]) -> verdicts.Verdict:
+    """The verdict as a cell of the tables (docs/results.md, this page) shows it: where the run misses the clause with
+    a severity of its own (its expectations entry's, as its findings page says), the note names it beside the
+    clause's severity column."""
+    own = run.severity(clause_id, None)
+    if not verdict.missed or not own or own == clause.get("severity"):
+        return verdict
+    return verdict._replace(note="; ".join(filter(None, [verdict.note, f"severity here: {own}"])))
+
+
 __all__ = ["render", "slug"]
 
 FINDINGS_DIR = "findings"  # relative to the page, which lives in docs/
+GPU_PAGE = "gpu.md"  # the GPU runs' verdicts (docs/gpu.md, from conformance/gpu/<run>/)
+GPU_RUNS = "../conformance/gpu/"
+# The colours the filter "any failure" keeps a row for: a break, a decision not met or the weak level only, a failure
+# on some runs, an unexpected failure (not: passes, another document, not judged).
+FAILING = ("break", "stricter", "sometimes", "unexpected")
 
 
 def slug(heading: str) -> str:
@@ -58,6 +76,7 @@ COLOURS = (
         "judged by the release's own documents or changed API",
         (verdicts.API_CHANGED, verdicts.DOCUMENTED_OTHERWISE),
     ),
+    ("sometimes", "fails on some runs: the symptom was seen on k of n recorded runs", (verdicts.SOME_RUNS,)),
     ("unexpected", "fails, and no expectation says so (a regression to look at)", (verdicts.UNEXPECTED,)),
     (
         "unjudged",
@@ -68,6 +87,7 @@ COLOURS = (
             verdicts.NO_MODULE,
             verdicts.SKIPPED,
             verdicts.NOT_JUDGED,
+            verdicts.NOT_SET_UP,
             verdicts.NOT_COVERED,
         ),
     ),
@@ -81,12 +101,18 @@ def colour(word: str) -> str:
 
 def _cell(run: Run, cid: str, verdict: verdicts.Verdict) -> str:
     text = html.escape(str(verdict))
-    if verdict.word in LISTED:
+    if verdict.word in LISTED or verdict.intermittent:
         href = f"{FINDINGS_DIR}/{page_name(run)}.html#{clause_anchor(cid)}"
         text = f'<a href="{html.escape(href)}">{text}</a>'
-    classes = colour(verdict.word) + (" intermittent" if "intermittent" in verdict.note else "")
+    elif verdict.word == verdicts.NOT_RUN_GPU:  # the GPU runs' verdicts of the clauses that need one
+        text = f'<a href="{GPU_PAGE}">{text}</a>'
+    hatched = verdict.intermittent or "intermittent" in verdict.note
+    classes = colour(verdict.word) + (" intermittent" if hatched else "")
     word = html.escape(verdict.word)
-    return f'<td class="{classes}" data-target="{html.escape(page_name(run))}" data-word="{word}">{text}</td>'
+    return (
+        f'<td class="{classes}" data-target="{html.escape(page_name(run))}" data-word="{word}" '
+        f'data-colour="{colour(verdict.word)}">{text}</td>'
+    )
 
 
 def _statement(clause: Mapping[str, Any]) -> str:
@@ -105,17 +131,27 @@ def _options(name: str, label: str, values: Sequence[str]) -> str:
     return f'<label>{label} <select id="{name}"><option value="">all</option>{options}</select></label>'
 
 
+def _shown(word: str) -> str:
+    """A verdict word as the legend names it ("fails k of n runs" for its prefix)."""
+    return "fails k of n runs" if word == verdicts.SOME_RUNS else word
+
+
+def _box(name: str, label: str) -> str:
+    return f'<label><input type="checkbox" id="{name}"> {html.escape(label)}</label>'
+
+
 def _legend() -> str:
     """Every colour with the verdict words it stands for (COLOURS), then how intermittent passes look."""
     items = "".join(
         f'<li><span class="swatch {name}"></span> {html.escape(meaning)}: '
-        + ", ".join(f"<i>{html.escape(word)}{'…' if word.endswith('(lacks') else ''}</i>" for word in words)
+        + ", ".join(f"<i>{html.escape(_shown(word))}{'…' if word.endswith('(lacks') else ''}</i>" for word in words)
         + "</li>"
         for name, meaning, words in COLOURS
     )
     items += (
-        '<li><span class="swatch pass intermittent"></span> hatched: the verdict holds on some runs only '
-        "(an intermittent race: <i>intermittent: failed k of n runs</i>)</li>"
+        '<li><span class="swatch sometimes intermittent"></span> hatched: the symptom is seen on some runs only '
+        "(an intermittent race or hang: <i>fails k of n runs</i>, or a break with <i>intermittent: failed k of n "
+        "runs</i>)</li>"
     )
     return f'<ul id="legend">{items}</ul>'
 
@@ -133,9 +169,6 @@ def _summary(runs: Sequence[Run], counts: Mapping[str, Counter[str]]) -> str:
     return f'<table id="summary"><thead><tr><th>target</th>{heads}</tr></thead><tbody>{rows}</tbody></table>'
 
 
-Judge = Callable[[Run, str, Mapping[str, Mapping[str, Any]]], verdicts.Verdict]
-
-
 def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
     """The whole page (ends with a newline); `clause_verdict` is report.clause_verdict (passed in: report imports
     this module)."""
@@ -146,7 +179,7 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
     counts: dict[str, Counter[str]] = {r.label: Counter() for r in runs}
     for area in clause_registry.AREAS:
         for cid, clause in clause_registry.load((area,)).items():
-            judged = [clause_verdict(run, cid, known) for run in runs]
+            judged = [with_severity(run, cid, clause_verdict(run, cid, known), clause) for run in runs]
             words.update(v.word for v in judged)
             for run, verdict in zip(runs, judged, strict=True):
                 counts[run.label][colour(verdict.word)] += 1
@@ -165,6 +198,8 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
             _options("verdict", "Verdict", sorted(words)),
             _options("severity", "Severity", list(clause_registry.SEVERITIES)),
             _options("basis", "Basis", ["documented", "implied", "decision"]),
+            _box("judged", "judged only (a shown cell is not 'not applicable', skipped or not run)"),
+            _box("failing", "any failure (a shown cell breaks, misses or fails on some runs)"),
         ]
     )
     devices = ", ".join(sorted({run.tensor_device for run in runs}))
@@ -178,6 +213,8 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
         total=len(rows),
         provenance=_provenance(runs),
         script=_SCRIPT,
+        gpu_page=GPU_PAGE,
+        gpu_runs=GPU_RUNS,
     )
 
 
@@ -211,6 +248,7 @@ thead th {{ position: sticky; top: 0; background: #eee; z-index: 2; }}
 .otherwise {{ background: #e3ecfb; }}
 .unexpected {{ background: #d9534f; color: #fff; font-weight: bold; }}
 .unjudged {{ background: #fff; color: #666; }}
+.sometimes {{ background: #fbe3e3; }}
 .intermittent {{ background-image: repeating-linear-gradient(45deg, transparent 0 6px, #f0a0a0 6px 8px); }}
 .swatch {{ display: inline-block; width: 1.2em; height: 0.9em; border: 1px solid #999; vertical-align: middle; }}
 #legend {{ columns: 2; max-width: 80em; }}
@@ -220,7 +258,9 @@ details p {{ max-width: 40em; margin: 0.3em 0; }}
 </head>
 <body>
 <h1>ckptspec: every clause against every stored run</h1>
-<p>Measured with {devices} tensors (gloo) on a 2-core CPU machine; no verdict here was measured on a GPU.
+<p>Measured with {devices} tensors (gloo) on a 2-core CPU machine; no verdict here was measured on a GPU: the
+GPU runs' verdicts are in <a href="{gpu_page}">gpu.md</a> (the runs: <a href="{gpu_runs}">conformance/gpu/</a>), and
+each cell "not run here (GPU)" links there.
 Click a statement for its source and the decision behind it; a coloured cell that names a break, a decision, a weak
 level or another document links to the clause on the target's findings page. "(k of n tests)": only k of the n
 tests judging the clause say so; a failure counts only against the clauses its expectations entry names.</p>
@@ -230,7 +270,9 @@ tests judging the clause say so; a failure counts only against the clauses its e
 <h2>By clause</h2>
 <p>The filters below can be set from the address, and each change writes it back, so a filtered view is a link
 to share: <code>results.html#target=nvrx-0.7.0&amp;verdict=breaks+its+documentation</code>, or
-<code>#area=protocol&amp;severity=hang</code> (keys: target, area, verdict, severity, basis).</p>
+<code>#area=protocol&amp;severity=hang</code>, or <code>#target=dcp-thread-2.13.0+cpu&amp;judged=1</code>
+(keys: target, area, verdict, severity, basis; judged=1 and failing=1 for the two boxes; a <code>+</code> is
+literal where an option has one, else a space).</p>
 <form id="filters">{filters} <span id="shown">{total} of {total} clauses shown</span></form>
 <table id="results">
 <thead><tr><th>clause</th><th>statement</th><th>area</th><th>basis</th><th>severity</th>{heads}</tr></thead>
@@ -250,9 +292,12 @@ to share: <code>results.html#target=nvrx-0.7.0&amp;verdict=breaks+its+documentat
 _SCRIPT = """
 "use strict";
 const KEYS = ["target", "area", "verdict", "severity", "basis"];
+const BOXES = ["judged", "failing"];
+const FAILING = %s;
 const control = (key) => document.getElementById(key);
 function apply() {
   const want = Object.fromEntries(KEYS.map((k) => [k, control(k).value]));
+  const box = Object.fromEntries(BOXES.map((k) => [k, control(k).checked]));
   document.querySelectorAll("[data-target]").forEach((el) => {
     el.hidden = want.target !== "" && el.dataset.target !== want.target;
   });
@@ -263,20 +308,39 @@ function apply() {
     const ok = (want.area === "" || row.dataset.area === want.area)
       && (want.severity === "" || row.dataset.severity === want.severity)
       && (want.basis === "" || row.dataset.basis === want.basis)
-      && (want.verdict === "" || cells.some((td) => td.dataset.word === want.verdict));
+      && (want.verdict === "" || cells.some((td) => td.dataset.word === want.verdict))
+      && (!box.judged || cells.some((td) => td.dataset.colour !== "unjudged"))
+      && (!box.failing || cells.some((td) => FAILING.includes(td.dataset.colour)));
     row.hidden = !ok;
     shown += ok ? 1 : 0;
   });
   control("shown").textContent = shown + " of " + rows.length + " clauses shown";
-  const params = new URLSearchParams(KEYS.filter((k) => want[k] !== "").map((k) => [k, want[k]]));
-  history.replaceState(null, "", params.toString() ? "#" + params.toString() : location.pathname);
+  const parts = KEYS.filter((k) => want[k] !== "").map((k) => k + "=" + encodeURIComponent(want[k]));
+  parts.push(...BOXES.filter((k) => box[k]).map((k) => k + "=1"));
+  history.replaceState(null, "", parts.length ? "#" + parts.join("&") : location.pathname);
 }
-KEYS.forEach((key) => control(key).addEventListener("change", apply));
-const given = new URLSearchParams(location.hash.slice(1));
+[...KEYS, ...BOXES].forEach((key) => control(key).addEventListener("change", apply));
+// The address's filters, read by hand: URLSearchParams would read every "+" as a space, and a target such as
+// dcp-thread-2.13.0+cpu has one. A "+" is literal where an option has the value so, else a space (a shared link
+// writes spaces as %%20, a hand-typed one as +).
+const given = new Map(location.hash.slice(1).split("&").filter((p) => p.includes("=")).map((p) => {
+  const at = p.indexOf("=");
+  const decode = (text) => { try { return decodeURIComponent(text); } catch (e) { return text; } };
+  return [decode(p.slice(0, at)), decode(p.slice(at + 1))];
+}));
+let changed = false;
 KEYS.forEach((key) => {
-  if (given.has(key)) {
-    control(key).value = given.get(key);
-    control(key).dispatchEvent(new Event("change"));
+  if (!given.has(key)) return;
+  const raw = given.get(key);
+  const values = [...control(key).options].map((o) => o.value);
+  control(key).value = values.includes(raw) ? raw : raw.replaceAll("+", " ");
+  changed = true;
+});
+BOXES.forEach((key) => {
+  if (given.has(key) && given.get(key) !== "" && given.get(key) !== "0") {
+    control(key).checked = true;
+    changed = true;
   }
 });
-"""
+if (changed) apply();
+""" % ("[" + ", ".join(f'"{name}"' for name in FAILING) + "]")

@@ -64,6 +64,21 @@ class Record(NamedTuple):
     intermittent: str | None = None  # the entry's "failed k of n runs", for a non-strict entry
     message: str = ""
     severity: str | None = None  # the entry's severity for this target, where it differs from the clause's
+    setup_failure: str = ""  # for failed / error: the import error that kept the test from setting up the target
+
+
+# A failure that is the environment's or the adapter's, not the library's behaviour: the library (or a module, class
+# or function the adapter imports from it) could not be imported, in the test's process or a rank's.
+_SETUP_FAILURE = re.compile(r"(?m)^(?:E\s+)?\s*(?P<line>(?:ModuleNotFoundError|ImportError): .*)$")
+_SETUP_TYPES = ("ImportError", "ModuleNotFoundError")
+
+
+def setup_failure(failure_type: str, text: str) -> str:
+    """The import error that kept a test from setting up its target (its first line), or ""."""
+    found = _SETUP_FAILURE.search(text)
+    if failure_type in _SETUP_TYPES or found:
+        return found["line"].strip()[:300] if found else failure_type
+    return ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,10 @@ def _record(test: PhaseRecord) -> Record:
     """A phase's record as the report reads it; an expected failure charges its entry's clauses (every clause it
     cites where the run recorded no entry)."""
     cited = frozenset(test.clauses)
+    if test.outcome in ("failed", "error"):
+        failure = test.failure
+        cause = setup_failure(failure.type, failure.text) if failure else setup_failure("", test.message)
+        return Record(test.outcome, cited, message=test.message, setup_failure=cause)
     if test.outcome not in ("xfail", "xpass"):
         return Record(test.outcome, cited, message=test.message)
     entry = test.entry

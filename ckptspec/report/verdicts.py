@@ -11,24 +11,27 @@ Each test that cites a clause judges it, or not:
         verdict documented-otherwise                       -> not applicable (documented otherwise)
         verdict decision                                   -> stricter than documented (for this target)
     xfail whose entry names other clauses                  -> nothing: that test broke another clause
+    failed / error: the target could not be set up         -> not judged (could not set up)
+        (an ImportError: the library, or what the adapter imports of it, cannot be imported here)
     failed / error (no entry expected it)                  -> FAILS (not in expectations)
     skipped: no GPU                                        -> not run here (GPU)
     skipped: the target lacks a capability                 -> not applicable (lacks CAPABILITY)
     skipped: the target maps no module the test needs      -> not applicable (no such module)
     skipped otherwise                                      -> skipped
 
-The clause's verdict is the first of these present, in the order FAILS, breaks / misses / stricter, API changed,
-documented otherwise, passes, the skip words; "(k of n tests)" follows when only k of the n judging tests say it.
+The clause's verdict is the first of these present, in the order FAILS, breaks / misses / stricter, could not set
+up, API changed, documented otherwise, passes, the skip words; "(k of n tests)" follows when only k of the n judging tests say it.
 A clause all of whose tests broke other clauses is "not judged (its tests fail on another clause)"; one no test
 cites, "not covered". A strict clause with a weak level that breaks while its weak level passes is "weak level
-only". An intermittent entry (a race seen on some runs) adds its count: "passes (intermittent: failed 2 of 3
-runs)". A snapshot clause (field `snapshot`) judged with CPU tensors says so: "passes (CPU tensors)".
+only". A clause whose tests passed this time but whose intermittent entry (a race seen on some runs) charges it
+says so: "fails 2 of 3 runs" (the entry's count); an intermittent entry that failed this time adds its count to the
+broken word: "breaks its documentation (intermittent: failed 2 of 3 runs)". A snapshot clause (field `snapshot`) judged with CPU tensors says so: "passes (CPU tensors)".
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ckptspec.report.runs import Record
@@ -37,7 +40,9 @@ __all__ = [
     "BROKEN_WORDS",
     "LEGEND",
     "NOT_COVERED",
+    "NOT_SET_UP",
     "PASSES",
+    "SOME_RUNS",
     "Verdict",
     "basis_of",
     "judge",
@@ -59,6 +64,10 @@ NOT_RUN_GPU = "not run here (GPU)"
 SKIPPED = "skipped"
 NOT_JUDGED = "not judged (its tests fail on another clause)"
 NOT_COVERED = "not covered"
+NOT_SET_UP = "not judged (could not set up)"
+SOME_RUNS = (
+    "fails "  # the prefix of "fails k of n runs": an intermittent entry's pass (the symptom seen on k of n runs)
+)
 _ENTRY_VERDICTS = {
     "api-changed": API_CHANGED,
     "documented-otherwise": DOCUMENTED_OTHERWISE,
@@ -66,9 +75,19 @@ _ENTRY_VERDICTS = {
 }
 # Precedence of the words a clause's tests may say (a capability's skip word is matched by its prefix).
 NO_MODULE = "not applicable (no such module)"
-_ORDER = (UNEXPECTED, *BROKEN_WORDS.values(), API_CHANGED, DOCUMENTED_OTHERWISE, PASSES, "not applicable (lacks")
+_ORDER = (
+    UNEXPECTED,
+    *BROKEN_WORDS.values(),
+    WEAK_ONLY,
+    SOME_RUNS,
+    NOT_SET_UP,
+    API_CHANGED,
+    DOCUMENTED_OTHERWISE,
+    PASSES,
+    "not applicable (lacks",
+)
 _ORDER += (NO_MODULE,)
-_ORDER += (NOT_RUN_GPU, SKIPPED)
+_ORDER += (NOT_RUN_GPU, SKIPPED, NOT_JUDGED, NOT_COVERED)
 _LACKS = re.compile(r"lacks (?P<capability>[a-z_]+)")
 
 LEGEND = (
@@ -78,8 +97,10 @@ LEGEND = (
     "its weak level); **API changed in this release** / **not applicable (documented otherwise)** (the release "
     "renamed the API, or documents something else); **not run here (GPU)**; **not applicable (lacks X)** (the "
     "target has no such feature) / **not applicable (no such module)** (the adapter maps none of the NVRx modules "
-    "the test uses); **not judged** (the clause's tests failed on another clause); **(k of n tests)**: "
-    "only k of the n tests judging the clause say so. A failure counts only against the clauses its expectations "
+    "the test uses); **not judged** (the clause's tests failed on another clause, or could not set up the library: "
+    "an import error of the environment or the adapter, not a verdict); **(k of n tests)**: "
+    "only k of the n tests judging the clause say so; **fails k of n runs**: the tests passed this time, and fail on k "
+    "of n recorded runs (an intermittent expectations entry: a race, or a hang seen on some runs). A failure counts only against the clauses its expectations "
     "entry names."
 )
 
@@ -100,10 +121,14 @@ class Verdict(NamedTuple):
         return self.word in BROKEN_WORDS.values()
 
     @property
+    def intermittent(self) -> bool:
+        """Fails on some runs: "fails k of n runs" (an intermittent entry's pass is a race not seen this time)."""
+        return self.word.startswith(SOME_RUNS)
+
+    @property
     def missed(self) -> bool:
-        """The clause is not kept: broken, kept at its weak level only, or failing on some runs (an intermittent
-        entry's pass is a race not seen this time, not a pass)."""
-        return self.broken or self.word == WEAK_ONLY or "intermittent" in self.note
+        """The clause is not kept: broken, kept at its weak level only, or failing on some runs."""
+        return self.broken or self.word == WEAK_ONLY or self.intermittent or "intermittent" in self.note
 
 
 def basis_of(clause: Mapping[str, Any]) -> str:
@@ -125,7 +150,7 @@ def _skip_word(message: str) -> str:
 def _word(record: Record, charged_word: str) -> str | None:
     """What one test says about a clause it cites, given the word of the clause when broken; None: nothing."""
     if record.outcome in ("failed", "error"):
-        return UNEXPECTED
+        return NOT_SET_UP if record.setup_failure else UNEXPECTED
     if record.outcome == "xfail":
         return _ENTRY_VERDICTS.get(record.verdict or "", charged_word)
     if record.outcome in ("passed", "xpass"):
@@ -144,6 +169,17 @@ def _aggregate(words: Sequence[str], notes: Iterable[str]) -> Verdict:
     return Verdict(word, words.count(word), len(words), "; ".join(dict.fromkeys(n for n in notes if n)))
 
 
+def _some_runs(verdict: Verdict, passing: Sequence[Record]) -> Verdict:
+    """A pass whose tests include intermittent entries' passes (`passing`) as "fails k of n runs": the entries'
+    counts, k the tests with such an entry."""
+    counts = [str(r.intermittent) for r in passing if r.intermittent]
+    if verdict.word != PASSES or not counts:
+        return verdict
+    word = SOME_RUNS + "; ".join(dict.fromkeys(c.removeprefix("failed ") for c in counts))
+    note = "; ".join(n for n in verdict.note.split("; ") if n and not n.startswith("intermittent: "))
+    return Verdict(word, len(counts), verdict.n, note)
+
+
 def judge(
     records: Sequence[Record], clause_id: str, registry: Mapping[str, Mapping[str, Any]], cpu_tensors: bool = False
 ) -> Verdict:
@@ -156,25 +192,34 @@ def judge(
     judging = [r for r in records if r.outcome != "xfail" or clause_id in r.charged]
     words = [w for w in (_word(r, broken) for r in judging) if w is not None]
     notes = [f"intermittent: {r.intermittent}" for r in judging if r.intermittent and clause_id in r.charged]
-    verdict = _aggregate(words, notes)
+    passing = [r for r in judging if r.outcome in ("passed", "xpass") and r.intermittent and clause_id in r.charged]
+    verdict = _some_runs(_aggregate(words, notes), passing)
     if cpu_tensors and clause.get("snapshot") and not verdict.word.startswith(("not ", "skipped")):
         verdict = verdict._replace(note="; ".join(filter(None, [verdict.note, "CPU tensors"])))
     return verdict
 
 
-def judge_tests(records: Sequence[Record], registry: Mapping[str, Mapping[str, Any]]) -> Verdict:
+def judge_tests(
+    records: Sequence[Record],
+    registry: Mapping[str, Mapping[str, Any]],
+    clause_word: Callable[[str], str] | None = None,
+) -> Verdict:
     """The verdict of a group of tests (a cell of the fault matrix): each test judged on the clauses its
-    expectations entry charges (its first charged clause's basis gives the broken word)."""
+    expectations entry charges: by `clause_word(clause)`, the clause's verdict word in the run (so that a cell says
+    "weak level only" where the clause's row and findings page do), or else by its first charged clause's basis."""
     words, notes = [], []
     for record in records:
         charged = sorted(record.charged)
         broken = BROKEN_WORDS[basis_of(registry.get(charged[0], {}))] if charged else BROKEN_WORDS["documented"]
+        if charged and clause_word is not None:
+            broken = min((clause_word(cid) for cid in charged), key=_rank)
         word = _word(record, broken)
         if word is not None:
             words.append(word)
         if record.intermittent:
             notes.append(f"intermittent: {record.intermittent}")
-    return _aggregate(words, notes) if records else Verdict(NOT_COVERED)
+    passing = [r for r in records if r.outcome in ("passed", "xpass") and r.intermittent]
+    return _some_runs(_aggregate(words, notes), passing) if records else Verdict(NOT_COVERED)
 
 
 def level(strict: Verdict, weak: Verdict) -> Verdict:

@@ -197,10 +197,25 @@ def _unknown(name: str, known: Iterable[str]) -> TargetError:
 
 
 def _unavailable(name: str, adapter: ModuleType, exc: ImportError) -> TargetUnavailable:
-    package = getattr(adapter, "DISTRIBUTION", None) or f"the package of target {name!r}"
+    dist = getattr(adapter, "DISTRIBUTION", None)
+    package = dist or f"the package of target {name!r}"
     hint = getattr(adapter, "INSTALL", None)
     how = f"; install it with: {hint}" if hint else ""
+    version = _installed(dist) if dist else None
+    if version is not None:  # installed, but importing it (or what the adapter needs of it) fails: the environment's
+        return TargetUnavailable(
+            f"target {name!r}: {dist} {version} is installed but cannot be set up here "
+            f"({type(exc).__name__}: {exc}); nothing was judged{how}",
+            name=exc.name,
+        )
     return TargetUnavailable(f"target {name!r} needs {package}, which cannot be imported ({exc}){how}", name=exc.name)
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability_docs: Mapping[str, str]) -> str | None:
@@ -260,7 +275,8 @@ def _import_adapter(name: str) -> ModuleType:
 def load_target(name: str) -> Target:
     """Import the adapter of `name`, run its install() once in this process, return the Target.
 
-    Raises TargetError (unknown name, broken adapter) or TargetUnavailable (the target's package is missing).
+    Raises TargetError (unknown name, broken adapter) or TargetUnavailable (the target's package is missing, or
+    installed and fails to import: the error names the cause and the installed version).
     """
     if name not in _loaded:
         adapter = _import_adapter(name)
@@ -269,6 +285,7 @@ def load_target(name: str) -> Target:
             for root in sorted({dotted.split(".")[0] for dotted in _packages(adapter)}):
                 if importlib.util.find_spec(root) is None:
                     raise ModuleNotFoundError(f"No module named {root!r}", name=root)
+                importlib.import_module(root)  # installed but broken (a dependency missing): stop here, not per test
             install = getattr(adapter, "install", None)
             if install is not None:
                 install()
