@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from ckptspec.report import findings
-from ckptspec.report.runs import load_run
+from ckptspec.report.runs import REPO_ROOT, load_run
 
 REGISTRY: dict[str, dict[str, Any]] = {
     "D-1": {"statement": "cosmetic promise", "source": "002 'quote'", "basis": "documented", "severity": "cosmetic"},
@@ -111,3 +111,17 @@ def test_a_page_does_not_depend_on_the_order_a_parallel_run_finished_its_tests(t
         pages.append(findings.page(load_run(path), REGISTRY, root=tmp_path))
     assert pages[0] == pages[1]
     assert pages[0].index("reason of a") < pages[0].index("reason of b")
+
+
+def test_a_source_links_the_seeds_it_cites_and_every_page_has_their_key():
+    """Issue 61 item 6: "000" / "002" in a clause's source are links to the documents, with a key on the page."""
+    from ckptspec.report.clauses import SEEDS, markdown_source
+
+    linked = markdown_source("002 AsyncRequest.freeze: 'Freezes ...'; 000 usage guide; torch 2.004; 0.004 s; 0091")
+    assert linked.startswith(f'[002]({SEEDS["002"][1]} "{SEEDS["002"][0]}") AsyncRequest.freeze')
+    assert f"[000]({SEEDS['000'][1]}" in linked
+    assert linked.endswith("torch 2.004; 0.004 s; 0091"), linked
+    page = (REPO_ROOT / "docs" / "findings" / "nvrx-0.7.0.md").read_text()
+    assert f"source: [002]({SEEDS['002'][1]}" in page
+    assert "## Sources" in page
+    assert all(url in page for _, url in SEEDS.values())

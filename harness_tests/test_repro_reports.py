@@ -116,7 +116,11 @@ def test_a_report_has_title_releases_promise_command_outputs_and_mechanism(tmp_p
     assert "- lib 2.0: passes" in good
     assert "- impl (source tree), ckptspec's reference implementation" in good
     assert "> no data loss" in text
-    assert "Basis: documented: promised by the library's own documents. Source: 002 'the quote'" in text
+    seed = clause_registry.SEEDS["002"]
+    assert (
+        f"Basis: documented: promised by the library's own documents. Source: [002]({seed[1]} \"{seed[0]}\") 'the quote'"
+        in text
+    )
     assert "python findings/repro/lib-1.0/D-2.py lib\n" in text
     assert "exit status 1 (the clause breaks), under 10 s" in text
     assert "BROKEN: x" in text

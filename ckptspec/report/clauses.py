@@ -38,8 +38,9 @@ order, then any area file it does not list, by name. A listed area without its f
 from __future__ import annotations
 
 import functools
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,68 @@ __all__ = [
     "BASES",
     "DIRECTORY",
     "FILES",
+    "SEEDS",
     "SEVERITIES",
     "ClauseError",
     "check_levels",
     "discover",
+    "linked_source",
     "load",
+    "markdown_source",
     "read_area",
+    "seeds_key_markdown",
     "weak_levels",
 ]
 
 DIRECTORY = Path(__file__).resolve().parents[1] / "spec" / "clauses"
+SEEDS = {
+    "000": (
+        "NVRx, async checkpointing: usage guide",
+        "https://nvidia.github.io/nvidia-resiliency-ext/checkpointing/async/usage_guide.html",
+    ),
+    "001": (
+        "NVRx, local checkpointing: usage guide",
+        "https://nvidia.github.io/nvidia-resiliency-ext/checkpointing/local/usage_guide.html",
+    ),
+    "002": (
+        "Megatron-Core API: core.dist_checkpointing.strategies.async_utils",
+        "https://docs.nvidia.com/megatron-core/developer-guide/latest/apidocs/core/core.dist_checkpointing.strategies.async_utils.html",
+    ),
+    "003": (
+        "NVRx source: nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver",
+        "https://nvidia.github.io/nvidia-resiliency-ext/_modules/nvidia_resiliency_ext/checkpointing/async_ckpt/state_dict_saver.html",
+    ),
+    "004": (
+        "PyTorch recipe: asynchronous saving with distributed checkpoint (DCP)",
+        "https://docs.pytorch.org/tutorials/recipes/distributed_async_checkpoint_recipe.html",
+    ),
+}
+"""The documents the clauses are specified from, by the number a clause's `source` cites them with (the files
+shared/seeds/NNN_*.txt of this project's material): a title and the public page each is a copy of."""
+_SEED_CITED = re.compile(r"(?<![\w.])(00\d)(?![\w.])")
+
+
+def linked_source(source: str, link: Callable[[str, str, str], str]) -> str:
+    """`source` with each seed number it cites (`002 AsyncRequest: ...`) made a link by `link(number, title, url)`
+    (Markdown or HTML, the caller's format); other text, and numbers that name no seed, unchanged."""
+
+    def one(match: re.Match[str]) -> str:
+        seed = SEEDS.get(match.group(1))
+        return link(match.group(1), *seed) if seed else match.group(0)
+
+    return _SEED_CITED.sub(one, source)
+
+
+def markdown_source(source: str) -> str:
+    """`source` with its seed numbers as Markdown links (the findings pages, the maintainer reports)."""
+    return linked_source(source, lambda number, title, url: f'[{number}]({url} "{title}")')
+
+
+def seeds_key_markdown() -> list[str]:
+    """The key of the seed numbers, one Markdown line each, for the foot of a page that cites them."""
+    return [f"- **{number}**: [{title}]({url})" for number, (title, url) in SEEDS.items()]
+
+
 INDEX = "areas.toml"
 _FIELDS = {
     "id",

@@ -118,7 +118,7 @@ def _entry(
         f"### {cid} ({_severity(run, cid, clause)}): {verdict}",
         "",
         f"- **Clause**: {clause.get('statement', '')}",
-        f"- **Basis**: {verdicts.basis_of(clause)}; source: {clause.get('source', '')}",
+        f"- **Basis**: {verdicts.basis_of(clause)}; source: {clause_registry.markdown_source(str(clause.get('source', '')))}",
     ]
     if clause.get("decision"):
         lines.append(f"- **Decision**: {clause['decision']}")
@@ -236,6 +236,14 @@ def page(
     ]
     lines += ["", f"## Judged by the release's own documents or changed API ({len(otherwise)})", ""]
     lines += [f"- {_anchored(cid)}{cid}: {judged[cid]}" for cid in otherwise]
+    lines += [
+        "",
+        "## Sources",
+        "",
+        "The documents a clause's source cites by number:",
+        "",
+        *clause_registry.seeds_key_markdown(),
+    ]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -143,7 +143,7 @@ def report(
         "",
         f"> {clause.get('statement', '')}",
         "",
-        f"Basis: {_BASES.get(verdicts.basis_of(clause), verdicts.basis_of(clause))}. Source: {clause.get('source', '')}",
+        f"Basis: {_BASES.get(verdicts.basis_of(clause), verdicts.basis_of(clause))}. Source: {clause_registry.markdown_source(str(clause.get('source', '')))}",
         "",
         "## Reproducer",
         "",

@@ -117,11 +117,14 @@ def _cell(run: Run, cid: str, verdict: verdicts.Verdict) -> str:
 
 def _statement(clause: Mapping[str, Any]) -> str:
     parts = [f"<p>{html.escape(str(clause.get('statement', '')))}</p>"]
-    parts.extend(
-        f"<p><b>{field.capitalize()}:</b> {html.escape(str(clause[field]))}</p>"
-        for field in ("source", "decision")
-        if clause.get(field)
-    )
+    if clause.get("source"):
+        source = clause_registry.linked_source(
+            html.escape(str(clause["source"])),
+            lambda number, title, url: f'<a href="{html.escape(url)}" title="{html.escape(title)}">{number}</a>',
+        )
+        parts.append(f"<p><b>Source:</b> {source}</p>")
+    if clause.get("decision"):
+        parts.append(f"<p><b>Decision:</b> {html.escape(str(clause['decision']))}</p>")
     short = html.escape(" ".join(str(clause.get("statement", "")).split()[:9]) + " …")
     return f"<details><summary>{short}</summary>{''.join(parts)}</details>"
 
@@ -208,6 +211,10 @@ def render(runs: Sequence[Run], clause_verdict: Judge) -> str:
         heads=heads,
         rows="\n".join(rows),
         legend=_legend(),
+        seeds="; ".join(
+            f'<a href="{html.escape(url)}">{number}</a>: {html.escape(title)}'
+            for number, (title, url) in clause_registry.SEEDS.items()
+        ),
         summary=_summary(runs, counts),
         devices=devices,
         total=len(rows),
@@ -263,7 +270,8 @@ GPU runs' verdicts are in <a href="{gpu_page}">gpu.md</a> (the runs: <a href="{g
 each cell "not run here (GPU)" links there.
 Click a statement for its source and the decision behind it; a coloured cell that names a break, a decision, a weak
 level or another document links to the clause on the target's findings page. "(k of n tests)": only k of the n
-tests judging the clause say so; a failure counts only against the clauses its expectations entry names.</p>
+tests judging the clause say so; a failure counts only against the clauses its expectations entry names.
+A source cites the documents by number: {seeds}.</p>
 {legend}
 <h2>By target</h2>
 {summary}
