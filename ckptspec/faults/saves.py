@@ -10,7 +10,7 @@
 Each rank saves its own keys (`expected(rank, version)`), so a checkpoint is complete only with every
 rank's data. `committed(path)` says whether the commit marker exists; `assert_loads` reads the
 checkpoint back outside the ranks (stock torch.load / torch.distributed.checkpoint.load, no process
-group) and compares every rank's data exactly. The hooks (ckptspec.faults.faults.Hooks) place a
+group) and compares every rank's data exactly. The hooks (ckptspec.spec.drivers.faults.phases.Hooks) place a
 fault in the plan, staging (preload_fn), write (async_fn) or finalize phase.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ckptspec.faults.faults import Hooks, in_phase
+from ckptspec.spec.drivers.faults.phases import Hooks, in_phase
 from ckptspec.spec.harness import assert_state_dict_equal
 from ckptspec.spec.harness.target.recipe import plan_async_save, recipe_modules
 

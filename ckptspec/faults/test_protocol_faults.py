@@ -5,7 +5,7 @@ AsyncCallsQueue API that these targets lack (targets that have it are judged the
 The FI clauses read in protocol terms (ckptspec.spec.harness.target.protocol): "the save raises CheckpointException on every
 rank" is "start() or wait() raises on every rank", "the same queue" is "the same saver", "close(abort=True)" is
 "abort() of the save in flight". A fault is placed in a phase by the file operation it hits, in the trainer and
-every thread and forked process of its save (ckptspec.faults.faultfs): plan is the mkdir of the checkpoint
+every thread and forked process of its save (ckptspec.spec.drivers.faults.faultfs): plan is the mkdir of the checkpoint
 directory, write a data file (`*.distcp`), finalize the coordinator's `.metadata`. A saver that writes from a
 spawned process (dcp-process's checkpoint daemon) is out of the layer's reach: where no fault fired, the test
 skips saying so instead of judging a fault that never happened. Damage after commit needs no layer: the files of
@@ -27,10 +27,12 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.crash_points import in_child
-from ckptspec.faults.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, on_ranks
+from ckptspec.faults.faults import ERRNOS, STORAGE_FAULTS
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND
 from ckptspec.spec.drivers.damage import Damage, apply, files_under
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.crash_points import in_child
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.drivers.protocol_saves import (
     WARM_BOUND,
     assert_loads,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint import CheckpointException
 
+from ckptspec.spec.drivers.bounds import BOUND, WARM_BOUND
 from ckptspec.spec.harness.asserts import assert_state_dict_equal, attempt, bounded
 from ckptspec.spec.harness.ranks import world
 from ckptspec.spec.harness.target.manager import CheckpointManager, checkpoint_manager
@@ -31,11 +32,6 @@ __all__ = [
     "save_steps",
     "step_state",
 ]
-
-BOUND = 30.0
-"""Seconds for a save, a wait, a resume (as the protocol area's BOUND)."""
-WARM_BOUND = 120.0
-"""Seconds for a manager's first save, which starts its threads (and imports the library's checkpoint code)."""
 
 
 def step_state(step: int, rank: int = 0, numel: int = 8) -> dict[str, Any]:

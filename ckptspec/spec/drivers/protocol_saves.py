@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND, WARM_BOUND
 from ckptspec.spec.drivers.saving import template
 from ckptspec.spec.harness.asserts import Outcome, assert_state_dict_equal, attempt, bounded
 from ckptspec.spec.harness.ranks import world
@@ -35,14 +36,6 @@ __all__ = [
     "wait",
     "warm_saver",
 ]
-
-BOUND = 30.0
-"""Seconds for a wait, an error or a save's completion (as PC-5 and AQ-7)."""
-EXIT_BOUND = 10.0
-"""Seconds for processes to be gone (as PC-4 and AQ-11)."""
-WARM_BOUND = 120.0
-"""Seconds for a saver's first save, which starts its workers (spawning a process that imports torch can take
-tens of seconds on a loaded machine); the clauses' bounds apply to the saves after it."""
 
 
 def rank_state(rank: int, version: int, numel: int = 12) -> dict[str, Any]:
