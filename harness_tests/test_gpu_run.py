@@ -13,7 +13,7 @@ import pytest
 
 from ckptspec.spec.harness import clauses
 from ckptspec.spec.harness.records import releases
-from ckptspec.spec.harness.target.loading import builtin_targets
+from ckptspec.spec.harness.surface.loading import builtin_targets
 from gpu_run import __main__ as cli
 from gpu_run import plan, runner
 

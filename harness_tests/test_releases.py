@@ -13,7 +13,7 @@ from packaging.version import Version
 
 from ckptspec.spec.harness import clauses
 from ckptspec.spec.harness.records import releases
-from ckptspec.spec.harness.target.loading import builtin_targets
+from ckptspec.spec.harness.surface.loading import builtin_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

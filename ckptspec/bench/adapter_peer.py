@@ -2,11 +2,11 @@
 
     peer = ProtocolPeer("mylib.ckptspec_adapter")   # the peer named "protocol:mylib.ckptspec_adapter"
 
-The adapter's five calls (ckptspec/spec/harness/target/protocol.py) behind the peers' three (ckptspec/bench/peers.py): `save`
+The adapter's five calls (ckptspec/spec/harness/surface/saver_api.py) behind the peers' three (ckptspec/bench/peers.py): `save`
 is `saver.start()`, `before_update` is `handle.staged()` (the trainer's stall lasts until its state may change),
 `wait` is `handle.wait()`, `poll` finalizes a save whose `wait` would return at once only where the handle says
 so (the protocol has no non-blocking finalize: a save counts as in flight until `wait`), and `close` is
-`saver.close()`. Its checkpoints are read back through the adapter's format (ckptspec/spec/harness/target/formats.py), so
+`saver.close()`. Its checkpoints are read back through the adapter's format (ckptspec/spec/harness/surface/formats.py), so
 the snapshot and load checks hold for a library with a format of its own (family `format`; `dcp` where the
 format is DCP's). A goodput loop therefore waits for a save at the next one: one save in flight, as the usage
 rules of every judged library advise.
@@ -21,8 +21,8 @@ from typing import Any
 
 from ckptspec.bench.peers import Peer
 from ckptspec.spec.harness import load_target
-from ckptspec.spec.harness.target.loading import checkpoint_format
-from ckptspec.spec.harness.target.protocol import SaveHandle, protocol_saver
+from ckptspec.spec.harness.surface.loading import checkpoint_format
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, protocol_saver
 
 __all__ = ["IMPL_PEER", "PREFIX", "ProtocolPeer", "regression_peer"]
 

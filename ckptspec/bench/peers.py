@@ -46,8 +46,8 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from ckptspec.bench.dcp_stager import KeptStager, staging_options
 from ckptspec.spec.harness import MissingCapability, load_target
-from ckptspec.spec.harness.target.loading import TargetError
-from ckptspec.spec.harness.target.recipe import plan_async_save, recipe_modules
+from ckptspec.spec.harness.surface.loading import TargetError
+from ckptspec.spec.harness.surface.recipe import plan_async_save, recipe_modules
 
 __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
 
@@ -80,7 +80,7 @@ class Peer:
 
 
 def plan_write(target_name: str, state_dict, path: str, *, plan_kwargs: dict | None = None, **writer_kwargs):
-    """The documented recipe's planned save (ckptspec.spec.harness.target.recipe) with the target's FileSystemWriterAsync;
+    """The documented recipe's planned save (ckptspec.spec.harness.surface.recipe) with the target's FileSystemWriterAsync;
     `plan_kwargs`: more keyword arguments of save_state_dict_async_plan."""
     modules = recipe_modules(load_target(target_name))
     return plan_async_save(modules, state_dict, path, plan_kwargs=plan_kwargs, **writer_kwargs)

@@ -3,7 +3,7 @@
 - `CoreSave` (every target): each rank's async_fn writes its shard `shard<rank>.pt` (temporary file,
   fsync, rename); a finalize function, which runs only once every rank's call is done, has rank 0
   write the commit marker `COMMIT`. It exercises the async core alone (Megatron-Core has no more).
-- `DcpSave` (targets with `storage_writer`): the recipe of the NVRx guide (000), as ckptspec.spec.harness.target.recipe
+- `DcpSave` (targets with `storage_writer`): the recipe of the NVRx guide (000), as ckptspec.spec.harness.surface.recipe
   writes it, with each phase's part wrapped in its hook; the commit marker is DCP's `.metadata`, written by the
   coordinator.
 
@@ -24,7 +24,7 @@ import torch
 
 from ckptspec.spec.drivers.faults.phases import Hooks, in_phase
 from ckptspec.spec.harness import assert_state_dict_equal
-from ckptspec.spec.harness.target.recipe import plan_async_save, recipe_modules
+from ckptspec.spec.harness.surface.recipe import plan_async_save, recipe_modules
 
 __all__ = ["CoreSave", "DcpSave", "expected", "for_target"]
 

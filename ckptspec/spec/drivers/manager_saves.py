@@ -18,7 +18,7 @@ from torch.distributed.checkpoint import CheckpointException
 from ckptspec.spec.drivers.bounds import BOUND, WARM_BOUND
 from ckptspec.spec.harness.asserts import assert_state_dict_equal, attempt, bounded
 from ckptspec.spec.harness.ranks import world
-from ckptspec.spec.harness.target.manager import CheckpointManager, checkpoint_manager
+from ckptspec.spec.harness.surface.manager_api import CheckpointManager, checkpoint_manager
 
 __all__ = [
     "BOUND",

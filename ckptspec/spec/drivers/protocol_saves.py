@@ -2,7 +2,7 @@
 
 Each rank saves its own keys (`rank_state(rank, version)`), so a checkpoint is complete only with every rank's
 data. Where a checkpoint lies, whether it is complete and how it is read back is the target's format
-(ckptspec.spec.harness.target.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
+(ckptspec.spec.harness.surface.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
 with the format's loader in this process, no process group; `committed` and `data_file` ask the same format.
 """
 
@@ -18,8 +18,8 @@ from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND, WARM_BOUND
 from ckptspec.spec.drivers.saving import template
 from ckptspec.spec.harness.asserts import Outcome, assert_state_dict_equal, attempt, bounded
 from ckptspec.spec.harness.ranks import world
-from ckptspec.spec.harness.target.loading import checkpoint_format
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver, protocol_saver
+from ckptspec.spec.harness.surface.loading import checkpoint_format
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver, protocol_saver
 
 __all__ = [
     "BOUND",

@@ -3,8 +3,9 @@
 Sub-packages (one job each; each one's __init__ lists its modules):
     ranks       running a body on N ranks: the Runner seam and its vocabulary, the forked runner (the default), the
                 launched runner, the reaper
-    target      the target surface: loading a target, the adapter contract, the protocol and manager layers,
-                formats, the documented recipe
+    surface     the target surface (the harness's side of an adapter): loading a target, the adapter contract,
+                the protocol layer (`saver_api`) and the manager contract layer (`manager_api`), formats, the
+                documented recipe
     records     recorded runs and everything that reads them: verdicts, the table, findings, the results page,
                 merging runs, recording failures, the release list
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from ckptspec.spec.harness.ranks import RankFailures, RankPool, rank_state, run_on_ranks, world
     from ckptspec.spec.harness.records.blocks import update_file, write_block
     from ckptspec.spec.harness.records.runs import Record, ReportError, load_run
-    from ckptspec.spec.harness.target.loading import MissingCapability, Target, current_target, load_target
+    from ckptspec.spec.harness.surface.loading import MissingCapability, Target, current_target, load_target
 
 __all__ = [
     "CALLERS",
@@ -108,7 +109,7 @@ _HOMES = {
     ),
     **dict.fromkeys(("RankFailures", "RankPool", "rank_state", "run_on_ranks", "world"), "ranks"),
     **dict.fromkeys(("Record", "ReportError", "load_run"), "records.runs"),
-    **dict.fromkeys(("MissingCapability", "Target", "current_target", "load_target"), "target.loading"),
+    **dict.fromkeys(("MissingCapability", "Target", "current_target", "load_target"), "surface.loading"),
 }
 
 

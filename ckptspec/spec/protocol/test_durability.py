@@ -9,7 +9,7 @@ P-CRASH-1 repeats the save once per point, killing its whole session right after
 the trainer, its threads and the processes it forks; a saver whose writes happen in a spawned process leaves
 nothing to observe, and the test says so (skip) rather than judge it.
 
-The commit is the target's format's (ckptspec.spec.harness.target.formats): DCP's `.metadata`, or, for a format without a
+The commit is the target's format's (ckptspec.spec.harness.surface.formats): DCP's `.metadata`, or, for a format without a
 commit marker, the rename that makes each data file appear whole.
 """
 
@@ -26,8 +26,8 @@ from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.drivers.protocol_saves import WARM_BOUND, assert_loads, committed, expected, rank_state, save
 from ckptspec.spec.harness.asserts import bounded
 from ckptspec.spec.harness.processes import remove
-from ckptspec.spec.harness.target.loading import checkpoint_format
-from ckptspec.spec.harness.target.protocol import protocol_saver
+from ckptspec.spec.harness.surface.loading import checkpoint_format
+from ckptspec.spec.harness.surface.saver_api import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")
 ALL_POINTS = dict.fromkeys(SAVE_PHASES, 0)  # every point counts as the last phase's: the whole save

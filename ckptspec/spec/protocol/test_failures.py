@@ -32,7 +32,7 @@ from ckptspec.spec.drivers.protocol_saves import (
 )
 from ckptspec.spec.harness.asserts import HUNG, attempt
 from ckptspec.spec.harness.ranks import run_on_ranks, world
-from ckptspec.spec.harness.target.loading import checkpoint_format
+from ckptspec.spec.harness.surface.loading import checkpoint_format
 
 pytestmark = pytest.mark.needs("protocol")
 
