@@ -7,7 +7,7 @@ One import name, one room per job:
 - `ckptspec.spec`: the specification suite (the clauses, their property-based tests, the target adapters, the harness);
 - `ckptspec.faults`: the fault suite;
 - `ckptspec.bench`: the benchmarks and the cost gate (`python -m ckptspec.bench.regression`);
-- `ckptspec.migrate`: rewrites 0.2's names (`spec_tests`, `impl`, ...) in a user's adapters, expectations and runs.
+- `ckptspec.migrate`: rewrites 0.2's names (its four top-level packages) in a user's adapters, expectations and runs.
 
 The command line is `ckptspec` (or `python -m ckptspec`). Importing this package imports nothing else.
 """

@@ -79,7 +79,7 @@ def test_no_module_imports_a_test_module_or_another_packages_private_name():
 def test_the_rules_catch_a_test_module_import_and_a_private_name(tmp_path, source, broken):
     offender = tmp_path / "offender.py"
     offender.write_text(source)
-    modules = {k: v for k, v in _modules().items() if k.startswith("ckptspec/spec")}
+    modules = {k: v for k, v in _modules().items() if k.startswith("ckptspec.spec")}
     modules["ckptspec.faults.offender"] = offender
     problems = [p for p in _problems(modules) if "offender" in p]
     assert len(problems) == 1, problems

@@ -20,7 +20,7 @@ import pytest
 
 from ckptspec.spec.harness.ranks import devices
 from ckptspec.spec.harness.records import releases
-from ckptspec.spec.harness.target.loading import CAPABILITY_DOCS, MissingCapability, current_target
+from ckptspec.spec.harness.surface.loading import CAPABILITY_DOCS, MissingCapability, current_target
 
 __all__ = ["nvrx_area", "pytest_fixture_setup", "pytest_pyfunc_call", "pytest_runtest_setup"]
 
@@ -28,8 +28,8 @@ __all__ = ["nvrx_area", "pytest_fixture_setup", "pytest_pyfunc_call", "pytest_ru
 def nvrx_area(item: pytest.Item) -> str | None:
     """The area of a test of ckptspec/spec/ written against NVRx's module paths (releases.NVRX_AREAS), or None."""
     parts = Path(str(item.path)).resolve().relative_to(Path(str(item.config.rootpath)).resolve()).parts
-    if len(parts) > 2 and parts[0] == "ckptspec/spec" and parts[1] in releases.NVRX_AREAS:
-        return parts[1]
+    if len(parts) > 3 and parts[:2] == ("ckptspec", "spec") and parts[2] in releases.NVRX_AREAS:
+        return parts[2]
     return None
 
 
