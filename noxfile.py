@@ -124,7 +124,7 @@ def _install_release(session: nox.Session, release: releases.Release) -> None:
     imported = session.run(
         "python",
         "-c",
-        f"from ckptspec.spec.harness.target.loading import load_target; print(load_target({release.target!r}).version)",
+        f"from ckptspec.spec.harness.surface.loading import load_target; print(load_target({release.target!r}).version)",
         silent=True,
     )
     if imported is None:  # --install-only: nothing was run

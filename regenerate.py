@@ -29,7 +29,7 @@ from pathlib import Path
 from ckptspec.bench import summary as benchmark_summary
 from ckptspec.faults import matrix
 from ckptspec.report import findings, glance, releases, report, repro_reports
-from ckptspec.spec.harness.target import contract
+from ckptspec.spec.harness.surface import contract
 from gpu_run import results as gpu_results
 from mutation import summary as mutation_summary
 

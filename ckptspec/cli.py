@@ -59,7 +59,7 @@ _STORED_HEADER = "Generated from the stored run `conformance/all/` by `python re
 
 def _installed_version(target: str) -> str:
     """The installed version of `target`, read by the suite's own code in a process of its own (it imports torch)."""
-    code = f"from ckptspec.spec.harness.target.loading import load_target; print(load_target({target!r}).version)"
+    code = f"from ckptspec.spec.harness.surface.loading import load_target; print(load_target({target!r}).version)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["OLD_TO_NEW", "main", "migrate_text"]
+__all__ = ["MOVED", "OLD_TO_NEW", "main", "migrate_text"]
 
 OLD_TO_NEW = {
     "spec_tests": "ckptspec.spec",
@@ -34,6 +34,23 @@ OLD_TO_NEW = {
     "impl": "ckptspec.impl",
 }
 """Each 0.2 top-level package and the 0.3 module it became."""
+
+MOVED = {
+    "ckptspec.spec.harness.target.protocol": "ckptspec.spec.harness.surface.saver_api",
+    "ckptspec.spec.harness.target.manager": "ckptspec.spec.harness.surface.manager_api",
+    "ckptspec.spec.harness.target": "ckptspec.spec.harness.surface",
+    "ckptspec.spec.harness.records.record_failures": "ckptspec.spec.harness.record_failures",
+    "ckptspec.spec.harness.records": "ckptspec.report",
+    "ckptspec.spec.harness.cli": "ckptspec.cli",
+    "ckptspec.spec.harness.clauses": "ckptspec.report.clauses",
+    "ckptspec.spec.harness.installed": "ckptspec.report.installed",
+    "ckptspec.faults.faultfs": "ckptspec.spec.drivers.faults.faultfs",
+    "ckptspec.faults.crash_points": "ckptspec.spec.drivers.faults.crash_points",
+    "ckptspec.faults.preemption": "ckptspec.spec.drivers.faults.preemption",
+}
+"""Modules that moved inside the package in 0.3, after the rename (as module paths; their files' paths move alike):
+the adapter surface (`target` is `surface`, its `protocol` layer `saver_api`), the reports (`records` is
+`ckptspec.report`), the command line, and the fault machinery the suites share (a driver now)."""
 
 # impl's own first-level names: `impl.` followed by anything else is a target name (`impl.expectations.toml`).
 _IMPL_MODULES = "async_ckpt|local|integrity|utils|manager|dict_utils|debug_log|core"
@@ -59,6 +76,14 @@ def _rules() -> list[tuple[re.Pattern[str], str]]:
     # Bare names that are unambiguous (a directory or package named in prose or a list of paths).
     for old in ("spec_tests", "fault_injection"):
         rules.append((re.compile(rf"{_BEFORE}\b{old}\b"), OLD_TO_NEW[old].replace(".", "/")))
+    # Then the moves inside the package (the names an adapter imports first: the protocol layer's Saver).
+    for old, new in MOVED.items():
+        for sep in (".", "/"):
+            before, after = old.replace(".", sep), new.replace(".", sep)
+            # `installed.toml` stayed in the harness: only the module moved.
+            rules.append((re.compile(rf"(?<![\w.]){re.escape(before)}\b(?!\.toml)"), after))
+    for name, home in (("clauses", "ckptspec.report"), ("installed", "ckptspec.report")):
+        rules.append((re.compile(rf"\bfrom ckptspec\.spec\.harness import {name}\b"), f"from {home} import {name}"))
     return rules
 
 

@@ -39,7 +39,7 @@ PROBE = (
     "'executable': sys.executable, 'torch': torch.__version__, 'cuda': torch.version.cuda, "
     "'gpu': torch.cuda.get_device_name() if c else None, 'gpus': torch.cuda.device_count() if c else 0}))"
 )
-VERSION = "from ckptspec.spec.harness.target.loading import load_target; print(load_target({!r}).version)"
+VERSION = "from ckptspec.spec.harness.surface.loading import load_target; print(load_target({!r}).version)"
 NO_GPU_REASONS = ("but no GPU", "needs a CUDA device")
 CAPABILITY_REASON = "lacks"
 MIN_START_S = 60

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from ckptspec.spec.harness.target import contract
-from ckptspec.spec.harness.target import loading as targets
-from ckptspec.spec.harness.target.protocol import SAVER_OPTIONS, protocol_saver
+from ckptspec.spec.harness.surface import contract
+from ckptspec.spec.harness.surface import loading as targets
+from ckptspec.spec.harness.surface.saver_api import SAVER_OPTIONS, protocol_saver
 from harness_tests.pytest_runs import REPO_ROOT, clean_env, run_pytest
 
 
@@ -58,7 +58,7 @@ BROKEN: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "FORMAT without a loader": (
         {"FORMAT": object()},
-        "FORMAT must be ckptspec.spec.harness.target.formats.CheckpointFormat, not object",
+        "FORMAT must be ckptspec.spec.harness.surface.formats.CheckpointFormat, not object",
     ),
     "manager without a factory": (
         {"CAPABILITIES": frozenset({"protocol", "manager"})},
@@ -145,7 +145,7 @@ _THROWAWAY = '''\
 """A throw-away target: torch's synchronous dcp.save behind the protocol layer."""
 from typing import Any
 
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
 NAME = "throwaway"
 DISTRIBUTION = None

@@ -16,7 +16,7 @@ from importlib import metadata
 import pytest
 
 from ckptspec.report import clauses
-from ckptspec.spec.harness.target import loading as targets
+from ckptspec.spec.harness.surface import loading as targets
 
 
 def test_builtin_targets_are_the_adapter_modules():

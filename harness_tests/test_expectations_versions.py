@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ckptspec.spec.harness import expectations
-from ckptspec.spec.harness.target.loading import load_target
+from ckptspec.spec.harness.surface.loading import load_target
 
 _FILE = """\
 [[xfail]]

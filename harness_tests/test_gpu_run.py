@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ckptspec.report import clauses, releases
-from ckptspec.spec.harness.target.loading import builtin_targets
+from ckptspec.spec.harness.surface.loading import builtin_targets
 from gpu_run import __main__ as cli
 from gpu_run import plan, runner
 

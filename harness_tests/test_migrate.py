@@ -25,7 +25,7 @@ REWRITTEN = [
     ("benchmarks/test_save.py::test_save[dcp:impl]", "ckptspec/bench/test_save.py::test_save[dcp:impl]"),
     (
         "from spec_tests.harness.target.loading import SPEC_MODULES",
-        "from ckptspec.spec.harness.target.loading import SPEC_MODULES",
+        "from ckptspec.spec.harness.surface.loading import SPEC_MODULES",
     ),
     ("from benchmarks import summary", "from ckptspec.bench import summary"),
     ("import fault_injection", "import ckptspec.faults"),

@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from ckptspec.report import clauses, releases
-from ckptspec.spec.harness.target.loading import builtin_targets
+from ckptspec.spec.harness.surface.loading import builtin_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckptspec.spec.harness.target.loading import SUPPORTED_TORCH, torch_below_supported
+from ckptspec.spec.harness.surface.loading import SUPPORTED_TORCH, torch_below_supported
 
 
 def test_the_supported_torch_gets_no_warning() -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import perf_counter
 
-from ckptspec.bench.peers import Peer
+from ckptspec.bench.peer_api import Peer
 from ckptspec.bench.training import Trainer, load, mismatches
 
 __all__ = ["Loop", "Save", "run", "save_steps", "verify"]

@@ -1,10 +1,4 @@
-"""The checkpointing methods the benchmarks compare ("peers"), each behind the same three calls.
-
-    phases = peer.save(state_dict, path)   # returns when the trainer may go on; {step: seconds}
-    peer.before_update()                   # before the trainer changes the state in place (optimizer step)
-    peer.poll()                            # a training step's non-blocking finalize; True while a save runs
-    peer.wait()                            # returns once the last save is committed on every rank
-    peer.close()
+"""The checkpointing methods the benchmarks compare ("peers"), each behind the same calls (ckptspec.bench.peer_api).
 
 A peer's name is `family:method`. The family is the checkpoint format: `dcp` peers write a
 torch.distributed.checkpoint directory (loadable with `dcp.load`), `torch` peers write one
@@ -44,43 +38,18 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from ckptspec.bench.adapter_peer import protocol_peer
 from ckptspec.bench.dcp_stager import KeptStager, staging_options
+from ckptspec.bench.peer_api import Peer
 from ckptspec.spec.harness import MissingCapability, load_target
-from ckptspec.spec.harness.target.loading import TargetError
-from ckptspec.spec.harness.target.recipe import plan_async_save, recipe_modules
+from ckptspec.spec.harness.surface.loading import TargetError
+from ckptspec.spec.harness.surface.recipe import plan_async_save, recipe_modules
 
 __all__ = ["PEERS", "Peer", "make_peer", "plan_write", "unavailable"]
 
 
-class Peer:
-    """Base: `name`, `family`, `durable`, `synchronous`; subclasses implement save/poll/wait/close."""
-
-    name = family = ""
-    note: str | None = None  # what the benchmark's row must say about how this peer was run
-    durable = True
-    synchronous = False  # the save is complete when save() returns
-
-    def save(self, state_dict, path: str) -> dict[str, float]:
-        raise NotImplementedError
-
-    def before_update(self) -> None:
-        """Called before the trainer changes the saved tensors in place; a peer whose snapshot completes
-        in the background waits for it here. Nothing to wait for by default: save() took the snapshot."""
-
-    def poll(self) -> bool:
-        """Finalize what has finished, without blocking, as a training loop does every step; True while
-        a save is still in flight."""
-        return False
-
-    def wait(self) -> None:
-        """Nothing to wait for (synchronous peers)."""
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
 def plan_write(target_name: str, state_dict, path: str, *, plan_kwargs: dict | None = None, **writer_kwargs):
-    """The documented recipe's planned save (ckptspec.spec.harness.target.recipe) with the target's FileSystemWriterAsync;
+    """The documented recipe's planned save (ckptspec.spec.harness.surface.recipe) with the target's FileSystemWriterAsync;
     `plan_kwargs`: more keyword arguments of save_state_dict_async_plan."""
     modules = recipe_modules(load_target(target_name))
     return plan_async_save(modules, state_dict, path, plan_kwargs=plan_kwargs, **writer_kwargs)
@@ -330,9 +299,7 @@ def make_peer(name: str) -> Peer:
     """A new instance of peer `name` (check `unavailable(name)` first); `protocol:TARGET` is TARGET's protocol
     saver (ckptspec/bench/adapter_peer.py)."""
     if name.startswith("protocol:"):
-        from ckptspec.bench.adapter_peer import ProtocolPeer  # it subclasses Peer: imported here, not at the top
-
-        peer: Peer = ProtocolPeer(name.removeprefix("protocol:"))
+        peer: Peer = protocol_peer(name.removeprefix("protocol:"))
         peer.name = name
         return peer
     peer = PEERS[name]()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ckptspec.spec.harness import load_target
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
 NAME = "slowed-impl"
 DISTRIBUTION = None  # the source tree: the report shows no version

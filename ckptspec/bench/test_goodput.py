@@ -28,7 +28,7 @@ from ckptspec.bench.memory import tree_pss
 from ckptspec.bench.memwatch import TreeWatcher
 from ckptspec.bench.peers import PEERS
 from ckptspec.bench.training import Trainer
-from ckptspec.spec.harness.target.loading import ENV_VAR
+from ckptspec.spec.harness.surface.loading import ENV_VAR
 
 pytestmark = pytest.mark.xdist_group("benchmarks-save")
 

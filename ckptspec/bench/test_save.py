@@ -22,7 +22,7 @@ from ckptspec.bench.adapter_peer import regression_peer
 from ckptspec.bench.harness import noted, params, phase_medians, record
 from ckptspec.bench.peers import PEERS, unavailable
 from ckptspec.bench.workload import MiB, load_checkpoint, negate_, saved_before_update, staged_bytes
-from ckptspec.spec.harness.target.loading import ENV_VAR
+from ckptspec.spec.harness.surface.loading import ENV_VAR
 
 # One xdist worker runs this module under `--dist loadgroup`, so the peers' workers start once.
 pytestmark = pytest.mark.xdist_group("benchmarks-save")

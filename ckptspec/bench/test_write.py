@@ -25,7 +25,7 @@ from ckptspec.bench.adapter_peer import IMPL_PEER, regression_peer
 from ckptspec.bench.harness import REGRESSION, SMOKE_PEERS, record, smoke_skip_reason
 from ckptspec.bench.peers import plan_write, unavailable
 from ckptspec.bench.workload import random_bytes, staged_bytes
-from ckptspec.spec.harness.target.loading import ENV_VAR
+from ckptspec.spec.harness.surface.loading import ENV_VAR
 
 PROFILES = {"msc-posix": "ckptspec-bench-posix", "msc-s3": "ckptspec-bench-s3"}
 BUCKET = "ckptspec-bench"

@@ -19,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from ckptspec.spec.harness.target.loading import checkpoint_format
+from ckptspec.spec.harness.surface.loading import checkpoint_format
 
 __all__ = ["Trainer", "load", "mismatches"]
 

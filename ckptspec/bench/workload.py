@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckptspec.spec.harness.target.loading import checkpoint_format
+from ckptspec.spec.harness.surface.loading import checkpoint_format
 
 __all__ = [
     "GiB",

@@ -13,7 +13,7 @@
   that name a process outside this test's tree as their maker (ckptspec/faults/shm_watch.py: another
   program on the machine made them).
 - temporary files: anything left in the test's private TMPDIR (each rank runs with its own
-  subdirectory as TMPDIR, see ckptspec.faults.faults.on_ranks), also by processes the test SIGKILLs
+  subdirectory as TMPDIR, see ckptspec.spec.drivers.faults.tmpdirs.on_ranks), also by processes the test SIGKILLs
   on purpose: a killed trainer cannot remove a temporary file, so a target must keep none outside its
   checkpoint. Not counted: `pymp-*` (multiprocessing's per-process directory, removed when that
   process exits normally, which a rank stopped by the runner or killed does not) and `torchinductor_*` (torch's

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptspec.faults import faults
 from ckptspec.faults.audit import Audit
+from ckptspec.spec.drivers.faults import tmpdirs
 from ckptspec.spec.harness.s3 import s3  # noqa: F401  (the fixture)
 
 _HERE = Path(__file__).resolve().parent
@@ -31,13 +31,13 @@ def orphan_audit():
     tmpdir = tempfile.mkdtemp(prefix="ckptspec-fi-")
     audit = Audit(tmpdir)
     audit.start()
-    faults.current_tmpdir = tmpdir
+    tmpdirs.current_tmpdir = tmpdir
     try:
         yield
-        faults.current_tmpdir = None
+        tmpdirs.current_tmpdir = None
         left = audit.leftovers()
     finally:
-        faults.current_tmpdir = None
+        tmpdirs.current_tmpdir = None
         shutil.rmtree(tmpdir, ignore_errors=True)
     if left:
         shown = left[:20] + ([f"... and {len(left) - 20} more"] if len(left) > 20 else [])

@@ -1,12 +1,9 @@
-"""What the fault tests share: bounds, rank runs under the audit, phase steps, self-kill, cleanup.
+"""What the fault tests share beyond the fault machinery: the storage errors of the matrix, and process control.
 
-What a call did (returned, raised, or hung past BOUND) is ckptspec.spec.harness's `outcome_of`; closing a queue
-after a provoked fault, its `close_quietly`.
-
-A fault is placed in a *phase* of a save by a `Step`, run at the start of that phase in whatever
-process runs it (the trainer for plan and finalize, the worker for staging and write): it may record
-its pid in a marker file, SIGKILL its own process, wait for a gate file, and install a fault-layer
-plan (ckptspec.faults.faultfs) for the rest of the phase. `Hooks` holds one Step per phase.
+The fault machinery itself (the file-system layer, the phases of a save and the steps that place a fault in one,
+crash points, rank runs under the audit) is the drivers layer's, ckptspec.spec.drivers.faults, which the spec areas
+use too; the time bounds are ckptspec.spec.drivers.bounds. What a call did (returned, raised, or hung past BOUND) is
+ckptspec.spec.harness's `outcome_of`; closing a queue after a provoked fault, its `close_quietly`.
 """
 
 from __future__ import annotations
@@ -14,42 +11,21 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptspec.faults import faultfs
-from ckptspec.spec.harness import alive, run_on_ranks, workloads
-from ckptspec.spec.harness.ranks.reaper import collect_garbage
+from ckptspec.spec.harness import alive, workloads
 
 __all__ = [
-    "BOUND",
     "ERRNOS",
-    "EXIT_BOUND",
-    "PHASES",
-    "SAVE_PHASES",
     "STORAGE_FAULTS",
-    "Hooks",
-    "Step",
     "exits_within",
-    "in_phase",
     "kill_pids",
     "kill_self_when",
-    "on_ranks",
     "wait_for_pids",
 ]
-
-BOUND = 30.0
-"""Seconds within which a fault must surface as an error on every rank (as PC-5 and AQ-7)."""
-EXIT_BOUND = 10.0
-"""Seconds within which processes must be gone after abort or trainer death (as AQ-11 and PC-4)."""
-PHASES = ("plan", "staging", "write", "finalize", "exchange", "committed")
-SAVE_PHASES = PHASES[:4]
-"""The phases of one running save, in order (one rank has no replica exchange; "committed" is after the save)."""
-"""Phases of a save, in order; the fault matrix has one column per phase."""
 
 ERRNOS = ("ENOSPC", "EACCES", "EIO")
 STORAGE_FAULTS: dict[tuple[str, str], tuple[int | str, dict[str, Any]]] = {
@@ -65,112 +41,6 @@ STORAGE_FAULTS: dict[tuple[str, str], tuple[int | str, dict[str, Any]]] = {
 }
 """(phase, errno) -> (the ranks it hits, the faultfs.Fault fields that place it in that phase of a DCP save): the
 checkpoint directory's mkdir on every rank, rank 1's data files, or the coordinator's metadata."""
-
-current_tmpdir: str | None = None
-"""The running test's private TMPDIR, set by the audit fixture (ckptspec/faults/conftest.py)."""
-
-
-# --------------------------------------------------------------------------------------- ranks
-
-
-def on_ranks(world_size: int, fn, *args, timeout: float = 120, expect_exit=None, backend="auto") -> list:
-    """run_on_ranks(fn, ...) on fresh ranks, each with its own TMPDIR inside the test's private one.
-
-    The audit inspects every rank's TMPDIR, also of ranks killed on purpose (expect_exit): a target
-    may keep no temporary file outside its checkpoint that a killed trainer could not remove. Tests that
-    kill a rank pass backend="gloo" (see clause FI-GPU-2); the others run over NCCL where there is a GPU per rank.
-    """
-    __tracebackhide__ = True
-    return run_on_ranks(
-        _in_test_env, world_size, (current_tmpdir, fn, *args), timeout=timeout, expect_exit=expect_exit, backend=backend
-    )
-
-
-def audited_tmpdir() -> str | None:
-    """The running test's private TMPDIR, which the orphan audit inspects; None where no audit runs."""
-    return os.environ.get("CKPTSPEC_FI_TMPDIR") or current_tmpdir
-
-
-def private_tmpdir(name: str, base: str | None = None) -> None:
-    """Point this process's TMPDIR (and its children's) at `name` inside `base`, by default the test's audited
-    TMPDIR; never directly in the machine's temporary directory, where nothing would remove it."""
-    root = base or audited_tmpdir()
-    if root is None:
-        raise ValueError(f"private_tmpdir({name!r}): no audited TMPDIR and no base directory")
-    path = os.path.join(root, name)
-    os.makedirs(path, exist_ok=True)
-    os.environ["TMPDIR"] = path
-    tempfile.tempdir = None  # recomputed from TMPDIR on next use
-
-
-def _in_test_env(tmpdir, fn, *args):
-    if tmpdir is not None:
-        os.environ["CKPTSPEC_FI_TMPDIR"] = tmpdir
-        private_tmpdir(f"rank{os.environ['RANK']}")
-    try:
-        return fn(*args)
-    finally:
-        # The runner stops a rank right after its reply, before interpreter exit would collect what the body dropped.
-        collect_garbage(EXIT_BOUND)
-
-
-# -------------------------------------------------------------------------------------- phases
-
-
-@dataclass(frozen=True)
-class Step:
-    """What happens at the start of one phase (see the module docstring); picklable."""
-
-    marker: str | None = None
-    die: bool = False
-    gate: str | None = None
-    fs: faultfs.Plan | None = None
-
-    def enter(self) -> None:
-        if self.marker is not None:
-            _write_atomically(self.marker, str(os.getpid()))
-        if self.die:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.gate is not None:
-            workloads.gated(self.gate)
-
-    def run(self, fn, *args, **kwargs):
-        """enter(), then fn(*args, **kwargs) under the step's fault-layer plan."""
-        self.enter()
-        with faultfs.installed(self.fs):
-            return fn(*args, **kwargs)
-
-
-NOTHING = Step()
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """One Step per phase of a save (the default does nothing)."""
-
-    plan: Step = NOTHING
-    staging: Step = NOTHING
-    write: Step = NOTHING
-    finalize: Step = NOTHING
-    exchange: Step = NOTHING
-
-    @classmethod
-    def at(cls, phase: str, step: Step) -> Hooks:
-        if phase not in PHASES:
-            raise ValueError(f"unknown phase {phase!r}; one of {', '.join(PHASES)}")
-        return cls(**{phase: step})
-
-
-def in_phase(step: Step, fn, *args, **kwargs):
-    """Module-level (picklable) form of step.run, for functools.partial in AsyncRequests."""
-    return step.run(fn, *args, **kwargs)
-
-
-def _write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    Path(tmp).write_text(text)
-    os.replace(tmp, path)
-
 
 # ------------------------------------------------------------------------------ process control
 

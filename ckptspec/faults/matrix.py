@@ -41,7 +41,7 @@ __all__ = ["FAULTS", "PHASES", "TargetRun", "main", "render"]
 
 START_MARKER = "<!-- faults:start -->"
 END_MARKER = "<!-- faults:end -->"
-from ckptspec.faults.faults import PHASES  # noqa: E402  (one list of phases, the fault suite's)
+from ckptspec.spec.drivers.faults.phases import PHASES  # noqa: E402  (one list of phases, the fault machinery's)
 
 FAULTS = (
     ("FI-RANK", "killed rank"),

@@ -19,8 +19,10 @@ import sys
 import psutil
 import torch.distributed as dist
 
-from ckptspec.faults import faults, saves
-from ckptspec.faults.faults import BOUND, EXIT_BOUND, Hooks, Step
+from ckptspec.faults import saves
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND
+from ckptspec.spec.drivers.faults import tmpdirs
+from ckptspec.spec.drivers.faults.phases import Hooks, Step
 from ckptspec.spec.harness import async_core, attempt, close_quietly, current_target, outcome_of
 
 VICTIM = 1
@@ -76,7 +78,7 @@ def main(tmp: str, phase: str) -> None:
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if os.environ.get("CKPTSPEC_FI_TMPDIR"):  # the orphan audit's TMPDIR of the test (ckptspec/faults/audit.py)
-        faults.private_tmpdir(f"node-rank{rank}")
+        tmpdirs.private_tmpdir(f"node-rank{rank}")
     first = [not os.path.exists(os.path.join(tmp, "outcome.json"))]
     dist.broadcast_object_list(first, src=0)  # rank 0 decides, for every rank
     if first[0]:

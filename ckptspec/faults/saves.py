@@ -3,14 +3,14 @@
 - `CoreSave` (every target): each rank's async_fn writes its shard `shard<rank>.pt` (temporary file,
   fsync, rename); a finalize function, which runs only once every rank's call is done, has rank 0
   write the commit marker `COMMIT`. It exercises the async core alone (Megatron-Core has no more).
-- `DcpSave` (targets with `storage_writer`): the recipe of the NVRx guide (000), as ckptspec.spec.harness.target.recipe
+- `DcpSave` (targets with `storage_writer`): the recipe of the NVRx guide (000), as ckptspec.spec.harness.surface.recipe
   writes it, with each phase's part wrapped in its hook; the commit marker is DCP's `.metadata`, written by the
   coordinator.
 
 Each rank saves its own keys (`expected(rank, version)`), so a checkpoint is complete only with every
 rank's data. `committed(path)` says whether the commit marker exists; `assert_loads` reads the
 checkpoint back outside the ranks (stock torch.load / torch.distributed.checkpoint.load, no process
-group) and compares every rank's data exactly. The hooks (ckptspec.faults.faults.Hooks) place a
+group) and compares every rank's data exactly. The hooks (ckptspec.spec.drivers.faults.phases.Hooks) place a
 fault in the plan, staging (preload_fn), write (async_fn) or finalize phase.
 """
 
@@ -22,19 +22,25 @@ from typing import Any
 
 import torch
 
-from ckptspec.faults.faults import Hooks, in_phase
+from ckptspec.spec.drivers.faults.phases import Hooks, in_phase
+from ckptspec.spec.drivers.saving import template
+from ckptspec.spec.drivers.states import assert_loads, rank_state, whole_state
 from ckptspec.spec.harness import assert_state_dict_equal
-from ckptspec.spec.harness.target.recipe import plan_async_save, recipe_modules
+from ckptspec.spec.harness.surface.formats import DCP
+from ckptspec.spec.harness.surface.recipe import plan_async_save, recipe_modules
 
 __all__ = ["CoreSave", "DcpSave", "expected", "for_target"]
 
 NO_HOOKS = Hooks()
 
 
-def expected(rank: int, version: int) -> dict:
-    """The state dict rank `rank` saves as checkpoint `version`: its own keys, small tensors."""
-    weight = torch.arange(12, dtype=torch.float32).reshape(3, 4) + 100 * version + rank
-    return {f"r{rank}": {"w": weight, "step": version}}
+SHAPE: dict[str, Any] = {"shape": (3, 4), "per_version": 100}
+"""The fault saves' states: rank_state's tensor as a 3x4 matrix, 100 apart from one version to the next."""
+
+
+def expected(rank: int, version: int) -> dict[str, Any]:
+    """The state dict rank `rank` saves as checkpoint `version` (ckptspec.spec.drivers.states.rank_state)."""
+    return rank_state(rank, version, **SHAPE)
 
 
 def _clone(state):
@@ -147,16 +153,14 @@ class DcpSave(_Save):
     def assert_loads(self, path, version, world_size):
         import torch.distributed.checkpoint as dcp
 
-        loaded, want = {}, {}
-        for rank in range(world_size):
-            loaded.update({f"r{rank}": {"w": torch.zeros(3, 4), "step": -1}})
-            want.update(expected(rank, version))
-        if self.use_msc:
-            import multistorageclient as msc
+        want = whole_state(world_size, version, **SHAPE)
+        if not self.use_msc:
+            assert_loads(path, want, fmt=DCP)
+            return
+        import multistorageclient as msc
 
-            dcp.load(loaded, storage_reader=msc.torch.MultiStorageFileSystemReader(path), no_dist=True)
-        else:
-            dcp.load(loaded, checkpoint_id=path, no_dist=True)
+        loaded = template(want)
+        dcp.load(loaded, storage_reader=msc.torch.MultiStorageFileSystemReader(path), no_dist=True)
         assert_state_dict_equal(loaded, want, call=f"torch.distributed.checkpoint.load of {path}")
 
 

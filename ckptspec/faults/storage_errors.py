@@ -8,8 +8,11 @@ next save on the same queue. Used by test_storage_faults.py (gloo) and test_gpu_
 import os
 from dataclasses import dataclass
 
-from ckptspec.faults import faultfs, saves
-from ckptspec.faults.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, Hooks, Step
+from ckptspec.faults import saves
+from ckptspec.faults.faults import ERRNOS, STORAGE_FAULTS
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.phases import Hooks, Step
 from ckptspec.spec.harness import HUNG, async_core, close_quietly, current_target, outcome_of, world
 
 __all__ = ["WORLD", "ErrnoSaves", "storage_errors"]

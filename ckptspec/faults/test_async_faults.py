@@ -15,19 +15,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from ckptspec.faults import faultfs, saves
-from ckptspec.faults.faults import (
-    BOUND,
-    EXIT_BOUND,
-    SAVE_PHASES,
-    Hooks,
-    Step,
-    exits_within,
-    kill_pids,
-    kill_self_when,
-    on_ranks,
-    wait_for_pids,
-)
+from ckptspec.faults import saves
+from ckptspec.faults.faults import exits_within, kill_pids, kill_self_when, wait_for_pids
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.phases import SAVE_PHASES, Hooks, Step
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.harness import (
     HUNG,
     RankFailures,

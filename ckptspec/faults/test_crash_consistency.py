@@ -1,7 +1,7 @@
 """Crash consistency: stop a save right after each of its persistence points (CrashMonkey, ALICE).
 
 One rank drives. It saves a previous checkpoint, traces one complete save of the next checkpoint
-through the injected file-system layer (ckptspec.faults.faultfs) to number its persistence points
+through the injected file-system layer (ckptspec.spec.drivers.faults.faultfs) to number its persistence points
 and tell which phase each belongs to, then for every point k of the phase under test runs the same
 save again in a forked process, in its own session, whose whole session is SIGKILLed right after
 point k (writer processes included). After each crash the checkpoints are read back the way a
@@ -28,9 +28,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ckptspec.faults import faultfs, saves
-from ckptspec.faults.crash_points import crash_points, durability_problems, in_child, report_crashes, run_phases
-from ckptspec.faults.faults import on_ranks
+from ckptspec.faults import saves
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.crash_points import (
+    crash_points,
+    durability_problems,
+    in_child,
+    report_crashes,
+    run_phases,
+)
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.harness import assert_state_dict_equal, current_target, remove
 from ckptspec.spec.harness.shared_runs import shared
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ckptspec.faults.faults import on_ranks
 from ckptspec.spec.drivers.damage import Damage, load_damaged_checkpoint, load_damaged_local, plant_then_load
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.drivers.local import rank_value
 from ckptspec.spec.harness import assert_each_rank, assert_state_dict_equal, world
 

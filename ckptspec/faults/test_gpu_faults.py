@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckptspec.faults.faults import BOUND, ERRNOS, on_ranks
+from ckptspec.faults.faults import ERRNOS
 from ckptspec.faults.storage_errors import WORLD, ErrnoSaves, storage_errors
+from ckptspec.spec.drivers.bounds import BOUND
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.harness import async_core, bounded
 
 

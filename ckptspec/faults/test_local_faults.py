@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.faults import BOUND, on_ranks
+from ckptspec.spec.drivers.bounds import BOUND
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.harness import HUNG, assert_each_rank, attempt, outcome_of, world
 
 WORLD = 4

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import pytest
 
 from ckptspec.faults import faults
-from ckptspec.faults.faults import BOUND, EXIT_BOUND, SAVE_PHASES
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND
+from ckptspec.spec.drivers.faults import tmpdirs
+from ckptspec.spec.drivers.faults.phases import SAVE_PHASES
 from ckptspec.spec.harness import HUNG
 from ckptspec.spec.harness.ranks import loopback
 from ckptspec.spec.harness.shared_runs import shared
@@ -90,7 +92,7 @@ def _lose_node(tmp_path, phase) -> LostNode:
         return loopback.start_commands(commands, log_dir=log_dir, env=env)
 
     # The trainers' temporary files go to the audited TMPDIR of the test; torchrun's own (killed with node 1) do not.
-    env = dict(os.environ, TMPDIR=str(logs), CKPTSPEC_FI_TMPDIR=faults.current_tmpdir or "")
+    env = dict(os.environ, TMPDIR=str(logs), CKPTSPEC_FI_TMPDIR=tmpdirs.current_tmpdir or "")
     nodes = job(logs)
     survivors: list[int] = []
     try:

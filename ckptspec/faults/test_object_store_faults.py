@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pytest
 
 from ckptspec.faults import saves
-from ckptspec.faults.faults import BOUND, EXIT_BOUND, on_ranks
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.harness import HUNG, async_core, close_quietly, current_target, outcome_of, world
 from ckptspec.spec.harness.shared_runs import shared
 

@@ -2,16 +2,16 @@
 dcp-process, dcp-staged): the same faults in the same phases as the other modules of this suite, which drive the
 AsyncCallsQueue API that these targets lack (targets that have it are judged there and skip here).
 
-The FI clauses read in protocol terms (ckptspec.spec.harness.target.protocol): "the save raises CheckpointException on every
+The FI clauses read in protocol terms (ckptspec.spec.harness.surface.saver_api): "the save raises CheckpointException on every
 rank" is "start() or wait() raises on every rank", "the same queue" is "the same saver", "close(abort=True)" is
 "abort() of the save in flight". A fault is placed in a phase by the file operation it hits, in the trainer and
-every thread and forked process of its save (ckptspec.faults.faultfs): plan is the mkdir of the checkpoint
+every thread and forked process of its save (ckptspec.spec.drivers.faults.faultfs): plan is the mkdir of the checkpoint
 directory, write a data file (`*.distcp`), finalize the coordinator's `.metadata`. A saver that writes from a
 spawned process (dcp-process's checkpoint daemon) is out of the layer's reach: where no fault fired, the test
 skips saying so instead of judging a fault that never happened. Damage after commit needs no layer: the files of
 a committed checkpoint are changed at rest and loaded with stock `torch.distributed.checkpoint.load`.
 
-File names are the target's format's (ckptspec.spec.harness.target.formats): DCP's `*.distcp` and `.metadata` stand for the
+File names are the target's format's (ckptspec.spec.harness.surface.formats): DCP's `*.distcp` and `.metadata` stand for the
 format's data files and commit marker; a format without a marker has no finalize phase (its cells are skipped,
 saying so), and a writer that writes elsewhere and moves its files in gives the layer no write to act on.
 """
@@ -27,10 +27,12 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.crash_points import in_child
-from ckptspec.faults.faults import BOUND, ERRNOS, EXIT_BOUND, STORAGE_FAULTS, on_ranks
+from ckptspec.faults.faults import ERRNOS, STORAGE_FAULTS
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND
 from ckptspec.spec.drivers.damage import Damage, apply, files_under
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.crash_points import in_child
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.drivers.protocol_saves import (
     WARM_BOUND,
     assert_loads,
@@ -43,8 +45,8 @@ from ckptspec.spec.drivers.protocol_saves import (
 )
 from ckptspec.spec.harness import HUNG, attempt, remove, wait_for_file, world
 from ckptspec.spec.harness.shared_runs import shared
-from ckptspec.spec.harness.target.loading import checkpoint_format
-from ckptspec.spec.harness.target.protocol import protocol_saver
+from ckptspec.spec.harness.surface.loading import checkpoint_format
+from ckptspec.spec.harness.surface.saver_api import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")
 WORLD = 2

@@ -1,6 +1,6 @@
 """Storage errors (ENOSPC, EACCES, EIO) in the plan, write and finalize phases of a DCP save.
 
-The errors come from the injected file-system layer (ckptspec.faults.faultfs), installed for one
+The errors come from the injected file-system layer (ckptspec.spec.drivers.faults.faultfs), installed for one
 phase in the process(es) that run it:
 
 - plan: the checkpoint directory cannot be created, on every rank (a read-only parent, a full or
@@ -16,8 +16,9 @@ import os
 import pytest
 
 from ckptspec.faults import saves
-from ckptspec.faults.faults import ERRNOS, on_ranks
+from ckptspec.faults.faults import ERRNOS
 from ckptspec.faults.storage_errors import WORLD, storage_errors
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 
 
 @pytest.mark.spec("FI-STORAGE-1", "FI-STORAGE-2")

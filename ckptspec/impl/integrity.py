@@ -134,7 +134,7 @@ def open_new(path: str | os.PathLike[str]) -> IO[bytes]:
     """Open ``path`` for writing (created or truncated), mode 0o644 less the umask.
 
     Through ``open`` (with an opener that sets the mode), not ``os.fdopen``: tools that trace or inject faults at
-    Python's file entry points (the fault suite's ``faultfs``) see every write of the file.
+    Python's file entry points (the conformance suite's ``faultfs``) see every write of the file.
     """
     return open(path, "wb", opener=_open_with_file_mode)
 

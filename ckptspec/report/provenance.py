@@ -56,7 +56,7 @@ FIELDS = (
     "expectations",
 )
 # Set (to the reason) by `ckptspec judge` for a version with no recorded run: the target's expectations file is not
-# applied, so that every failure is reported as it is (ckptspec.spec.harness.target.loading reads it).
+# applied, so that every failure is reported as it is (ckptspec.spec.harness.surface.loading reads it).
 NO_EXPECTATIONS_VAR = "CKPTSPEC_NO_EXPECTATIONS"
 _ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptspec.spec.harness.target.loading import MissingCapability
+from ckptspec.spec.harness.surface.loading import MissingCapability
 from ckptspec.spec.nvrx_api import RELEASED, check_documented, documented_cases, has_name, names_of
 
 

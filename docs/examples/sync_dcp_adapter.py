@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
 NAME = "sync-dcp"
 DISTRIBUTION = "torch"  # the report's column shows the installed torch version

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 
 from ckptspec.spec.harness.processes import CALLERS
-from ckptspec.spec.harness.target.loading import ENV_VAR, current_target
+from ckptspec.spec.harness.surface.loading import ENV_VAR, current_target
 
 _HOLDER = textwrap.dedent("""
     import sys, types

@@ -16,7 +16,7 @@ from ckptspec.spec.harness.asserts import HUNG, assert_equal, assert_state_dict_
 from ckptspec.spec.harness.processes import CALLERS, remove
 from ckptspec.spec.harness.ranks import devices
 from ckptspec.spec.harness.shared_runs import shared
-from ckptspec.spec.harness.target.loading import current_target
+from ckptspec.spec.harness.surface.loading import current_target
 from ckptspec.spec.harness.warm_savers import examples_on_warm_ranks, kept
 
 pytestmark = pytest.mark.needs("torch_async_checkpoint")

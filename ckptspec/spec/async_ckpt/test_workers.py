@@ -15,7 +15,7 @@ from ckptspec.spec.harness import workloads
 from ckptspec.spec.harness.asserts import HUNG, assert_equal, attempt, bounded
 from ckptspec.spec.harness.processes import CALLER_CLASSES, STARTUP_BOUND, alive, async_core, wait_for_file
 from ckptspec.spec.harness.ranks import ranks
-from ckptspec.spec.harness.target.loading import ENV_VAR, current_target
+from ckptspec.spec.harness.surface.loading import ENV_VAR, current_target
 
 
 def _slow_preload(marker, value):

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ckptspec.spec.harness.target.loading import current_target
+from ckptspec.spec.harness.surface.loading import current_target
 from ckptspec.spec.harness.workloads import PickleGate
 
 __all__ = ["CpuTensorAwareStateDict", "Slot", "TargetsTensorAwareStateDict"]

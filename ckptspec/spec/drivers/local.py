@@ -22,7 +22,7 @@ from ckptspec.spec.drivers.cpu_state_dict import CpuTensorAwareStateDict
 from ckptspec.spec.harness.asserts import assert_each_rank, assert_state_dict_equal, attempt, bounded
 from ckptspec.spec.harness.processes import async_core, remove
 from ckptspec.spec.harness.ranks import rank_state, world
-from ckptspec.spec.harness.target.loading import current_target
+from ckptspec.spec.harness.surface.loading import current_target
 
 __all__ = [
     "BOUND",

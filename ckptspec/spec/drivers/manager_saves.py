@@ -12,12 +12,13 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint import CheckpointException
 
+from ckptspec.spec.drivers.bounds import BOUND, WARM_BOUND
+from ckptspec.spec.drivers.states import rank_state, whole_state
 from ckptspec.spec.harness.asserts import assert_state_dict_equal, attempt, bounded
 from ckptspec.spec.harness.ranks import world
-from ckptspec.spec.harness.target.manager import CheckpointManager, checkpoint_manager
+from ckptspec.spec.harness.surface.manager_api import CheckpointManager, checkpoint_manager
 
 __all__ = [
     "BOUND",
@@ -32,23 +33,15 @@ __all__ = [
     "step_state",
 ]
 
-BOUND = 30.0
-"""Seconds for a save, a wait, a resume (as the protocol area's BOUND)."""
-WARM_BOUND = 120.0
-"""Seconds for a manager's first save, which starts its threads (and imports the library's checkpoint code)."""
-
 
 def step_state(step: int, rank: int = 0, numel: int = 8) -> dict[str, Any]:
-    """What rank `rank` saves at `step`: its own keys, a tensor and a plain value."""
-    return {f"r{rank}": {"w": torch.arange(numel, dtype=torch.float32) + 1000 * step + rank, "step": step}}
+    """What rank `rank` saves at `step`: its state at version `step` (ckptspec.spec.drivers.states)."""
+    return rank_state(rank, step, numel)
 
 
 def expected(step: int, world_size: int = 1) -> dict[str, Any]:
     """The whole checkpoint of `step`: every rank's state dict."""
-    whole: dict[str, Any] = {}
-    for rank in range(world_size):
-        whole.update(step_state(step, rank))
-    return whole
+    return whole_state(world_size, step, numel=8)
 
 
 @contextlib.contextmanager

@@ -1,9 +1,8 @@
 """What the protocol tests share: each rank's state dict, bounded calls of the protocol interface, reading back.
 
 Each rank saves its own keys (`rank_state(rank, version)`), so a checkpoint is complete only with every rank's
-data. Where a checkpoint lies, whether it is complete and how it is read back is the target's format
-(ckptspec.spec.harness.target.formats: torch DCP's unless the adapter names its own): `assert_loads` reads a checkpoint back
-with the format's loader in this process, no process group; `committed` and `data_file` ask the same format.
+data; what a rank saves, `committed` and `assert_loads` are ckptspec.spec.drivers.states', here for the target's
+format (torch DCP's unless the adapter names its own), which `data_file` asks too.
 """
 
 from __future__ import annotations
@@ -12,13 +11,13 @@ import contextlib
 import os
 from typing import Any
 
-import torch
-
+from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND, WARM_BOUND
 from ckptspec.spec.drivers.saving import template
-from ckptspec.spec.harness.asserts import Outcome, assert_state_dict_equal, attempt, bounded
+from ckptspec.spec.drivers.states import assert_loads, committed, load, rank_state, whole_state
+from ckptspec.spec.harness.asserts import Outcome, attempt, bounded
 from ckptspec.spec.harness.ranks import world
-from ckptspec.spec.harness.target.loading import checkpoint_format
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver, protocol_saver
+from ckptspec.spec.harness.surface.loading import checkpoint_format
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver, protocol_saver
 
 __all__ = [
     "BOUND",
@@ -36,27 +35,9 @@ __all__ = [
     "warm_saver",
 ]
 
-BOUND = 30.0
-"""Seconds for a wait, an error or a save's completion (as PC-5 and AQ-7)."""
-EXIT_BOUND = 10.0
-"""Seconds for processes to be gone (as PC-4 and AQ-11)."""
-WARM_BOUND = 120.0
-"""Seconds for a saver's first save, which starts its workers (spawning a process that imports torch can take
-tens of seconds on a loaded machine); the clauses' bounds apply to the saves after it."""
 
-
-def rank_state(rank: int, version: int, numel: int = 12) -> dict[str, Any]:
-    """What rank `rank` saves as checkpoint `version`: its own keys, a tensor and a plain value."""
-    weight = torch.arange(numel, dtype=torch.float32) + 1000 * version + rank
-    return {f"r{rank}": {"w": weight, "step": version}}
-
-
-def expected(world_size: int, version: int, numel: int = 12) -> dict[str, Any]:
-    """The whole checkpoint `version`: every rank's state dict."""
-    whole: dict[str, Any] = {}
-    for rank in range(world_size):
-        whole.update(rank_state(rank, version, numel))
-    return whole
+expected = whole_state
+"""The whole checkpoint `version` of `world_size` ranks (ckptspec.spec.drivers.states.whole_state)."""
 
 
 def start(saver: Saver, state_dict: dict[str, Any], path: str) -> SaveHandle:
@@ -87,26 +68,6 @@ def warm_saver(path: str, **options: Any) -> Saver:
     handle = bounded(WARM_BOUND, "the first start()", saver.start, rank_state(world()[0], 0), path + ".warm")
     bounded(WARM_BOUND, "the first wait()", handle.wait)
     return saver
-
-
-def committed(path: str, world_size: int) -> bool:
-    """Whether the checkpoint of `world_size` ranks at `path` is complete by the target's format's rule."""
-    return checkpoint_format().committed(path, world_size)
-
-
-def load(want: dict[str, Any], path: str) -> dict[str, Any]:
-    """The checkpoint at `path` read back by the target's format (this process, no process group): want's keys."""
-    return checkpoint_format().load(path, template(want))
-
-
-def assert_loads(path: str, want: dict[str, Any], call: str = "") -> None:
-    """The checkpoint at `path` loads, by the target's format, to exactly `want` (P-LOAD-1 for DCP's format)."""
-    fmt = checkpoint_format()
-    assert_state_dict_equal(
-        load(want, path),
-        want,
-        call=call or f"{'torch.distributed.checkpoint.load' if fmt.dcp else fmt.loader} of {path}",
-    )
 
 
 def loader() -> str:

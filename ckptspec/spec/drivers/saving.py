@@ -2,7 +2,7 @@
 
 Every helper reaches the target only through its documented module paths (`async_ckpt.core`,
 `async_ckpt.filesystem_async`, `async_ckpt.state_dict_saver`), and saves through the one recipe of
-ckptspec.spec.harness.target.recipe; loading and inspection use stock `torch.distributed.checkpoint`, never the target.
+ckptspec.spec.harness.surface.recipe; loading and inspection use stock `torch.distributed.checkpoint`, never the target.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from ckptspec.spec.harness import workloads
 from ckptspec.spec.harness.asserts import assert_state_dict_equal, bounded
 from ckptspec.spec.harness.ranks import rank_state
-from ckptspec.spec.harness.target.loading import current_target
-from ckptspec.spec.harness.target.recipe import plan_async_save, planned_save, recipe_modules
+from ckptspec.spec.harness.surface.loading import current_target
+from ckptspec.spec.harness.surface.recipe import plan_async_save, planned_save, recipe_modules
 
 __all__ = [
     "FINALIZE_BOUND",

@@ -17,8 +17,8 @@ from typing import Any
 import torch.distributed as dist
 
 from ckptspec.spec.drivers.protocol_saves import rank_state
-from ckptspec.spec.harness.target.loading import current_target
-from ckptspec.spec.harness.target.protocol import protocol_saver
+from ckptspec.spec.harness.surface.loading import current_target
+from ckptspec.spec.harness.surface.saver_api import protocol_saver
 
 
 def main(path: str) -> Any:

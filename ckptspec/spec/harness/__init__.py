@@ -3,8 +3,9 @@
 Sub-packages (one job each; each one's __init__ lists its modules):
     ranks       running a body on N ranks: the Runner seam and its vocabulary, the forked runner (the default), the
                 launched runner, the reaper
-    target      the target surface: loading a target, the adapter contract, the protocol and manager layers,
-                formats, the documented recipe
+    surface     the target surface (the harness's side of an adapter): loading a target, the adapter contract,
+                the protocol layer (`saver_api`) and the manager contract layer (`manager_api`), formats, the
+                documented recipe
 
 Modules beside them:
     plugin      the pytest plugin (--impl, spec/needs/gpu markers, expectations, conformance JSON)
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     )
     from ckptspec.spec.harness.processes import CALLERS, alive, async_core, close_quietly, exists, remove, wait_for_file
     from ckptspec.spec.harness.ranks import RankFailures, RankPool, rank_state, run_on_ranks, world
-    from ckptspec.spec.harness.target.loading import MissingCapability, Target, current_target, load_target
+    from ckptspec.spec.harness.surface.loading import MissingCapability, Target, current_target, load_target
 
 __all__ = [
     "CALLERS",
@@ -100,7 +101,7 @@ _HOMES = {
         ("CALLERS", "alive", "async_core", "close_quietly", "exists", "remove", "wait_for_file"), "processes"
     ),
     **dict.fromkeys(("RankFailures", "RankPool", "rank_state", "run_on_ranks", "world"), "ranks"),
-    **dict.fromkeys(("MissingCapability", "Target", "current_target", "load_target"), "target.loading"),
+    **dict.fromkeys(("MissingCapability", "Target", "current_target", "load_target"), "surface.loading"),
 }
 
 

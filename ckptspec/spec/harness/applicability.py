@@ -20,7 +20,7 @@ import pytest
 
 from ckptspec.report import releases
 from ckptspec.spec.harness.ranks import devices
-from ckptspec.spec.harness.target.loading import CAPABILITY_DOCS, MissingCapability, current_target
+from ckptspec.spec.harness.surface.loading import CAPABILITY_DOCS, MissingCapability, current_target
 
 __all__ = ["nvrx_area", "pytest_fixture_setup", "pytest_pyfunc_call", "pytest_runtest_setup"]
 

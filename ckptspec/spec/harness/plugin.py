@@ -52,7 +52,7 @@ from ckptspec.report.run_file import EntryRecord, FailureRecord, PhaseRecord, Ru
 from ckptspec.spec.harness import applicability, expectations
 from ckptspec.spec.harness.profiles import in_ci, load_profile
 from ckptspec.spec.harness.ranks import RankPool, devices, launched, reaper, use_runner
-from ckptspec.spec.harness.target.loading import (
+from ckptspec.spec.harness.surface.loading import (
     CAPABILITY_DOCS,
     ENV_VAR,
     Target,

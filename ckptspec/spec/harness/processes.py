@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ckptspec.spec.harness.asserts import attempt
-from ckptspec.spec.harness.target.loading import current_target
+from ckptspec.spec.harness.surface.loading import current_target
 
 __all__ = [
     "CALLERS",

@@ -3,10 +3,10 @@ the new checkpoint or the previous one, exactly.
 
 The save judged is that of step 3 after steps 1 and 2 committed, with `keep=2`, so that it crosses every kind of
 point a manager has: its data, its metadata, its pointer where it keeps one, and the deletion of step 1. It is
-traced once (ckptspec.faults.faultfs) to number its points, then repeated in a forked process from a copy of the
+traced once (ckptspec.spec.drivers.faults.faultfs) to number its points, then repeated in a forked process from a copy of the
 same starting root once per point: with EIO raised at that point (ENOSPC at each point that creates, writes,
 syncs or moves a file), or with the process's whole session SIGKILLed
-right after it (ckptspec.faults.crash_points). After each, a new manager resumes.
+right after it (ckptspec.spec.drivers.faults.crash_points). After each, a new manager resumes.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import shutil
 
 import pytest
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.crash_points import crash_points, in_child
-from ckptspec.faults.faults import SAVE_PHASES
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.crash_points import crash_points, in_child
+from ckptspec.spec.drivers.faults.phases import SAVE_PHASES
 from ckptspec.spec.drivers.manager_saves import BOUND, assert_step, managed, resumed, save_steps, step_state
 from ckptspec.spec.harness.asserts import attempt
 

@@ -2,7 +2,7 @@
 error publishing it is loud on every rank and leaves the previous pointer valid (MG-PTR-2, weak level MG-PTR-2w).
 
 A manager without a pointer (`CheckpointManager.pointer` is None: resume scans the checkpoints) is not judged here
-(skip). The order is read on a trace of the save's file-system calls (ckptspec.faults.faultfs), as P-DURABLE-1 reads
+(skip). The order is read on a trace of the save's file-system calls (ckptspec.spec.drivers.faults.faultfs), as P-DURABLE-1 reads
 a protocol save's: the pointer's commit is the rename onto it; the errors are injected on the pointer's writes and
 renames, on every rank, so they reach whichever rank publishes it.
 """
@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.crash_points import in_child
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.crash_points import in_child
 from ckptspec.spec.drivers.manager_saves import BOUND, assert_step, managed, resumed, save_steps, step_state
 from ckptspec.spec.harness.asserts import HUNG, attempt
 from ckptspec.spec.harness.ranks import world

@@ -1,6 +1,6 @@
 """SIGTERM during a manager save leaves the previous checkpoint the one resumed, exactly (MG-TERM-1).
 
-Step 1 is committed; then, in a forked trainer (ckptspec.faults.preemption), the save of step 2 is held at a point
+Step 1 is committed; then, in a forked trainer (ckptspec.spec.drivers.faults.preemption), the save of step 2 is held at a point
 before it can commit: its first write below the checkpoint root (`data`), or the last rename a successful save of
 step 2 makes, found on a traced copy (`commit`: the call is held before it runs). The trainer is sent SIGTERM there;
 once it ended (or was SIGKILLed after the bound) its whole session is killed and reaped, and a new manager resumes.
@@ -13,9 +13,9 @@ import shutil
 
 import pytest
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.crash_points import in_child
-from ckptspec.faults.preemption import terminated
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.crash_points import in_child
+from ckptspec.spec.drivers.faults.preemption import terminated
 from ckptspec.spec.drivers.manager_saves import assert_step, managed, resumed, save_steps
 
 pytestmark = pytest.mark.needs("manager")

@@ -3,9 +3,9 @@ newest (MG-KEEP-1), no more (MG-KEEP-2), and deletes nothing before a newer save
 MG-RETAIN-1w); a damaged newest checkpoint is refused, with a fallback to an older one (MG-CORRUPT-1, weak level
 MG-CORRUPT-1w).
 
-Each scenario runs in a forked process with a world of one rank (ckptspec.faults.crash_points.in_child), and what a
+Each scenario runs in a forked process with a world of one rank (ckptspec.spec.drivers.faults.crash_points.in_child), and what a
 restarted job would load is read by a new manager over the same root. A save is made to fail by the injected
-file-system layer (ckptspec.faults.faultfs), in any thread or forked process of the trainer: at every open for
+file-system layer (ckptspec.spec.drivers.faults.faultfs), in any thread or forked process of the trainer: at every open for
 writing, write and rename below the failing step's location (its data), or at the last rename a successful save of
 it makes (its commit: DCP's `.metadata`, a pointer), found on a traced copy; where it never fired, or the save
 reported success anyway, the test skips saying so.
@@ -21,8 +21,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.crash_points import in_child
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.crash_points import in_child
 from ckptspec.spec.drivers.manager_saves import (
     BOUND,
     assert_step,

@@ -3,13 +3,13 @@ torn checkpoint that loads, nor harms the previous one (P-CRASH-1). Its weak lev
 fsync of the checkpoint directory.
 
 Both reuse the fault suite's crash-consistency machinery (ckptspec.faults.test_crash_consistency, on the
-injected file-system layer ckptspec.faults.faultfs): one save through the protocol interface, in a forked
+injected file-system layer ckptspec.spec.drivers.faults.faultfs): one save through the protocol interface, in a forked
 process with a world of one rank, is traced to number its persistence points; P-DURABLE-1 reads the trace,
 P-CRASH-1 repeats the save once per point, killing its whole session right after that point. The layer reaches
 the trainer, its threads and the processes it forks; a saver whose writes happen in a spawned process leaves
 nothing to observe, and the test says so (skip) rather than judge it.
 
-The commit is the target's format's (ckptspec.spec.harness.target.formats): DCP's `.metadata`, or, for a format without a
+The commit is the target's format's (ckptspec.spec.harness.surface.formats): DCP's `.metadata`, or, for a format without a
 commit marker, the rename that makes each data file appear whole.
 """
 
@@ -19,14 +19,15 @@ import os
 import pytest
 import torch.distributed as dist
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.crash_points import crash_points, durability_problems, in_child
-from ckptspec.faults.faults import SAVE_PHASES, on_ranks
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.crash_points import crash_points, durability_problems, in_child
+from ckptspec.spec.drivers.faults.phases import SAVE_PHASES
+from ckptspec.spec.drivers.faults.tmpdirs import on_ranks
 from ckptspec.spec.drivers.protocol_saves import WARM_BOUND, assert_loads, committed, expected, rank_state, save
 from ckptspec.spec.harness.asserts import bounded
 from ckptspec.spec.harness.processes import remove
-from ckptspec.spec.harness.target.loading import checkpoint_format
-from ckptspec.spec.harness.target.protocol import protocol_saver
+from ckptspec.spec.harness.surface.loading import checkpoint_format
+from ckptspec.spec.harness.surface.saver_api import protocol_saver
 
 pytestmark = pytest.mark.needs("protocol")
 ALL_POINTS = dict.fromkeys(SAVE_PHASES, 0)  # every point counts as the last phase's: the whole save

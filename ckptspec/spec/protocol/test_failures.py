@@ -5,7 +5,7 @@ The faults are placed in the checkpoint directory itself, so they reach a writer
 forked or a spawned worker): a directory where a rank's data file `__<rank>_0.distcp` is to be created makes
 its open fail; a FIFO there makes its open block until someone reads it (storage that hangs). A format without a
 commit marker moves each data file in whole from elsewhere, and a move onto a directory puts the file inside it:
-there the write is failed instead by the injected file-system layer (ckptspec.faults.faultfs: EIO on the move
+there the write is failed instead by the injected file-system layer (ckptspec.spec.drivers.faults.faultfs: EIO on the move
 into place and on the copy a failed move falls back to), in the failing rank's process and its threads; where
 that layer never fired, the test skips saying so.
 """
@@ -16,7 +16,7 @@ import signal
 
 import pytest
 
-from ckptspec.faults import faultfs
+from ckptspec.spec.drivers.faults import faultfs
 from ckptspec.spec.drivers.protocol_saves import (
     BOUND,
     EXIT_BOUND,
@@ -32,7 +32,7 @@ from ckptspec.spec.drivers.protocol_saves import (
 )
 from ckptspec.spec.harness.asserts import HUNG, attempt
 from ckptspec.spec.harness.ranks import run_on_ranks, world
-from ckptspec.spec.harness.target.loading import checkpoint_format
+from ckptspec.spec.harness.surface.loading import checkpoint_format
 
 pytestmark = pytest.mark.needs("protocol")
 

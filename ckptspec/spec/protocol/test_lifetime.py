@@ -37,7 +37,7 @@ from ckptspec.spec.drivers.protocol_saves import (
 from ckptspec.spec.harness.asserts import attempt
 from ckptspec.spec.harness.processes import wait_for_file
 from ckptspec.spec.harness.ranks import run_on_ranks, world
-from ckptspec.spec.harness.target.loading import ENV_VAR, current_target
+from ckptspec.spec.harness.surface.loading import ENV_VAR, current_target
 
 pytestmark = pytest.mark.needs("protocol")
 

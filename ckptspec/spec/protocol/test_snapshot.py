@@ -13,7 +13,7 @@ from ckptspec.spec.drivers.saving import mismatch
 from ckptspec.spec.harness import strategies
 from ckptspec.spec.harness.processes import remove
 from ckptspec.spec.harness.ranks import devices, rank_state, ranks, world
-from ckptspec.spec.harness.target.loading import checkpoint_format
+from ckptspec.spec.harness.surface.loading import checkpoint_format
 
 pytestmark = pytest.mark.needs("protocol")
 DELAY_NUMEL = 1 << 21  # an 8 MiB tensor: the save is still in flight when the trainer changes the state

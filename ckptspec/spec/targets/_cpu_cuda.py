@@ -95,7 +95,7 @@ def install_for(target_name: str, module_names: Iterable[str], caller_cls: type)
 
 
 def _worker_loop(target_name: str, entry: str, *args: Any, **kwargs: Any) -> Any:
-    from ckptspec.spec.harness.target.loading import load_target
+    from ckptspec.spec.harness.surface.loading import load_target
 
     load_target(target_name)  # runs the adapter's install() in this fresh worker process
     return _original_loops[target_name, entry](*args, **kwargs)

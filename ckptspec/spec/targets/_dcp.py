@@ -1,4 +1,4 @@
-"""torch DCP's `async_save` behind the protocol interface (ckptspec.spec.harness.target.protocol): the three adapters
+"""torch DCP's `async_save` behind the protocol interface (ckptspec.spec.harness.surface.saver_api): the three adapters
 dcp_thread, dcp_process and dcp_staged are one configuration each of the same call (seed 004).
 
 - thread:  async_save(..., async_checkpointer_type=AsyncCheckpointerType.THREAD), a Future;
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
 DISTRIBUTION = "torch"
 INSTALL = 'pip install "torch==2.13.0"'

@@ -1,4 +1,4 @@
-"""Lightning's `ModelCheckpoint` with `AsyncCheckpointIO` behind the manager contract (ckptspec.spec.harness.target.manager),
+"""Lightning's `ModelCheckpoint` with `AsyncCheckpointIO` behind the manager contract (ckptspec.spec.harness.surface.manager_api),
 written against the documented adapter contract, as an outside author would.
 
 A `Trainer` (CPU, one device, `plugins=[AsyncCheckpointIO(TorchCheckpointIO())]`, the callback
@@ -26,7 +26,7 @@ import re
 from importlib import metadata
 from typing import Any
 
-from ckptspec.spec.harness.target.manager import CheckpointManager
+from ckptspec.spec.harness.surface.manager_api import CheckpointManager
 
 __all__ = ["LightningManager"]
 

@@ -1,4 +1,4 @@
-"""The manager contract (ckptspec.spec.harness.target.manager) over a target's `LocalCheckpointManager`: NVRx's (0.4.1, 0.7.0)
+"""The manager contract (ckptspec.spec.harness.surface.manager_api) over a target's `LocalCheckpointManager`: NVRx's (0.4.1, 0.7.0)
 and impl's (`ckptspec/impl/local`, target `impl-local`), the same adapter over `local.ckpt_managers.local_manager`.
 
 How the contract maps onto the local manager, as NVRx's usage guide (seed 001) integrates it:
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from ckptspec.spec.harness.target.loading import MissingCapability, current_target
-from ckptspec.spec.harness.target.manager import CheckpointManager
+from ckptspec.spec.harness.surface.loading import MissingCapability, current_target
+from ckptspec.spec.harness.surface.manager_api import CheckpointManager
 
 __all__ = ["Hole", "LocalManager", "StepState"]
 

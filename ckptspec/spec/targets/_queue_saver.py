@@ -1,6 +1,6 @@
-"""The protocol interface (ckptspec.spec.harness.target.protocol) over an NVRx-shaped API: the recipe of the NVRx guide (000).
+"""The protocol interface (ckptspec.spec.harness.surface.saver_api) over an NVRx-shaped API: the recipe of the NVRx guide (000).
 
-Each save is the documented recipe (ckptspec.spec.harness.target.recipe: `FileSystemWriterAsync`, `save_state_dict_async_plan`,
+Each save is the documented recipe (ckptspec.spec.harness.surface.recipe: `FileSystemWriterAsync`, `save_state_dict_async_plan`,
 an `AsyncRequest` finalized by `save_state_dict_async_finalize`), scheduled on one `AsyncCallsQueue`. The adapters
 of impl, nvrx and mcore pass their own three modules; nothing here knows a target's internals: an adapter whose
 queue takes more constructor options, or has a documented staging signal (a method the trainer calls before it
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
-from ckptspec.spec.harness.target.recipe import RecipeModules, plan_async_save, recipe_modules
+from ckptspec.spec.harness.surface.recipe import RecipeModules, plan_async_save, recipe_modules
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
 
 class _QueueHandle(SaveHandle):
@@ -69,6 +69,6 @@ def saver_of(
     staging_signal: str | None = None,
 ) -> QueueSaver:
     """A QueueSaver over target `name`'s recipe modules, or over the importable `modules` given."""
-    from ckptspec.spec.harness.target.loading import load_target
+    from ckptspec.spec.harness.surface.loading import load_target
 
     return QueueSaver(recipe_modules(load_target(name), modules), persistent, queue_options, staging_signal)

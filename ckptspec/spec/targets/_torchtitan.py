@@ -1,6 +1,6 @@
 """torchtitan's `CheckpointManager` (torchtitan 0.3.0, `torchtitan/components/checkpointer/dcp.py`) behind the
 protocol layer: `TitanSaver(mode)` for either async mode; the adapter `torchtitan` uses async_mode "async". Written
-against the documented adapter contract (ckptspec.spec.harness.target.contract), as an outside author would.
+against the documented adapter contract (ckptspec.spec.harness.surface.contract), as an outside author would.
 
 "async_with_pinned_mem" is not a target here: torchtitan builds its DefaultStager with `use_pinned_memory=True`
 and `use_non_blocking_copy=True` whatever the device, and torch 2.13's DefaultStager refuses that without an
@@ -35,8 +35,8 @@ import os
 import re
 from typing import Any
 
-from ckptspec.spec.harness.target.manager import CheckpointManager
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
+from ckptspec.spec.harness.surface.manager_api import CheckpointManager
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
 DISTRIBUTION = "torchtitan"
 INSTALL = 'pip install "torch==2.13.0" -e ".[test,torchtitan]"'

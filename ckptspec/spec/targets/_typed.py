@@ -1,4 +1,4 @@
-"""mypy checks every built-in adapter module against the adapter contract (ckptspec.spec.harness.target.contract).
+"""mypy checks every built-in adapter module against the adapter contract (ckptspec.spec.harness.surface.contract).
 
 Nothing here runs: under TYPE_CHECKING each adapter module is assigned to the protocol it must satisfy, so a
 missing name or a wrong signature (a `protocol_saver` without `**options`) is a type error in CI. A new adapter
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ckptspec.spec.harness.target.contract import ManagerAdapter, ProtocolAdapter
+    from ckptspec.spec.harness.surface.contract import ManagerAdapter, ProtocolAdapter
     from ckptspec.spec.targets import (
         dcp_process,
         dcp_staged,

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckptspec.spec.harness.target.loading import SPEC_MODULES
-from ckptspec.spec.harness.target.manager import CheckpointManager
+from ckptspec.spec.harness.surface.loading import SPEC_MODULES
+from ckptspec.spec.harness.surface.manager_api import CheckpointManager
 
 if TYPE_CHECKING:
     from ckptspec.spec.targets._queue_saver import QueueSaver

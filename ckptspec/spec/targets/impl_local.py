@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptspec.spec.harness.target.loading import SPEC_MODULES
+from ckptspec.spec.harness.surface.loading import SPEC_MODULES
 
 if TYPE_CHECKING:
     from ckptspec.spec.targets._local_manager import LocalManager

@@ -1,6 +1,6 @@
 """Adapter for Lightning's `AsyncCheckpointIO` over its default `TorchCheckpointIO` (pytorch-lightning 2.6.6 and
 2.5.3), through the protocol layer only; written against the documented adapter contract
-(ckptspec.spec.harness.target.contract), as an outside author would.
+(ckptspec.spec.harness.surface.contract), as an outside author would.
 
 What Lightning offers, and how the five calls map onto it (`pytorch_lightning/plugins/io/async_plugin.py`):
 
@@ -38,9 +38,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.harness.target.formats import CheckpointFormat
-from ckptspec.spec.harness.target.manager import CheckpointManager
-from ckptspec.spec.harness.target.protocol import SaveHandle, Saver
+from ckptspec.spec.harness.surface.formats import CheckpointFormat
+from ckptspec.spec.harness.surface.manager_api import CheckpointManager
+from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
 NAME = "lightning"
 DISTRIBUTION = "pytorch-lightning"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ckptspec.spec.harness.target.loading import SPEC_MODULES
+from ckptspec.spec.harness.surface.loading import SPEC_MODULES
 from ckptspec.spec.targets import _cpu_cuda
 
 if TYPE_CHECKING:

@@ -105,7 +105,7 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
     from ckptspec.spec.harness.ranks.reaper import MARK
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.world_size), LOCAL_RANK=str(rank), **{MARK: spec.dump_dir})
-    from ckptspec.spec.harness.target.loading import ENV_VAR, load_target
+    from ckptspec.spec.harness.surface.loading import ENV_VAR, load_target
 
     os.environ[ENV_VAR] = spec.target_name
     # Left open for the process's lifetime: faulthandler writes the stacks to it on SIGUSR1.
@@ -132,7 +132,7 @@ def _join_world(rank: int, spec: _WorldSpec) -> None:
 def _serve(conn: Connection, job: Job) -> None:
     import pytest
 
-    from ckptspec.spec.harness.target.loading import MissingCapability
+    from ckptspec.spec.harness.surface.loading import MissingCapability
 
     module, qualname, unwrap, args, kwargs = job
     reply: tuple[str, Any]
@@ -156,7 +156,7 @@ def _serve(conn: Connection, job: Job) -> None:
 
 def _context() -> ForkServerContext:
     ctx = mp.get_context("forkserver")
-    from ckptspec.spec.harness.target.loading import current_target
+    from ckptspec.spec.harness.surface.loading import current_target
 
     target = current_target()
     preload = ["torch", "torch.distributed", "pytest", "ckptspec.spec.harness.ranks.forked"]
@@ -238,7 +238,7 @@ class _Ranks:
 
     @classmethod
     def start(cls, world_size: int, backend: str, timeout: float, jobs: list[Job]) -> _Ranks:
-        from ckptspec.spec.harness.target.loading import current_target
+        from ckptspec.spec.harness.surface.loading import current_target
 
         lease = _GpuLease(world_size, timeout) if backend == "nccl" else None
         workdir = tempfile.mkdtemp(prefix="ckptspec-ranks-")

@@ -302,7 +302,7 @@ class RankSide:
         except BaseException as exc:  # CheckpointException is a BaseException
             import pytest
 
-            from ckptspec.spec.harness.target.loading import MissingCapability
+            from ckptspec.spec.harness.surface.loading import MissingCapability
 
             if isinstance(exc, pytest.skip.Exception):
                 reply = ("skip", str(exc))
@@ -356,7 +356,7 @@ class RankSide:
         if self._group == group_id:
             return
         self._leave()
-        from ckptspec.spec.harness.target.loading import current_target
+        from ckptspec.spec.harness.surface.loading import current_target
 
         if backend == "nccl":
             torch.cuda.set_device(self.world.local_rank % torch.cuda.device_count())

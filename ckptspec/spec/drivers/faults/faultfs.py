@@ -41,7 +41,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["Fault", "Plan", "Point", "errno_of", "fired", "installed", "read_log"]
@@ -66,7 +66,7 @@ class Fault:
     gate: str | None = None
     in_child: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.action not in ("raise", "crash", "hang", "die"):
             raise ValueError(f"unknown fault action {self.action!r}")
         if self.op is not None and self.op not in _OPS:
@@ -146,7 +146,7 @@ class _Layer:
 
     # -------------------------------------------------------------------------- classification
 
-    def below_root(self, path) -> str | None:
+    def below_root(self, path: Any) -> str | None:
         """path relative to root if it lies below root, else None."""
         if isinstance(path, int):
             try:
@@ -183,7 +183,7 @@ class _Layer:
             _state.busy = False
         return outcome, fault
 
-    def _decide(self, index, op, rel, nbytes, previous) -> Fault | None:
+    def _decide(self, index: int, op: str, rel: str, nbytes: int, previous: list[Point]) -> Fault | None:
         for fault in self.plan.faults:
             if fault.in_child and os.getpid() == self.installer:
                 continue
@@ -207,7 +207,7 @@ class _Layer:
 
     # ------------------------------------------------------------------------------ the actions
 
-    def around(self, op: str, rel: str | None, call, nbytes: int = 0):
+    def around(self, op: str, rel: str | None, call: Callable[[], Any], nbytes: int = 0) -> Any:
         """Run call() as persistence point (op, rel), acting as the plan says."""
         if rel is None or getattr(_state, "busy", False):
             return call()
@@ -247,34 +247,34 @@ def _kill_session() -> None:
 class _TracedFile:
     """A file opened for writing below root: every write() is a point; everything else passes."""
 
-    def __init__(self, layer: _Layer, raw, rel: str):
+    def __init__(self, layer: _Layer, raw: Any, rel: str) -> None:
         self._layer, self._raw, self._rel = layer, raw, rel
 
-    def write(self, data):
+    def write(self, data: Any) -> Any:
         size = memoryview(data).nbytes if not isinstance(data, str) else len(data.encode())
         return self._layer.around("write", self._rel, lambda: self._raw.write(data), size)
 
-    def writelines(self, lines):
+    def writelines(self, lines: Any) -> None:
         for line in lines:
             self.write(line)
 
-    def __enter__(self):
+    def __enter__(self) -> _TracedFile:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self._raw.close()
 
-    def __iter__(self):
+    def __iter__(self) -> Any:
         return iter(self._raw)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
 
 
-def _patched(layer: _Layer) -> dict:
+def _patched(layer: _Layer) -> dict[str, Callable[..., Any]]:
     """The replacement for each wrapped entry point."""
 
-    def traced_open(file, mode="r", *args, **kwargs):
+    def traced_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         raw_open = _real["open"]
         rel = layer.below_root(file) if isinstance(file, (str, bytes, os.PathLike)) else None
         if rel is None or not any(c in mode for c in "wax+"):
@@ -282,31 +282,31 @@ def _patched(layer: _Layer) -> dict:
         raw = layer.around("open", rel, lambda: raw_open(file, mode, *args, **kwargs))
         return _TracedFile(layer, raw, rel)
 
-    def traced_os_open(path, flags, mode=0o777, *, dir_fd=None):
+    def traced_os_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> Any:
         rel = layer.below_root(path) if dir_fd is None and flags & _WRITE_FLAGS else None
         return layer.around("open", rel, lambda: _real["os.open"](path, flags, mode, dir_fd=dir_fd))
 
-    def fd_call(op, name, nbytes=lambda *a: 0):
-        def call(fd, *args):
+    def fd_call(op: str, name: str, nbytes: Callable[..., int] = lambda *a: 0) -> Callable[..., Any]:
+        def call(fd: int, *args: Any) -> Any:
             return layer.around(op, layer.below_root(fd), lambda: _real[name](fd, *args), nbytes(fd, *args))
 
         return call
 
-    def path_call(op, name):
-        def call(path, *args, **kwargs):
+    def path_call(op: str, name: str) -> Callable[..., Any]:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
             return layer.around(op, layer.below_root(path), lambda: _real[name](path, *args, **kwargs))
 
         return call
 
-    def rename_call(name):
-        def call(src, dst, *args, **kwargs):
+    def rename_call(name: str) -> Callable[..., Any]:
+        def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
             rel = layer.below_root(src) or layer.below_root(dst)
             shown = None if rel is None else f"{layer.below_root(src)}->{layer.below_root(dst)}"
             return layer.around("rename", shown, lambda: _real[name](src, dst, *args, **kwargs))
 
         return call
 
-    def truncate(path, length):
+    def truncate(path: Any, length: int) -> Any:
         return layer.around("truncate", layer.below_root(path), lambda: _real["os.truncate"](path, length))
 
     return {
@@ -327,7 +327,7 @@ def _patched(layer: _Layer) -> dict:
     }
 
 
-def _bind(table: dict) -> None:
+def _bind(table: dict[str, Callable[..., Any]]) -> None:
     builtins.open = io.open = table["open"]
     for name, fn in table.items():
         if name.startswith("os."):
@@ -338,7 +338,7 @@ _installed: list[_Layer] = []
 
 
 @contextlib.contextmanager
-def installed(plan: Plan | None):
+def installed(plan: Plan | None) -> Iterator[_Layer | None]:
     """Wrap this process's file operations below plan.root while the block runs (None: no-op)."""
     if plan is None:
         yield None
@@ -358,6 +358,6 @@ def installed(plan: Plan | None):
 def errno_of(name: str) -> int:
     """errno.ENOSPC for "ENOSPC" (bad names get a clear error)."""
     try:
-        return getattr(errno_codes, name)
+        return int(getattr(errno_codes, name))
     except AttributeError:
         raise ValueError(f"unknown errno name {name!r}") from None

@@ -42,7 +42,7 @@ def recipe_modules(target: Any = None, modules: tuple[str, ...] | None = None) -
         core, writers, saver = (importlib.import_module(m) for m in modules)
         return RecipeModules(core, writers, saver)
     if target is None:
-        from ckptspec.spec.harness.target.loading import current_target
+        from ckptspec.spec.harness.surface.loading import current_target
 
         target = current_target()
     core, writers, saver = (target.module(path) for path in SPEC_PATHS)

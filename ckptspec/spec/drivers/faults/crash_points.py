@@ -17,12 +17,15 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch.distributed as dist
 
-from ckptspec.faults import faultfs
-from ckptspec.faults.faults import SAVE_PHASES, private_tmpdir
+from ckptspec.spec.drivers.faults import faultfs
+from ckptspec.spec.drivers.faults.phases import SAVE_PHASES
+from ckptspec.spec.drivers.faults.tmpdirs import private_tmpdir
 from ckptspec.spec.harness import remove
 
 __all__ = [
@@ -37,7 +40,7 @@ __all__ = [
 CHILD_TIMEOUT = 60.0
 
 
-def in_child(tmp: str, name: str, fn, *args, crashes=False):
+def in_child(tmp: str, name: str, fn: Callable[..., Any], *args: Any, crashes: bool = False) -> tuple[str, Any]:
     """Run fn(*args) in a forked process with its own session and a world-1 process group.
 
     `crashes`: the process is to be killed on purpose; what is left of its session once it has ended is killed, and
@@ -53,7 +56,9 @@ def in_child(tmp: str, name: str, fn, *args, crashes=False):
             shutil.rmtree(own, ignore_errors=True)
 
 
-def _run_child(tmp: str, name: str, base: str | None, fn, *args, crashes: bool):
+def _run_child(
+    tmp: str, name: str, base: str | None, fn: Callable[..., Any], *args: Any, crashes: bool
+) -> tuple[str, Any]:
     out = os.path.join(tmp, f"{name}.result")
     pid = os.fork()
     if pid == 0:
@@ -92,9 +97,9 @@ def _run_child(tmp: str, name: str, base: str | None, fn, *args, crashes: bool):
         remove(out)
         return "killed", os.WTERMSIG(status)
     with open(out, "rb") as f:
-        result = pickle.load(f)
+        reply: tuple[str, Any] = pickle.load(f)
     remove(out)
-    return result
+    return reply
 
 
 def _join_threads(seconds: float) -> None:
@@ -106,11 +111,11 @@ def _join_threads(seconds: float) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def run_phases(make_request, log: str | None) -> dict:
+def run_phases(make_request: Callable[[], Any], log: str | None) -> dict[str, int]:
     """What the async path does with a request, here, phase by phase; {phase: index of its first point}."""
-    marks = {}
+    marks: dict[str, int] = {}
 
-    def mark(phase):
+    def mark(phase: str) -> None:
         marks[phase] = len(faultfs.read_log(log)) if log else 0
 
     mark("plan")
@@ -128,7 +133,7 @@ def run_phases(make_request, log: str | None) -> dict:
     return marks
 
 
-def _phase_of(index: int, marks: dict) -> str:
+def _phase_of(index: int, marks: dict[str, int]) -> str:
     """The phase a point belongs to: the last one that had started by then."""
     return [p for p in SAVE_PHASES if marks[p] <= index][-1]
 
@@ -137,7 +142,7 @@ def _point(p: faultfs.Point) -> str:
     return f"point {p.index} ({p.op} {p.path})"
 
 
-def _commit_index(points, marker: str) -> int | None:
+def _commit_index(points: list[faultfs.Point], marker: str) -> int | None:
     """The first point that makes `marker` exist: a rename onto it or opening it for writing."""
     for p in points:
         if (p.op == "rename" and p.path.endswith("->" + marker)) or (p.op == "open" and p.path == marker):
@@ -145,7 +150,7 @@ def _commit_index(points, marker: str) -> int | None:
     return None
 
 
-def durability_problems(points, marker: str, data_glob: str) -> list[str]:
+def durability_problems(points: list[faultfs.Point], marker: str, data_glob: str) -> list[str]:
     """FI-CRASH-2 on a trace: each data file is fsynced after its last write and before the commit."""
     commit = _commit_index(points, marker)
     if commit is None:
@@ -162,7 +167,9 @@ def durability_problems(points, marker: str, data_glob: str) -> list[str]:
     return problems
 
 
-def crash_points(tmp: str, save_in_child, phase: str, check) -> tuple:
+def crash_points(
+    tmp: str, save_in_child: Callable[..., Any], phase: str, check: Callable[[], list[str]]
+) -> tuple[int, int, list[str]]:
     """Trace save_in_child, then crash it after each point of `phase` and run check() after each.
 
     save_in_child(plan) saves in a forked process and returns its phase marks; check() returns
@@ -184,6 +191,6 @@ def crash_points(tmp: str, save_in_child, phase: str, check) -> tuple:
     return len(points), crashed, problems
 
 
-def report_crashes(points, crashed, problems):
+def report_crashes(points: int, crashed: int, problems: list[str]) -> None:
     assert crashed == points, f"the crash fired at {crashed} of the {points} traced points"
     assert not problems, f"{len(problems)} problems over {points} crash points:\n" + "\n".join(problems[:20])

@@ -2,7 +2,7 @@
 
 A target is described by one adapter module. The adapter is the only place that knows the
 target's internals; tests reach the target through `Target.module(...)` and the adapter's
-capabilities. What an adapter module defines is ckptspec.spec.harness.target.contract's (its Protocols,
+capabilities. What an adapter module defines is ckptspec.spec.harness.surface.contract's (its Protocols,
 checked here at load by `_check_contract`).
 
 Resolution order of the target name: `--impl NAME`, then the environment variable
@@ -31,8 +31,8 @@ from importlib import metadata
 from types import ModuleType
 
 from ckptspec.report.provenance import NO_EXPECTATIONS_VAR
-from ckptspec.spec.harness.target import contract
-from ckptspec.spec.harness.target.formats import DCP, CheckpointFormat
+from ckptspec.spec.harness.surface import contract
+from ckptspec.spec.harness.surface.formats import DCP, CheckpointFormat
 
 SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>= (harness_tests/test_torch_floor.py checks they agree)
 
@@ -78,8 +78,8 @@ CAPABILITY_DOCS = {
     "storage_writer": "async_ckpt.filesystem_async.FileSystemWriterAsync and async_ckpt.state_dict_saver",
     "msc": "FileSystemWriterAsync(use_msc=True) writing msc:// URLs through multi-storage-client",
     "local_checkpointing": "local.* (TensorAwareStateDict, LocalCheckpointManager, CliqueReplicationStrategy)",
-    "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (ckptspec.spec.harness.target.protocol)",
-    "manager": "checkpoint_manager(root, keep) in the adapter: save, wait, latest, resume, close (ckptspec.spec.harness.target.manager)",
+    "protocol": "protocol_saver(**options) in the adapter: start, staged, wait, abort, close (ckptspec.spec.harness.surface.saver_api)",
+    "manager": "checkpoint_manager(root, keep) in the adapter: save, wait, latest, resume, close (ckptspec.spec.harness.surface.manager_api)",
     "manager_retention": "a manager that honours its retention setting `keep` (0: retain all; k: the k newest)",
     "manager_pointer": "a manager that publishes a pointer (tracker) file naming its latest checkpoint",
     "manager_ranks": "a manager whose save and resume are one job's over every rank (each rank its own state)",
@@ -220,7 +220,7 @@ def _installed(dist: str) -> str | None:
 
 def adapter_problem(adapter: ModuleType, spec_modules: Iterable[str], capability_docs: Mapping[str, str]) -> str | None:
     """What `adapter` lacks or gets wrong, in one line, or None: every name the harness will use, checked now
-    (the names, types and signatures of ckptspec.spec.harness.target.contract, then what no type says: spec module
+    (the names, types and signatures of ckptspec.spec.harness.surface.contract, then what no type says: spec module
     paths and capabilities this suite knows, an expectations file that exists)."""
     capabilities = getattr(adapter, "CAPABILITIES", None)
     if isinstance(capabilities, (set, frozenset)):  # first: a misspelt capability also unpairs its function
@@ -243,12 +243,12 @@ def _exists(path: str) -> bool:
 
 
 def _check_contract(name: str, adapter: ModuleType) -> None:
-    """Every name the harness will use of `adapter`, checked at load (ckptspec.spec.harness.target.contract): a TargetError
+    """Every name the harness will use of `adapter`, checked at load (ckptspec.spec.harness.surface.contract): a TargetError
     naming what is missing or wrong, in one line."""
     problem = adapter_problem(adapter, SPEC_MODULES, CAPABILITY_DOCS)
     if problem:
         raise TargetError(
-            f"adapter {adapter.__name__} of target {name!r} {problem}; see ckptspec.spec.harness.target.contract"
+            f"adapter {adapter.__name__} of target {name!r} {problem}; see ckptspec.spec.harness.surface.contract"
         )
 
 

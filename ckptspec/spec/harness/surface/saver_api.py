@@ -16,9 +16,9 @@ Five calls, implemented in a few lines by each target's adapter (`protocol_saver
 Bounds are the caller's (asserts.bounded): a method may block forever; the spec says it must not.
 A target lacking a call raises NotImplementedError from it, which the clause citing it records as a failure.
 
-`protocol_saver(**options)` has one signature for every adapter (ckptspec.spec.harness.target.contract.ProtocolAdapter): the
+`protocol_saver(**options)` has one signature for every adapter (ckptspec.spec.harness.surface.contract.ProtocolAdapter): the
 options are SAVER_OPTIONS, each a preference the tests state, and an adapter ignores the options it does not know.
-Where the checkpoint lies and how it is read back is the adapter's FORMAT (ckptspec.spec.harness.target.formats; torch DCP's
+Where the checkpoint lies and how it is read back is the adapter's FORMAT (ckptspec.spec.harness.surface.formats; torch DCP's
 by default), so a library with its own format is judged by the same clauses.
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from ckptspec.spec.harness.target.loading import MissingCapability, Target, current_target
+from ckptspec.spec.harness.surface.loading import MissingCapability, Target, current_target
 
 __all__ = ["SAVER_OPTIONS", "SaveHandle", "Saver", "protocol_saver"]
 

@@ -14,11 +14,13 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
-from ckptspec.faults import faultfs
+from ckptspec.spec.drivers.faults import faultfs
 from ckptspec.spec.harness import remove
 
 __all__ = ["REACH", "TERM_BOUND", "Terminated", "terminated"]
@@ -38,7 +40,7 @@ class Terminated:
     seconds: float
 
 
-def _child(tmp: str, name: str, fn, args) -> None:
+def _child(tmp: str, name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     code = 1
     try:
         os.setsid()
@@ -72,7 +74,7 @@ def _wait(pid: int, until: float) -> int | None:
         time.sleep(0.01)
 
 
-def terminated(tmp: str, name: str, fn, *args, log: str) -> Terminated:
+def terminated(tmp: str, name: str, fn: Callable[..., Any], *args: Any, log: str) -> Terminated:
     """Run fn(*args) in a forked child; SIGTERM it once `log` shows its hang reached (see the module docstring)."""
     pid = os.fork()
     if pid == 0:

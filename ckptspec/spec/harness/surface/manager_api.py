@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from ckptspec.spec.harness.target.loading import MissingCapability, Target, current_target
+from ckptspec.spec.harness.surface.loading import MissingCapability, Target, current_target
 
 __all__ = ["CheckpointManager", "checkpoint_manager"]
 

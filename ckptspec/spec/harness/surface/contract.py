@@ -6,14 +6,14 @@ Everything else is derived from the classes below, so the contract cannot say tw
 
       if TYPE_CHECKING:
           import my_package.ckptspec_adapter as _adapter
-          from ckptspec.spec.harness.target.contract import ProtocolAdapter
+          from ckptspec.spec.harness.surface.contract import ProtocolAdapter
           _checked: ProtocolAdapter = _adapter
 
   (`ckptspec/spec/targets/_typed.py` does it for every built-in adapter);
 - the loader checks a module at load (`problem`, one line naming what is missing or wrong), from `members()`: each
   name's type annotation (checked element by element) or signature (the parameters it must accept);
 - the table of docs/adding-a-target.md is generated from the same members and their docstrings
-  (`python -m ckptspec.spec.harness.target.contract --update docs/adding-a-target.md`).
+  (`python -m ckptspec.spec.harness.surface.contract --update docs/adding-a-target.md`).
 
 `AdapterModule` holds the names every adapter defines, `AdapterOptions` those it may leave out (the loader supplies
 the default its docstring names), and each of `ProtocolAdapter` and `ManagerAdapter` the function a capability
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union, get_args, get_origin, get_type_hints
 
-from ckptspec.spec.harness.target.formats import CheckpointFormat
+from ckptspec.spec.harness.surface.formats import CheckpointFormat
 
 if TYPE_CHECKING:
-    from ckptspec.spec.harness.target.manager import CheckpointManager
-    from ckptspec.spec.harness.target.protocol import Saver
+    from ckptspec.spec.harness.surface.manager_api import CheckpointManager
+    from ckptspec.spec.harness.surface.saver_api import Saver
 
 __all__ = [
     "CAPABILITY_PROTOCOLS",
@@ -101,15 +101,15 @@ class ProtocolAdapter(AdapterModule, Protocol):
     """An adapter with capability "protocol" (route 2): it also makes savers."""
 
     def protocol_saver(self, **options: Any) -> Saver:
-        """with capability `protocol`: a new `Saver` (protocol.py); accepts `**options`, ignores those it does not
-        know (protocol.SAVER_OPTIONS)"""
+        """with capability `protocol`: a new `Saver` (saver_api.py); accepts `**options`, ignores those it does not
+        know (saver_api.SAVER_OPTIONS)"""
 
 
 class ManagerAdapter(AdapterModule, Protocol):
-    """An adapter with capability "manager": it also makes checkpoint managers (ckptspec.spec.harness.target.manager)."""
+    """An adapter with capability "manager": it also makes checkpoint managers (ckptspec.spec.harness.surface.manager_api)."""
 
     def checkpoint_manager(self, root: str, keep: int) -> CheckpointManager:
-        """with capability `manager`: a new `CheckpointManager` (manager.py) over `root` retaining `keep`
+        """with capability `manager`: a new `CheckpointManager` (manager_api.py) over `root` retaining `keep`
         checkpoints (0: all)"""
 
 
@@ -276,7 +276,7 @@ def table() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     from ckptspec.report.blocks import markers, write_block
 
-    parser = argparse.ArgumentParser(prog="python -m ckptspec.spec.harness.target.contract", description=table.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ckptspec.spec.harness.surface.contract", description=table.__doc__)
     parser.add_argument("--update", type=Path, help="put the table between the contract block's markers of this file")
     args = parser.parse_args(argv)
     write_block(table(), args.update, *markers("contract"))
