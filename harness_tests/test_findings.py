@@ -125,3 +125,17 @@ def test_a_source_links_the_seeds_it_cites_and_every_page_has_their_key():
     assert f"source: [002]({SEEDS['002'][1]}" in page
     assert "## Sources" in page
     assert all(url in page for _, url in SEEDS.values())
+
+
+def test_a_strict_break_is_shown_by_its_weak_levels_reproducer_when_the_release_breaks_both():
+    """One mechanism, one reproducer: AQ-11 on Megatron-Core breaks its weak level AQ-11w too, whose reproducer
+    shows both; a clause with neither reproducer has none."""
+    from ckptspec.report import clauses
+
+    registry = clauses.load()
+    run = load_run(REPO_ROOT / "conformance" / "all" / "mcore-0.19.2.json")
+    shown = findings.shown_by(run, "AQ-11", registry)
+    assert shown == (findings.repro_path(run, "AQ-11w"), "AQ-11w")
+    assert findings.shown_by(run, "AQ-11w", registry) == (findings.repro_path(run, "AQ-11w"), "AQ-11w")
+    impl = load_run(REPO_ROOT / "conformance" / "all" / "impl.json")
+    assert findings.shown_by(impl, "AQ-11", registry) is None

@@ -86,6 +86,22 @@ def repro_path(run: Run, clause_id: str) -> Path:
     return Path(REPRO_DIR) / page_name(run) / f"{clause_id}.py"
 
 
+def shown_by(
+    run: Run, clause_id: str, registry: Mapping[str, Mapping[str, Any]], root: Path = REPO_ROOT
+) -> tuple[Path, str] | None:
+    """The reproducer that shows `run`'s break of `clause_id`, and the clause it was written for: the clause's own,
+    or, where it has none and the run breaks the clause's weak level too, the weak level's (one mechanism, one
+    reproducer and one report: breaking the weak level breaks the strict clause). None if neither exists."""
+    own = repro_path(run, clause_id)
+    if (root / own).exists():
+        return own, clause_id
+    weak = clause_registry.weak_levels(registry).get(clause_id)
+    if weak is None or weak not in registry or not clause_verdict(run, weak, registry).broken:
+        return None
+    theirs = repro_path(run, weak)
+    return (theirs, weak) if (root / theirs).exists() else None
+
+
 def report_path(run: Run, clause_id: str) -> Path:
     """The maintainer report beside that reproducer, relative to the repository root."""
     return repro_path(run, clause_id).with_suffix(".md")
@@ -125,8 +141,15 @@ def _entry(
     lines += _weak_level(run, cid, clause, registry)
     lines += [f"- **Mechanism**: {m}" for m in mechanisms(run, cid)]
     lines += [f"- **Test**: `{t}`" for t in tests_showing(run, cid)]
-    if not (root / repro).exists():
+    shown = shown_by(run, cid, registry, root)
+    if shown is None:
         lines.append("- **Reproducer**: not yet written")
+        return [*lines, ""]
+    if shown[1] != cid:
+        lines.append(
+            f"- **Reproducer**: its weak level's, [`{shown[0]}`](../../{shown[0]}): the release breaks {shown[1]} too, "
+            f"and what that reproducer shows breaks {cid} (the report is {shown[1]}'s)"
+        )
         return [*lines, ""]
     lines.append(f"- **Reproducer**: [`{repro}`](../../{repro}) (needs only torch and the library)")
     if reportable(run, cid, clause, verdict, root):

@@ -41,9 +41,10 @@ def symptom(clause: Mapping[str, Any]) -> str:
 
 
 def repro_path(run: Run, clause_id: str, root: Path = REPO_ROOT) -> str | None:
-    """The standalone reproducer of a clause on a run's release, relative to the repository root, if it exists."""
-    path = findings.repro_path(run, clause_id)
-    return str(path) if (root / path).exists() else None
+    """The standalone reproducer that shows a clause's break on a run's release (its own, or its weak level's:
+    findings.shown_by), relative to the repository root, if one exists."""
+    shown = findings.shown_by(run, clause_id, clause_registry.load(), root)
+    return str(shown[0]) if shown else None
 
 
 def release_of(run: Run) -> str:
