@@ -123,7 +123,7 @@ class ModelStatesFile(CheckpointFormat):
 FORMAT = ModelStatesFile()
 
 
-class _Handle(SaveHandle):
+class _DeepSpeedHandle(SaveHandle):
     def __init__(self, saver: DeepSpeedSaver, number: int):
         self.saver, self.number = saver, number
 
@@ -143,7 +143,7 @@ class DeepSpeedSaver(Saver):
         _commit(self.engine)  # a save still uncommitted is committed by the step a trainer makes before the next one
         self.engine.save_checkpoint(os.path.dirname(path), tag=os.path.basename(path), client_state=state_dict)
         self.saves += 1
-        return _Handle(self, self.saves)
+        return _DeepSpeedHandle(self, self.saves)
 
     def close(self) -> None:
         try:

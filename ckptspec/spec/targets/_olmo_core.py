@@ -112,7 +112,7 @@ def state_module(state: dict[str, Any]) -> Any:
     return StateModule(state)
 
 
-class _Handle(SaveHandle):
+class _OlmoHandle(SaveHandle):
     def __init__(self, saver: OlmoSaver, path: str, future: Future[None] | None):
         self.saver, self.path, self.future = saver, path, future
 
@@ -144,14 +144,14 @@ class OlmoSaver(Saver):
         group = dist.new_group(timeout=timedelta(minutes=30)) if kind == "default" and dist.is_initialized() else None
         self.work_dir = tempfile.mkdtemp(prefix="olmo-work-")
         self.checkpointer = Checkpointer(work_dir=Path(self.work_dir), process_group=group)
-        self.last: _Handle | None = None
+        self.last: _OlmoHandle | None = None
 
     def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         module, train_state = state_module(state_dict), {"global_step": 0}
         if self.kind == "sync":
             self.checkpointer.save(path, module, train_state)
-            return _Handle(self, path, None)
-        self.last = _Handle(self, path, self.checkpointer.save_async(path, module, train_state))
+            return _OlmoHandle(self, path, None)
+        self.last = _OlmoHandle(self, path, self.checkpointer.save_async(path, module, train_state))
         return self.last
 
     def close(self) -> None:

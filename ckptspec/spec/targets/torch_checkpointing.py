@@ -128,7 +128,7 @@ def _config(direct_io: bool) -> Any:
     )
 
 
-class _Handle(SaveHandle):
+class _TorchCheckpointingHandle(SaveHandle):
     def __init__(self, saver: TorchCheckpointingSaver, future: Future[Any] | None):
         self.saver, self.future = saver, future
 
@@ -150,7 +150,7 @@ class TorchCheckpointingSaver(Saver):
         self.manager = CheckpointManager(_config(direct_io))
 
     def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
-        return _Handle(self, self.manager.save(path, {ITEM: state_dict}))
+        return _TorchCheckpointingHandle(self, self.manager.save(path, {ITEM: state_dict}))
 
     def close(self) -> None:
         self.manager.close()
