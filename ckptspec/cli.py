@@ -1,7 +1,7 @@
 """`ckptspec`: judge the checkpointing library installed in this environment, or read stored runs.
 
-    ckptspec judge nvrx|mcore|dcp|torchtitan|lightning|ADAPTER [--areas AREA ...] [-n N] [--tensor-device DEV]
-                   [--out DIR]
+    ckptspec judge nvrx|mcore|dcp|torchtitan|lightning|deepspeed|olmo-core|transformers|torch-checkpointing|ADAPTER
+                   [--areas AREA ...] [-n N] [--tensor-device DEV] [--out DIR]
     ckptspec report [JSON ...] [options of python -m ckptspec.report.report]
     ckptspec findings [JSON ...] --out DIR
     ckptspec pytest [PYTEST_ARGS ...]
@@ -17,7 +17,9 @@ up)", never a break; the exit status is 2 when no test could set it up.
 When the project has a recorded run of that version (ckptspec/report/releases.py), the target's expectations
 file applies, so a known failure reads as the clause it breaks; for any other version the expectations are not
 applied ($CKPTSPEC_NO_EXPECTATIONS), every failure is reported as it happened, charged to each clause its test
-cites, and the report says that no recorded run exists. `dcp` judges the three configurations of `dcp.async_save`
+cites, and the report says that no recorded run exists (so far for every release of deepspeed, olmo-core,
+transformers and torch-checkpointing: their adapters judge the installed library, with no stored run yet; each
+adapter's docstring names the variable that selects the configuration judged). `dcp` judges the three configurations of `dcp.async_save`
 in turn. `report` and `findings` read runs (by default the stored runs this copy carries) and need no torch:
 `pip install ckptspec` alone installs them; `judge` and `pytest` need the `test` extra.
 
@@ -201,7 +203,11 @@ def _suite_missing(command: str) -> str | None:
 
 def _judge(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="ckptspec judge", description="judge the installed library, change nothing")
-    parser.add_argument("target", help="nvrx, mcore, dcp, torchtitan, lightning, or an adapter (module or name)")
+    parser.add_argument(
+        "target",
+        help="nvrx, mcore, dcp, torchtitan, lightning, deepspeed, olmo-core, transformers, torch-checkpointing, or an "
+        "adapter (module or name)",
+    )
     parser.add_argument("--areas", nargs="+", choices=sorted(AREA_PATHS), metavar="AREA", help="default: everything")
     parser.add_argument("-n", default="auto", help="pytest-xdist workers (default: auto)")
     parser.add_argument("--tensor-device", choices=("cpu", "cuda"), help="where the snapshot tests keep the state")

@@ -7,6 +7,7 @@ point, runs one protocol test.
 from __future__ import annotations
 
 import re
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,37 @@ def test_every_builtin_adapter_keeps_the_contract_and_is_type_checked():
     for dotted in targets.builtin_targets().values():
         module = __import__(dotted, fromlist=["NAME"])
         targets._check_contract(module.NAME, module)
+
+
+# Each adapter of issue 63 (ckptspec/spec/targets/), and the function its copy loses: the copy's CAPABILITIES then
+# name a capability whose function it lacks. Loaded by module name from a directory of its own, on a machine without
+# the library: the contract is checked before the library is imported.
+BROKEN_COPIES = {
+    "deepspeed": "checkpoint_manager",
+    "olmo_core": "protocol_saver",
+    "transformers": "checkpoint_manager",
+    "torch_checkpointing": "protocol_saver",
+}
+_SHOWN = {"checkpoint_manager": "checkpoint_manager(root, keep)", "protocol_saver": "protocol_saver(**options)"}
+
+
+@pytest.mark.parametrize("module", BROKEN_COPIES)
+def test_a_broken_copy_of_a_library_adapter_is_refused_at_load(module, tmp_path, monkeypatch):
+    function = BROKEN_COPIES[module]
+    source = (REPO_ROOT / "ckptspec" / "spec" / "targets" / f"{module}.py").read_text()
+    assert source.count(f"\ndef {function}(") == 1, f"{module}.py no longer defines {function}"
+    name = f"broken_{module}_copy"
+    (tmp_path / f"{name}.py").write_text(source.replace(f"\ndef {function}(", f"\ndef _renamed_{function}("))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(targets, "_loaded", {})
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(targets.TargetError) as info:
+        targets.load_target(name)
+    message = str(info.value)
+    assert message.startswith(f"adapter {name} of target {name!r} declares capability "), message
+    assert f"but defines no {_SHOWN[function]} (function)" in message, message
+    assert "\n" not in message, message
+    monkeypatch.delitem(sys.modules, name, raising=False)
 
 
 def test_the_trainer_group_is_the_adapters_where_a_test_asks_for_nccl():

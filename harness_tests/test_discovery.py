@@ -30,6 +30,10 @@ def test_builtin_targets_are_the_adapter_modules():
         "dcp_thread",
         "lightning",
         "torchtitan",
+        "deepspeed",
+        "olmo_core",
+        "transformers",
+        "torch_checkpointing",
     )
     assert targets.builtin_targets() == {name.replace("_", "-"): f"ckptspec.spec.targets.{name}" for name in names}
 
@@ -59,7 +63,8 @@ def test_entry_points_and_dotted_paths_name_targets(monkeypatch):
 def test_an_unknown_target_lists_the_known_ones():
     with pytest.raises(
         targets.TargetError,
-        match="unknown target 'nope'; known targets: dcp-process, dcp-staged, dcp-thread, impl, impl-local, lightning, mcore, nvrx, torchtitan",
+        match="unknown target 'nope'; known targets: dcp-process, dcp-staged, dcp-thread, deepspeed, impl, impl-local, "
+        "lightning, mcore, nvrx, olmo-core, torch-checkpointing, torchtitan, transformers, ",
     ):
         targets.load_target("nope")
 

@@ -15,22 +15,29 @@ if TYPE_CHECKING:
         dcp_process,
         dcp_staged,
         dcp_thread,
+        deepspeed,
         impl,
         impl_local,
         lightning,
         mcore,
         nvrx,
+        olmo_core,
+        torch_checkpointing,
         torchtitan,
+        transformers,
     )
 
     CHECKED: dict[str, ProtocolAdapter] = {
         "dcp-process": dcp_process,
         "dcp-staged": dcp_staged,
         "dcp-thread": dcp_thread,
+        "deepspeed": deepspeed,
         "impl": impl,
         "lightning": lightning,
         "mcore": mcore,
         "nvrx": nvrx,
+        "olmo-core": olmo_core,
+        "torch-checkpointing": torch_checkpointing,
         "torchtitan": torchtitan,
     }
     MANAGERS: dict[str, ManagerAdapter] = {
@@ -39,4 +46,6 @@ if TYPE_CHECKING:
         "nvrx": nvrx,
         "torchtitan": torchtitan,
         "lightning": lightning,
+        "deepspeed": deepspeed,
+        "transformers": transformers,
     }
