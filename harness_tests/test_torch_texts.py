@@ -1,6 +1,6 @@
 """IN-2's "naming the damaged file" as each torch release lets a reader name it (ckptspec/spec/drivers/damage.py).
 
-torch 2.11 and 2.12's dcp.load catch what `read_metadata` raises and raise `AssertionError("metadata is None")` in its
+torch 2.11's dcp.load catches what `read_metadata` raises and raises `AssertionError("metadata is None")` in its
 place; 2.13 and later add the reader's error to that text. The H100 runs (torch 2.11) failed IN-2's .metadata damages
 for that reason. The probe asks the installed torch which it does; here it also meets a dcp.load that behaves as
 2.11's, so both texts are checked on whichever torch runs this.
