@@ -10,9 +10,9 @@ per row of its matrix) both drive them.
 
 `names_file` is IN-2's test of "naming the damaged file", as the installed torch lets a reader name it: torch 2.11's
 dcp.load (2.12's not read) catches what the reader's `read_metadata` raises, logs it and raises
-`AssertionError("metadata is None")` in its place, so no reader can name a damaged .metadata through it; 2.13 and later add the reader's error to
-that text ("metadata is None; global metadata read failed: ..."). `metadata_error_text` asks the installed torch which
-it does, by a load whose reader cannot read its metadata, rather than by its version number.
+`AssertionError("metadata is None")` in its place, so no reader can name a damaged .metadata through it; 2.13 and
+later add the reader's error to that text ("metadata is None; global metadata read failed: ..."). `metadata_error_text`
+asks the installed torch which it does, by a load whose reader cannot read its metadata, rather than by its version.
 """
 
 from __future__ import annotations
