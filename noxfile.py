@@ -2,6 +2,10 @@
 
     tests-3.11 / tests-3.12 / tests-3.13   the README's two set-up commands, verbatim, on that Python
     lowest                                 the suite on the lowest declared version of every dependency
+    torch(2.11) ... torch(2.15)            the README suite (`pytest -n auto`) on that torch release (the newest patch),
+                                           as on a machine that already has it: its Linux wheel is the CUDA build
+                                           (several GB, runs on a CPU too); install once, then `nox -R -s "torch(2.11)"`
+                                           reuses the environment. Posargs replace pytest's (`-- ckptspec/spec -q`)
     lint                                   ruff (lint, format), mypy, import layers, deptry: what .ci/run checks
     mutation                               cosmic-ray over impl on a random sample of 200 mutants, each judged by
                                            the tests that ran its lines first (not in CI; about 2 hours on 2
@@ -25,6 +29,7 @@ stored runs: `python regenerate.py` (docs/results.md).
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tomllib
@@ -68,6 +73,32 @@ def lowest(session: nox.Session) -> None:
     session.install(*lowest_requirements())
     session.install("--no-deps", "-e", ".")
     session.run("pytest", "-n", "auto", *session.posargs)
+
+
+# The torch releases the suite supports (SUPPORTED_TORCH in ckptspec/spec/harness/surface/loading.py is the first):
+# one `torch(X.Y)` session each. Not in CI (its 20 minutes hold one suite run); run by a developer changing torch-bound
+# code, or before moving the range.
+TORCH_RANGE = ["2.11", "2.12", "2.13", "2.14", "2.15"]
+
+
+@nox.session(python="3.11")
+@nox.parametrize("version", TORCH_RANGE, ids=TORCH_RANGE)
+def torch(session: nox.Session, version: str) -> None:
+    """The README's suite command on torch `version`.*, installed first and the project on it without a pin, as a
+    user whose machine has that torch runs `pip install -e ".[test]"`."""
+    # A machine's pip may cap torch (a `[global] constraint` file in its pip configuration); an empty constraints
+    # file in its place lifts the cap for these installs only, so a release newer than the cap installs. (An empty
+    # PIP_CONSTRAINT does not: pip reads an empty variable as unset.)
+    env = {"PIP_CONSTRAINT": os.devnull}
+    session.install(f"torch=={version}.*", env=env)
+    session.install("-e", ".[test]", env=env)
+    installed = session.run("python", "-c", "import torch; print(torch.__version__)", silent=True)
+    if installed is not None and not str(installed).strip().startswith(version + "."):
+        session.error(f"installed torch {str(installed).strip()}, expected {version}.*")
+    if session.posargs:
+        session.run("pytest", *session.posargs)
+    else:
+        session.run("bash", "-c", _readme_commands(session)[-1], external=True)  # `pytest -n auto`
 
 
 @nox.session(python="3.11")

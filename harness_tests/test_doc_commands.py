@@ -19,6 +19,7 @@ block of the README is also run verbatim by CI (.ci/run).
 
 from __future__ import annotations
 
+import ast
 import collections
 import contextlib
 import functools
@@ -184,7 +185,11 @@ def _check_nox(words: list[str], help_text: str) -> None:
     for session in sessions:
         name, _, release = session.partition("(")
         assert re.search(rf"def {re.escape(name)}\(", noxfile), f"noxfile has no session {name}"
-        if release:
+        if release and name == "torch":  # torch(X.Y): one session per release of the supported range
+            declared = re.search(r"^TORCH_RANGE = (\[.*\])$", noxfile, re.MULTILINE)
+            assert declared, "noxfile has no TORCH_RANGE"
+            assert release.rstrip(")") in ast.literal_eval(declared.group(1)), f"noxfile has no session {session}"
+        elif release:
             assert release.rstrip(")") in releases.by_name(), f"the release list has no release {release.rstrip(')')}"
     if "--" in words:  # the spec sessions hand what follows to pytest, mutation to mutation.run
         after = words[words.index("--") + 1 :]

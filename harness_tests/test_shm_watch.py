@@ -77,3 +77,39 @@ def test_the_audit_charges_the_tests_entries_and_not_other_programs(
     found = check.leftovers()
     assert len(found) == 1, found
     assert found[0].startswith(f"shared memory {shm}/{made_by_child} (made by pid {child.pid}: "), found
+
+
+def test_entries_named_after_the_harnesss_long_lived_processes_are_not_the_tests(tmp_path: Path) -> None:
+    """The CUDA IPC test on the H100 runs left `cuda.shm.0.<the rank forkserver's pid>.1`: a process of the test's tree,
+    but the harness's (as audit.harness_pids names them), so the audit does not charge it to the target."""
+    child = _make_in_child(tmp_path)  # stands in for the forkserver: alive, below this process
+    try:
+        watch = ShmWatch(str(tmp_path), harness=lambda: {child.pid})
+        watch.start({p.name for p in tmp_path.iterdir()})
+        try:
+            named_after_it = f"cuda.shm.0.{child.pid:x}.1"
+            (tmp_path / named_after_it).touch()
+            watch.look()
+        finally:
+            watch.stop()
+    finally:
+        child.communicate("", timeout=60)
+    assert watch.foreign() == {named_after_it}
+    assert watch.maker(named_after_it) is None
+
+
+def test_the_audit_asks_which_processes_are_the_harnesss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(audit, "_SHM", str(shm))
+    child = _make_in_child(shm)  # its own torch_<pid>_77_0 is there before the audit starts
+    try:
+        monkeypatch.setattr(audit, "harness_pids", lambda: {child.pid})
+        check = audit.Audit(tmpdir=None, grace=0.2)
+        check.start()
+        (shm / f"cuda.shm.0.{child.pid:x}.1").touch()
+        check._shm_watch.look()
+        found = check.leftovers()
+    finally:
+        child.communicate("", timeout=60)
+    assert found == [], found

@@ -11,7 +11,8 @@
   (multiprocessing semaphores, unlinked by the resource tracker of the process that created them;
   the harness stops rank processes with their whole process group, tracker included), and entries
   that name a process outside this test's tree as their maker (ckptspec/faults/shm_watch.py: another
-  program on the machine made them).
+  program on the machine made them) or one of the harness's long-lived processes above (the CUDA driver's file of a
+  rank forked from the forkserver carries the forkserver's pid).
 - temporary files: anything left in the test's private TMPDIR (each rank runs with its own
   subdirectory as TMPDIR, see ckptspec.spec.drivers.faults.tmpdirs.on_ranks), also by processes the test SIGKILLs
   on purpose: a killed trainer cannot remove a temporary file, so a target must keep none outside its
@@ -102,7 +103,7 @@ class Audit:
         self._before = {(p.pid, p.create_time()) for p in self._processes()}
         self._shm_before = set(os.listdir(_SHM)) if os.path.isdir(_SHM) else set()
         if os.path.isdir(_SHM):
-            self._shm_watch = ShmWatch(_SHM)
+            self._shm_watch = ShmWatch(_SHM, harness=harness_pids)
             self._shm_watch.start(self._shm_before)
 
     def _processes(self) -> list[psutil.Process]:

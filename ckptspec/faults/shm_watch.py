@@ -9,8 +9,13 @@ file_system strategy) and the CUDA driver's IPC files (`cuda.shm.<device>.<pid i
 `ShmWatch` lists /dev/shm every POLL_S while the test runs and, for each new entry that names a process, looks at
 that process as soon as the entry appears (it made the entry, so it is normally still alive): is it the test's
 process or one of its descendants? `foreign()` returns the new entries made by a process outside the test's tree;
-the audit does not charge those. An entry whose process is gone before it was looked at is charged (it may be the
-test's: a killed worker), as is every entry that names no process.
+the audit does not charge those. Nor those that name one of the harness's own long-lived processes (`harness`: the
+rank forkserver, the resource tracker), which outlive every test by design: on the H100 runs of 2026-11-27 the CUDA
+IPC test (FI-GPU-1) left `cuda.shm.0.3d78.1`, pid 0x3d78 being the rank forkserver of its pytest worker. Whether the
+driver names the file after the process that made it or after a pid read before a fork (docs/gpu.md), that process
+is the forkserver or a rank forked from it: the harness's, not one the target started (impl's persistent worker is
+spawned by the rank, its temporal worker forked from the rank). An entry whose process is gone before it was looked
+at is charged (it may be the test's: a killed worker), as is every entry that names no process.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections.abc import Callable
 
 import psutil
 
@@ -50,8 +56,9 @@ def _in_tree(pid: int, root: int) -> tuple[bool | None, str]:
 class ShmWatch:
     """Watches `folder` from start() to stop(), telling the test's new entries from other processes' ones."""
 
-    def __init__(self, folder: str = "/dev/shm") -> None:
+    def __init__(self, folder: str = "/dev/shm", harness: Callable[[], set[int]] = set) -> None:
         self.folder = folder
+        self._harness = harness  # the pids of the harness's long-lived processes, asked at each look
         self._root = os.getpid()
         self._seen: set[str] = set()
         self._foreign: set[str] = set()
@@ -75,12 +82,13 @@ class ShmWatch:
             names = set(os.listdir(self.folder))
         except OSError:
             return
+        harness = self._harness() if names - self._seen else set()
         for name in names - self._seen:
             pid = creator_pid(name)
             if pid is None:
                 continue
             inside, what = _in_tree(pid, self._root)
-            if inside is False:
+            if inside is False or pid in harness:
                 self._foreign.add(name)
             else:
                 self._makers[name] = f"made by pid {pid}: {what}"
@@ -94,7 +102,7 @@ class ShmWatch:
         self.look()
 
     def foreign(self) -> set[str]:
-        """New entries made by a process outside this process's tree."""
+        """New entries made by a process outside this process's tree, or named after one of the harness's."""
         return set(self._foreign)
 
     def maker(self, name: str) -> str | None:

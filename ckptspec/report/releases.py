@@ -39,7 +39,7 @@ __all__ = [
     "with_manager",
 ]
 
-TORCH = "2.13.0"  # the torch a library release is judged with (the README's pin; pyproject's torch>= agrees)
+TORCH = "2.13.0"  # the torch a library release is judged with (the README's pin, inside pyproject's torch>= range)
 SUITES = ("ckptspec/spec", "ckptspec/faults")  # what a recorded run runs, for every release (capabilities gate tests)
 # The clause areas (ckptspec/spec/clauses/*.toml); `faults` is judged by the fault suite, ckptspec/faults/.
 ALL_AREAS = ("async_ckpt", "storage", "local", "integrity", "protocol", "faults", "manager")

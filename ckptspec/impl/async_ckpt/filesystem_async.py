@@ -46,8 +46,9 @@ their CRC32s cover every byte of it. ``CachedMetadataFileSystemReader`` checks a
 
 Equivalence with torch's synchronous ``FileSystemWriter`` (FS-18): without ``separation_hint``, the data files
 are byte-identical to its files for the same plan and ``thread_count``: the same buckets (``_split_by_size_and_type``
-is torch's), items in the same order, each written by ``torch.save`` with torch's default settings (CRC32 on), and
-the same copy of views (``_compact``).
+is torch's), items in the same order (the plan's, or smallest tensor first where torch's writer stages them through
+``_OverlappingCpuLoader``: one thread on a machine with CUDA, ``_torch_stages_smallest_first``), each written by
+``torch.save`` with torch's default settings (CRC32 on), and the same copy of views (``_compact``).
 
 Simplifications: one file per bucket (no ``single_file_per_rank=False``); tensors are serialized with
 ``torch.save``, which is what the stock ``FileSystemReader`` reads; no stream transforms; ``write_data`` (the
@@ -282,8 +283,11 @@ class FileSystemWriterAsync(StorageWriter):
     def _buckets(self, plan: SavePlan, planner: SavePlanner) -> list[WriteBucket]:
         prefix = plan.storage_data.prefix
         buckets: list[WriteBucket] = []
+        smallest_first = _torch_stages_smallest_first(self.thread_count)
         for group, items, bins in self._groups(plan.items):
             for bucket_items in _split_by_size_and_type(bins, items):
+                if smallest_first:
+                    bucket_items = sorted(bucket_items, key=_size_or_zero)  # stable, as torch's list.sort
                 name = f"{group}{prefix}{len(buckets)}{DATA_SUFFIX}"
                 # resolve_data gives a BytesIO for a BYTE_IO item and a tensor for any other.
                 bytes_data = [
@@ -420,6 +424,29 @@ def _split_by_size_and_type(bins: int, items: list[WriteItem]) -> list[list[Writ
         buckets[b].append(item)
         heapq.heappush(heap, (size + _item_size(item), b))
     return [bucket for bucket in buckets if bucket]
+
+
+def _torch_stages_smallest_first(thread_count: int) -> bool:
+    """Whether torch's synchronous ``FileSystemWriter`` with ``thread_count`` threads writes each file's tensors
+    smallest first, on this machine.
+
+    It does when it stages them through ``_OverlappingCpuLoader``, which sorts them by size (a stable sort): torch
+    2.11 to 2.15 pick that loader for one thread when CUDA or the PrivateUse1 device is available and
+    ``per_thread_copy_ahead`` (10 MB by default) is positive, ``_SerialCpuLoader`` (the plan's order) otherwise
+    (``torch.distributed.checkpoint.filesystem._write_files_from_queue``). Byte items come first either way. This is
+    the same test, made in the trainer, which is where torch's own writer makes it.
+    """
+    if thread_count != 1:
+        return False
+    if torch.cuda.is_available():
+        return True
+    device = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
+    return bool(device is not None and device.is_available())
+
+
+def _size_or_zero(item: WriteItem) -> int:
+    """A tensor item's size (``_item_size``); 0 for a byte item, which torch writes before every tensor."""
+    return 0 if item.type == WriteItemType.BYTE_IO else _item_size(item)
 
 
 def _item_size(item: WriteItem) -> int:

@@ -7,17 +7,30 @@ sorted listing, and where in it. `apply` reports the path it changed, or None wh
 The rank functions `load_damaged_checkpoint` (FileSystemWriterAsync) and `load_damaged_local` (local checkpoint
 manager) save, damage and load; the spec tests (hypothesis choosing the damage) and the fault suite (one damage
 per row of its matrix) both drive them.
+
+`names_file` is IN-2's test of "naming the damaged file", as the installed torch lets a reader name it: torch 2.11's
+dcp.load (2.12's not read) catches what the reader's `read_metadata` raises, logs it and raises
+`AssertionError("metadata is None")` in its place, so no reader can name a damaged .metadata through it; 2.13 and
+later add the reader's error to that text ("metadata is None; global metadata read failed: ..."). `metadata_error_text`
+asks the installed torch which it does, by a load whose reader cannot read its metadata, rather than by its version.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import os
-from collections.abc import Sequence
+import re
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from hypothesis import strategies as st
 
 from ckptspec.spec.drivers import saving
@@ -101,6 +114,76 @@ def apply(damage: Damage, files: list[str], others: list[str]) -> str | None:
     return path
 
 
+class _MetadataProbeError(OSError):
+    """What the probe's reader raises for its metadata."""
+
+
+@functools.cache
+def metadata_error_text() -> str | None:
+    """What the installed torch's dcp.load raises in place of the reader's error when `read_metadata` raises, or None
+    when that error reaches the caller (its text is in what dcp.load raises)."""
+    marker = "ckptspec-probe: the metadata cannot be read"
+
+    class Unreadable(dcp.FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            raise _MetadataProbeError(marker)
+
+    with (
+        tempfile.TemporaryDirectory(prefix="ckptspec-probe-") as tmp,
+        warnings.catch_warnings(),
+        _filtered(logging.getLogger(), _WithoutProbe()),  # torch's dcp.load logs to the root logger
+    ):
+        warnings.simplefilter("ignore")  # "torch.distributed is disabled ...: load in a single process"
+        try:
+            dcp.load({}, storage_reader=Unreadable(tmp), no_dist=True)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # CheckpointException is a BaseException
+            text = failure_text(exc)
+            return None if marker in text else text
+    raise AssertionError("dcp.load returned although its reader could not read the metadata")
+
+
+class _WithoutProbe(logging.Filter):
+    """Drops the records of the probe's own error (torch 2.13 logs each failed read with its traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], _MetadataProbeError))
+
+
+@contextlib.contextmanager
+def _filtered(log: logging.Logger, log_filter: logging.Filter) -> Iterator[None]:
+    log.addFilter(log_filter)
+    try:
+        yield
+    finally:
+        log.removeFilter(log_filter)
+
+
+def failure_text(exc: BaseException) -> str:
+    """What `exc` says: for a CheckpointException, "Type: message" of each error it gathered from the ranks (its own
+    str adds their tracebacks)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        return "\n".join(f"{type(error).__name__}: {error}" for error, _ in failures.values())
+    return f"{type(exc).__name__}: {exc}"
+
+
+def names_file(message: str, file: str) -> bool:
+    """Whether `message` (an error of dcp.load) names `file` (a file name, or a path ending with it), as far as the
+    installed torch lets a reader name it: a damaged .metadata is named by torch's own text where torch puts that text
+    in place of the reader's error (`metadata_error_text`). ".metadata" inside "__0.metadata", the rank-local metadata
+    that torch looks for when .metadata cannot be read, does not count."""
+    return re.search(rf"(?<![\w.]){re.escape(file)}(?!\w)", message) is not None or torch_replaced_it(message, file)
+
+
+def torch_replaced_it(message: str, file: str) -> bool:
+    """Whether `file` is .metadata and `message` holds the text the installed torch raises in place of the reader's
+    error (`metadata_error_text`), the only way a damaged .metadata can be named there."""
+    replaced = metadata_error_text() if file == ".metadata" else None
+    return replaced is not None and replaced in message
+
+
 def _pick(files: list[str], which: str) -> list[str]:
     """`which`: "any" (all files), "metadata" (.metadata only), "data" (every other file)."""
     if which == "metadata":
@@ -143,7 +226,7 @@ def load_damaged_checkpoint(base: str, state_dict: dict[str, Any], damage: Damag
     if outcome.returned:
         problem = saving.mismatch(outcome.value, state, "dcp.load")
         return f"dcp.load returned {'damaged data' if problem else 'the data'} without an error"
-    if name not in outcome.message:
+    if name not in outcome.message and not torch_replaced_it(outcome.message, name):
         return f"dcp.load raised {outcome.text}, but its message does not name {name}: {outcome.message[:300]}"
     return "detected"
 

@@ -12,7 +12,6 @@ of a string and a bytes object) in nested dicts with an empty one, and .metadata
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +20,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ckptspec.spec.drivers import saving
-from ckptspec.spec.drivers.damage import files_under
+from ckptspec.spec.drivers.damage import files_under, names_file
 from ckptspec.spec.harness.ranks import run_on_ranks, world
 
 pytestmark = pytest.mark.needs("storage_writer", "temporal_caller")
@@ -65,12 +64,6 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
-def _names(message: str, file: str) -> bool:
-    """Whether `message` names `file` (a file name or path ending with it): ".metadata" inside "__0.metadata", the
-    rank-local metadata that torch's dcp.load looks for when .metadata cannot be read, does not count."""
-    return re.search(rf"(?<![\w.]){re.escape(file)}(?!\w)", message) is not None
-
-
 def _load(state: dict, base: str) -> object:
     reader = saving.module("cached_metadata_filesystem_reader").CachedMetadataFileSystemReader(base)
     return saving.load(state, base, reader)
@@ -100,7 +93,7 @@ def _damage_every_byte(base: str, name: str) -> tuple[int, list[str]]:
                 _load(state, base)
             except BaseException as exc:  # CheckpointException is a BaseException
                 message = _message(exc)
-                if _names(message, file):
+                if names_file(message, file):
                     continue
                 problems.append(f"{file}, {damage}: {type(exc).__name__} not naming it: {message[-200:]!r}")
             else:
@@ -144,7 +137,7 @@ def _collective_loads_of_damaged_unread_files(base: str) -> list[str]:
             outcomes.append(f"{name}: returned without an error")
         except BaseException as exc:  # CheckpointException is a BaseException
             message = _message(exc)
-            named = _names(message, name)
+            named = names_file(message, name)
             outcomes.append(f"{name}: detected" if named else f"{name}: not named in {message[-200:]!r}")
         dist.barrier()
         if rank == 0:

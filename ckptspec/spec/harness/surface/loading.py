@@ -34,7 +34,7 @@ from ckptspec.report.provenance import NO_EXPECTATIONS_VAR
 from ckptspec.spec.harness.surface import contract
 from ckptspec.spec.harness.surface.formats import DCP, CheckpointFormat
 
-SUPPORTED_TORCH = "2.13"  # pyproject.toml's torch>= (harness_tests/test_torch_floor.py checks they agree)
+SUPPORTED_TORCH = "2.11"  # pyproject.toml's torch>= (harness_tests/test_torch_floor.py checks they agree)
 
 __all__ = [
     "CAPABILITY_DOCS",
