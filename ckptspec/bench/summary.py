@@ -4,7 +4,7 @@
     python -m ckptspec.bench.summary RUN.json [RUN.json ...] --update docs/benchmarks.md   # one compact table per run
     python -m ckptspec.bench.summary --noise RUN.json RUN.json ...           # spread of repeated runs
 
-RUN.json is pytest-benchmark's --benchmark-json output of `pytest benchmarks --benchmark-enable`.
+RUN.json is pytest-benchmark's --benchmark-json output of `pytest ckptspec/bench --benchmark-enable`.
 Each benchmark's extra_info names its figure (stall, durable, write, ...), its peer and its bytes;
 ceilings are benchmarks of figure "ceiling". Times are the median of the rounds; a ceiling is its
 fastest round (the best the machine did). A ceiling measured for other bytes is scaled linearly to

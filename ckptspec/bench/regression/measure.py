@@ -45,7 +45,7 @@ class Settings:
             "-m",
             "pytest",
             *installed.pytest_options(),
-            "benchmarks",
+            "ckptspec/bench",
             "-q",
             "-n",
             "0",
