@@ -107,3 +107,40 @@ def test_overlapped_cuda_saves_hold_the_state_at_the_call_and_free_the_pool(tmp_
 def test_overlapped_staging_options_are_checked(options, match):
     with pytest.raises((ValueError, TypeError), match=match):
         _queue(**options)
+
+
+class _HeldDeviceCopy:
+    """Stands in for the CUDA event of a device-to-host copy that has not ended: `synchronize` blocks until
+    `release`, as the host would block on a copy still running."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.released = threading.Event()
+
+    def synchronize(self) -> None:
+        assert self.released.wait(BOUND), "the held copy was never released"
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def test_a_request_of_device_tensors_only_never_blocks_the_host_on_its_copies():
+    """The staging signal of a request with no CPU tensor waits on the device only (the trainer's stream waits for
+    the copies' events): the host thread must not wait for the device-to-host copy to end. Simulated on the CPU:
+    the request's copy is held, and wait_for_staging must still return."""
+    import sys
+
+    caller = _queue(overlap_staging=True)._get_async_caller()  # impl's OverlappedAsyncCaller, through its adapter
+    _Staging = sys.modules[type(caller).__module__]._Staging
+    held = _HeldDeviceCopy()
+    staging = _Staging(0, (0, False, b"", None), None, [], host_events=[held])
+    caller._unsignalled[0] = staging
+    caller._start_thread()
+    caller._inbox.put(staging)  # the staging thread blocks in held.synchronize(), as on a copy still running
+    try:
+        bounded(30.0, "wait_for_staging of a request whose copies are all on the device", caller.wait_for_staging)
+        assert not held.released.is_set()
+    finally:
+        held.release()
+        caller._stop_thread(abort=False)

@@ -63,6 +63,10 @@ class _Staging:
     cpu_copied: threading.Event = field(default_factory=threading.Event)
     copied: threading.Event = field(default_factory=threading.Event)  # no copy will touch the slab any more
 
+    def __post_init__(self) -> None:
+        if not self.cpu:  # nothing for the host to copy: the staging signal waits on the device only
+            self.cpu_copied.set()
+
 
 class OverlappedAsyncCaller(PersistentAsyncCaller):
     """A PersistentAsyncCaller that stages in the background (see the module docstring)."""
@@ -190,7 +194,7 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
                 assert staging.slab is not None  # every staged tensor has its place in the slab
                 staging.slab.write(place, t)
             staging.cpu.clear()  # drop the references to the trainer's tensors
-            staging.cpu_copied.set()
+        staging.cpu_copied.set()  # before the device-to-host copies end: the trainer's stream waits for those
         for event in staging.host_events:
             event.synchronize()
         staging.clones.clear()
