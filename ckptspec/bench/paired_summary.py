@@ -145,7 +145,7 @@ def gate_table(runs: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ckptspec.bench.paired_summary", description=__doc__)
-    parser.add_argument("runs", nargs="+", type=Path, help="JSON files of `compare --against ... --json-out`")
+    parser.add_argument("runs", nargs="*", type=Path, help="JSON files of `compare --against ... --json-out`")
     parser.add_argument("--block", choices=["paired", "gate"], default="paired")
     parser.add_argument("--update", type=Path, metavar="FILE", help="write between the block's markers of FILE")
     args = parser.parse_args(argv)

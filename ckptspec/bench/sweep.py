@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rounds", type=int, default=5)
     r.add_argument("--out", type=Path, required=True)
     t = sub.add_parser("table", help="the tables of stored sweeps (no torch)")
-    t.add_argument("runs", nargs="+", type=Path)
+    t.add_argument("runs", nargs="*", type=Path)
     t.add_argument("--update", type=Path)
     t.add_argument("--block", default="sweep")
     p = sub.add_parser("plot", help="the figure of one stored sweep (matplotlib)")

@@ -236,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
     cmp_.add_argument(
         "--threshold",
         help=f"fail above this factor of the baseline (default: ${comparing.THRESHOLD_ENV}, else "
-        f"{comparing.DEFAULT_THRESHOLD:g}; with --against: when the whole 90% interval lies above it, default "
+        f"{comparing.DEFAULT_THRESHOLD:g}; with --against: when the whole 90%% interval lies above it, default "
         f"{paired_gate.DEFAULT_THRESHOLD:g})",
     )
     cmp_.add_argument(

@@ -10,7 +10,8 @@ Contract (an impl extension; NVRx's request and queue shapes are unchanged):
   first cloned on the device, at device bandwidth, and the device-to-host copy reads the clone.
 * ``wait_for_staging()`` is the staging signal: once it returns, the trainer may change every tensor of the
   requests scheduled so far. For CPU tensors it waits for the staging thread's copies; for CUDA tensors it makes
-  the trainer's current stream wait (on the device, the host does not block) for the copies, or for the clones.
+  the trainer's current stream wait (on the device, the host does not block, also when a request holds CUDA
+  tensors only) for the copies, or for the clones.
   Changing a tensor before it is a race: the checkpoint may hold the old or the new value of each element.
 * A request reaches the worker once its slab is complete, sent by the staging thread, in schedule order.
   A copy that fails fails its request (reported by the next completion check); nothing is sent for it.
@@ -18,7 +19,7 @@ Contract (an impl extension; NVRx's request and queue shapes are unchanged):
   argument staged with the rest; any other preload runs in the worker as ``PersistentAsyncCaller`` runs it, and
   scheduling waits for it.
 * Memory: each request in flight holds one slab of its tensors' bytes (each tensor 64-byte aligned); the pool
-  keeps finished requests' slabs for reuse until ``close``. With ``device_clone``, one device clone of the CUDA
+  keeps finished requests' slabs for reuse until ``close``, at most ``SlabPool.MAX_FREE`` of them (``staging``). With ``device_clone``, one device clone of the CUDA
   tensors per request, freed once its device-to-host copy is done.
 * ``close`` waits for the staging thread to send what it holds, then closes as ``PersistentAsyncCaller`` does;
   ``close(abort=True)`` lets the copy in progress end (bounded by memory bandwidth), copies and sends nothing more.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -100,23 +99,46 @@ class Slab:
 
 
 class SlabPool:
-    """Slabs keyed by byte size; a slab returns here when its request completes."""
+    """Free slabs kept for the next saves; a slab returns here when its request completes.
+
+    Bounded: at most MAX_FREE free slabs stay (the largest, when more are given back). `take(n)` reuses the
+    smallest free slab of n to REUSE_FACTOR x n bytes (its tail unused); when no free slab is large enough it first
+    frees those too small, so a state dict that grows or changes size leaves no slab per size behind. `clear` frees
+    them all (the caller's close).
+    """
+
+    MAX_FREE = 2
+    REUSE_FACTOR = 2
 
     def __init__(self) -> None:
-        self._free: dict[int, list[Slab]] = defaultdict(list)
+        self._free: list[Slab] = []
 
     def take(self, nbytes: int) -> Slab:
-        free = self._free[nbytes]
-        return free.pop() if free else Slab(nbytes)
+        fits = [s for s in self._free if nbytes <= s.nbytes <= self.REUSE_FACTOR * nbytes]
+        if fits:
+            slab = min(fits, key=lambda s: s.nbytes)
+            self._free.remove(slab)
+            return slab
+        for small in [s for s in self._free if s.nbytes < nbytes]:
+            self._free.remove(small)
+            small.close()
+        return Slab(nbytes)
 
     def give(self, slab: Slab | None) -> None:
-        if slab is not None:
-            self._free[slab.nbytes].append(slab)
+        if slab is None:
+            return
+        self._free.append(slab)
+        self._free.sort(key=lambda s: s.nbytes, reverse=True)
+        while len(self._free) > self.MAX_FREE:
+            self._free.pop().close()
+
+    def free_sizes(self) -> list[int]:
+        """The byte sizes of the free slabs, largest first."""
+        return [s.nbytes for s in self._free]
 
     def clear(self) -> None:
-        for slabs in self._free.values():
-            for slab in slabs:
-                slab.close()
+        for slab in self._free:
+            slab.close()
         self._free.clear()
 
 
@@ -186,20 +208,24 @@ def _stage_layout(obj: Any) -> tuple[Any, list[tuple[torch.Tensor, Staged]], int
 
 
 _WORKER_SLAB_MAPS: dict[tuple[int, int, int], mmap.mmap] = {}
+_WORKER_MAPS_KEPT = 4  # SlabPool.MAX_FREE plus the requests in flight at once, with room to spare
 
 
 def map_slab(fd: int, nbytes: int) -> mmap.mmap:
     """Worker side: the mapping of the slab behind ``fd``, made once per slab.
 
     A fresh mapping would fault every page again inside the writer's ``write()`` calls (about 0.3 s per
-    GiB, measured). Keeping it costs no memory: the pages are the slab's, which the trainer's pool keeps
-    for the caller's lifetime anyway, and a mapped memfd keeps its inode, so the key is never reused.
+    GiB, measured). A mapping keeps its slab's pages alive after the trainer's pool frees the slab, so only the
+    _WORKER_MAPS_KEPT most recently used are kept (an evicted one is unmapped once no tensor uses it); a mapped memfd
+    keeps its inode, so a key is never reused while its mapping is kept.
     """
     st = os.fstat(fd)
     key = (st.st_dev, st.st_ino, nbytes)
-    if key not in _WORKER_SLAB_MAPS:
-        _WORKER_SLAB_MAPS[key] = mmap.mmap(fd, nbytes)
-    return _WORKER_SLAB_MAPS[key]
+    pages = _WORKER_SLAB_MAPS.pop(key, None) or mmap.mmap(fd, nbytes)
+    _WORKER_SLAB_MAPS[key] = pages  # most recently used last
+    while len(_WORKER_SLAB_MAPS) > _WORKER_MAPS_KEPT:
+        del _WORKER_SLAB_MAPS[next(iter(_WORKER_SLAB_MAPS))]
+    return pages
 
 
 def unstage(request: AsyncRequest, slab_ref: tuple[int, int] | None) -> AsyncRequest:
