@@ -40,7 +40,7 @@ import torch
 from ..utils import picklable_error
 from .callers import PersistentAsyncCaller
 from .request import AsyncRequest
-from .staging import Slab, Staged, lay_out
+from .staging import LANDED_ALL, Slab, Staged, lay_out
 
 __all__ = ["OverlappedAsyncCaller"]
 
@@ -186,6 +186,8 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
             with self._send_lock:
                 # Not sent if aborted, or already failed (a dead worker): its index is no longer in flight.
                 if not self._aborting and staging.idx in self._in_flight and self._process is not None:
+                    if staging.slab is not None:
+                        staging.slab.set_progress(LANDED_ALL)  # sent complete: the worker need not wait
                     self._send(staging.message, None if staging.slab is None else staging.slab.fd)
             staging.message = (staging.idx, False, b"", None)  # the pickled request is not needed any more
 
