@@ -149,7 +149,7 @@ RELEASES: tuple[Release, ...] = (
         False,
         unjudged=(
             'async_mode="async_with_pinned_mem", the mode a GPU user runs (pinned, non-blocking staging through '
-            "torch's DefaultStager, then a checkpoint process): judged is async_mode=\"async\" only, since the pinned "
+            'torch\'s DefaultStager, then a checkpoint process): judged is async_mode="async" only, since the pinned '
             "mode refuses to run without an accelerator; none of these verdicts speaks for it"
         ),
     ),
