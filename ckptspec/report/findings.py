@@ -70,11 +70,11 @@ def shared_mechanism(run: Run, clause_id: str) -> str | None:
     """The clause whose mechanism every expectations entry charged with `clause_id` in `run` names as its own (each
     reason opens "<CLAUSE>'s mechanism:"), where the run charges that clause too: one mechanism, one verdict and one
     report, that clause's. None otherwise."""
-    named = {m["clause"] if (m := _SHARED.match(reason)) else None for reason in mechanisms(run, clause_id)}
-    if len(named) != 1 or None in named:
+    named = {m["clause"] if (m := _SHARED.match(reason)) else "" for reason in mechanisms(run, clause_id)}
+    if len(named) != 1 or "" in named:
         return None
     (other,) = named
-    return other if other != clause_id and tests_showing(run, other) else None
+    return str(other) if other != clause_id and tests_showing(run, other) else None
 
 
 def tests_showing(run: Run, clause_id: str) -> list[str]:
@@ -150,7 +150,7 @@ def _entry(
         f"### {cid} ({_severity(run, cid, clause)}): {verdict}",
         "",
         f"- **Clause**: {clause.get('statement', '')}",
-        f"- **Basis**: {verdicts.basis_of(clause)}; source: {clause_registry.markdown_source(str(clause.get('source', '')))}",
+        f"- **Basis**: {_basis(clause, verdict)}; source: {clause_registry.markdown_source(str(clause.get('source', '')))}",
     ]
     if clause.get("decision"):
         lines.append(f"- **Decision**: {clause['decision']}")
@@ -289,6 +289,14 @@ def page(
         *clause_registry.seeds_key_markdown(),
     ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _basis(clause: Mapping[str, Any], verdict: verdicts.Verdict) -> str:
+    """The clause's basis, and the one its verdict on this release says where an expectations entry judged it
+    otherwise (verdict "implied" on a documented clause: the release's own code or messages imply it)."""
+    basis = verdicts.basis_of(clause)
+    said = next((b for b, word in verdicts.BROKEN_WORDS.items() if word == verdict.word), basis)
+    return basis if said == basis else f"{basis} in its source; {said} for this release (its expectations entry)"
 
 
 def _unjudged(run: Run) -> list[str]:

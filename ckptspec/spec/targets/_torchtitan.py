@@ -226,7 +226,7 @@ def _ordered(manager: Any, location: str, order: str) -> Iterator[None]:
     purge, mkdir = manager._purge_stale_checkpoints, FileSystem.mkdir
     target = os.path.abspath(location)
 
-    def held_mkdir(fs: Any, path: str | os.PathLike[str]) -> None:
+    def held_mkdir(fs: FileSystem, path: str | os.PathLike[Any]) -> None:
         if order == "retention-first" and os.path.abspath(path) == target:
             listed.wait(_HOLD)
         mkdir(fs, path)
@@ -245,7 +245,7 @@ def _ordered(manager: Any, location: str, order: str) -> Iterator[None]:
             listed.set()
 
     manager._purge_stale_checkpoints = ordered_purge
-    FileSystem.mkdir = held_mkdir  # type: ignore[method-assign]
+    FileSystem.mkdir = held_mkdir  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
