@@ -63,6 +63,8 @@ class Release:
     `benchmark_peer`: the release the benchmarks' peer of its library runs (one per library, its newest): its CPU
     benchmark run is stored as ckptspec/bench/results/cpu-NAME.json, and the GPU run's benchmark stages put its wheel on
     the path.
+    `unjudged`: a configuration of the library that users run and the stored run does not speak for, and why (its
+    findings page says so at the top); empty where the run covers what the library offers.
     """
 
     target: str  # the adapter (--impl)
@@ -74,6 +76,7 @@ class Release:
     needs: tuple[str, ...] = ()
     wheel_only: tuple[str, ...] = ()
     benchmark_peer: bool = False
+    unjudged: str = ""
 
     @property
     def name(self) -> str:
@@ -137,7 +140,19 @@ RELEASES: tuple[Release, ...] = (
     # Protocol-layer targets, written against the adapter contract only. Lightning 2.5.3: the last release before
     # the clone of #21079. torchtitan's async_mode "async" ("async_with_pinned_mem" needs an accelerator). Their
     # wheels and dependencies are not in the set a GPU stage installs yet.
-    Release("torchtitan", "0.3.0", "3.11", "torchtitan", _WITH_MANAGER, False),
+    Release(
+        "torchtitan",
+        "0.3.0",
+        "3.11",
+        "torchtitan",
+        _WITH_MANAGER,
+        False,
+        unjudged=(
+            'async_mode="async_with_pinned_mem", the mode a GPU user runs (pinned, non-blocking staging through '
+            'torch\'s DefaultStager, then a checkpoint process): judged is async_mode="async" only, since the pinned '
+            "mode refuses to run without an accelerator; none of these verdicts speaks for it"
+        ),
+    ),
     Release("lightning", "2.6.6", "3.11", "pytorch-lightning", _WITH_MANAGER, False),
     Release("lightning", "2.5.3", "3.11", "pytorch-lightning", _WITH_MANAGER, False),
 )
