@@ -12,9 +12,10 @@ At each point of the axis (`size`: MiB per rank; `tensors`: the same bytes in th
 gloo ranks, each with `--size-mib`) every peer's side is started, saves once (its first save, reported apart),
 then `--rounds` rounds in which the peers take turns, the order rotated each round so that none always goes first;
 the first and the last save of each are read back. A point's figure is the median over its rounds with a
-bootstrap 90% interval of the median; each save also reports its phases (`PHASES`): start() returned, the
-snapshot taken (staged()), the checkpoint's last data write and its metadata file (the files' modification times),
-and wait() returned; with several ranks, rank 0's wait and the slowest other rank's.
+bootstrap 90% interval of the median; each save also reports its phases (`PHASES`): until start() returned, until
+the snapshot was taken (staged()), until the checkpoint's last data write, until its metadata file was written
+(the files' modification times: data fsyncs, the gather and the metadata write fall here), and until wait()
+returned (the commit and the finalize); with several ranks, rank 0's wait and the slowest other rank's.
 
 `table` fits each peer's growth over the axis (time = fixed + per-unit x value, least squares over the points'
 medians: per GiB, per 1,000 tensors, per rank) and names growth as super-linear where the last step's log-log slope
@@ -43,7 +44,7 @@ __all__ = ["AXES", "PHASES", "SUPERLINEAR", "PeerSpec", "fit", "main", "parse_pe
 
 AXES = {"size": "MiB per rank", "tensors": "tensors", "ranks": "ranks"}
 UNIT = {"size": (1024, "per GiB"), "tensors": (1000, "per 1,000 tensors"), "ranks": (1, "per rank")}
-PHASES = ("start", "snapshot", "write", "metadata", "finalize")
+PHASES = ("start", "snapshot", "data written", "to metadata", "to committed")
 SUPERLINEAR = 1.15
 FORMAT = "ckptspec-sweep/1"
 
@@ -123,9 +124,9 @@ def phases_of(save: dict) -> dict[str, float]:
     return {
         "start": start,
         "snapshot": stall - start,
-        "write": data - stall,
-        "metadata": meta - data,
-        "finalize": committed - meta,
+        "data written": data - stall,
+        "to metadata": meta - data,
+        "to committed": committed - meta,
     }
 
 
@@ -250,6 +251,9 @@ def plot(run: dict, out: Path) -> None:
         left.plot(xs, stalls, marker="x", linestyle="--", label=f"{label}: stall")
     left.set_xscale("log")
     left.set_yscale("log")
+    ticks = [p["value"] for p in run["points"]]
+    left.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    left.minorticks_off()
     left.set_xlabel(AXES[run["axis"]])
     left.set_ylabel("seconds (median)")
     left.legend(fontsize=7)
