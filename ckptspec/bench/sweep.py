@@ -19,7 +19,9 @@ returned (the commit and the finalize); with several ranks, rank 0's wait and th
 
 `table` fits each peer's growth over the axis (time = fixed + per-unit x value, least squares over the points'
 medians: per GiB, per 1,000 tensors, per rank) and names growth as super-linear where the last step's log-log slope
-exceeds SUPERLINEAR (1.0 is proportional). No torch: the tables are regenerated from the stored runs.
+exceeds SUPERLINEAR (1.0 is proportional). Unless `--no-count`, each peer's counted costs per steady save at the
+first point (one rank; `sides.count_saves`: system calls by group, files) go beside its growth. No torch: the tables
+are regenerated from the stored runs.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptspec.bench.figures import md_table
-from ckptspec.bench.sides import SideSpec, machine, scratch_dir, started
+from ckptspec.bench.sides import GateError, SideSpec, count_saves, machine, scratch_dir, started
 from ckptspec.report.blocks import markers, update_file
 from ckptspec.report.runs import ReportError
 
@@ -196,6 +198,9 @@ def table(run: dict) -> str:
             last = _last_slope(g["x"], g[figure])
             shape = "-" if last is None else f"{last:.2f}" + (" **super-linear**" if last > SUPERLINEAR else "")
             cells += [f"{_ms(slope * per)} ms {unit} (+{_ms(max(fixed, 0.0))} ms)", shape]
+        counted = run.get("counted", {}).get(label)
+        keys = ("fsync", "rename", "mkdir", "unlink", "write", "files")
+        cells.append(", ".join(f"{k} {counted[k]:g}" for k in keys if k in counted) if counted else "-")
         fits.append([f"`{label}`", *cells])
     s = run["settings"]
     fixed_axes = ", ".join(f"{AXES[k]} {s[k]:g}" for k in ("size", "tensors", "ranks") if k != axis)
@@ -294,6 +299,16 @@ def run_sweep(args: argparse.Namespace) -> int:
             point = _point(args.axis, value, args)
             print(f"sweep: {args.axis} {value:g}", flush=True)
             run["points"].append(measure_point(peers, point, args.rounds, tmp / f"p{value:g}"))
+        if not args.no_count:
+            first = run["points"][0]
+            run["counted_at"] = first["value"]
+            try:
+                run["counted"] = {
+                    p.label: count_saves(p.side(), first["size_mib"], first["tensors"], tmp / f"count-{p.label}")
+                    for p in peers
+                }
+            except GateError as exc:
+                run["counted_note"] = str(exc)
     run["load"] = {"start": list(load), "end": list(os.getloadavg())}
     args.out.write_text(json.dumps(run, indent=1) + "\n")
     print(table(run), end="")
@@ -313,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--tensors", type=int, default=16)
     r.add_argument("--ranks", type=int, default=1)
     r.add_argument("--rounds", type=int, default=5)
+    r.add_argument("--no-count", action="store_true", help="skip the counted costs (strace, one rank)")
     r.add_argument("--out", type=Path, required=True)
     t = sub.add_parser("table", help="the tables of stored sweeps (no torch)")
     t.add_argument("runs", nargs="*", type=Path)

@@ -74,3 +74,12 @@ def test_other_ranks_wait_is_their_slowest_and_a_wrong_snapshot_shows():
     text = table(run)
     assert "| 800 |" in text
     assert "**NO**" in text
+
+
+def test_each_peers_counted_costs_go_beside_its_growth():
+    run = _run("size", {64: 0.1, 256: 0.4})
+    run["counted_at"] = 64
+    run["counted"] = {"impl": {"fsync": 4.0, "rename": 2.0, "write": 53.0, "files": 2}}
+    text = table(run)
+    assert "counted per save at 64" in text
+    assert "fsync 4, rename 2, write 53, files 2" in text
