@@ -202,6 +202,7 @@ def table(run: dict) -> str:
         keys = ("fsync", "rename", "mkdir", "unlink", "write", "files")
         cells.append(", ".join(f"{k} {counted[k]:g}" for k in keys if k in counted) if counted else "-")
         fits.append([f"`{label}`", *cells])
+    counted_head = f"counted per save at {run['counted_at']:g}" if "counted_at" in run else "counted per save"
     s = run["settings"]
     fixed_axes = ", ".join(f"{AXES[k]} {s[k]:g}" for k in ("size", "tensors", "ranks") if k != axis)
     m = run["machine"]
@@ -231,7 +232,15 @@ def table(run: dict) -> str:
                 ),
                 "",
                 *md_table(
-                    ["peer", "stall growth", "last step's log-log slope", "committed growth", "last step's slope"], fits
+                    [
+                        "peer",
+                        "stall growth",
+                        "last step's log-log slope",
+                        "committed growth",
+                        "last step's slope",
+                        counted_head,
+                    ],
+                    fits,
                 ),
             ]
         )
