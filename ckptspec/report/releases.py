@@ -34,6 +34,7 @@ __all__ = [
     "by_name",
     "find",
     "full_suite",
+    "manager_only",
     "newest",
     "protocol_only",
     "with_manager",
@@ -97,6 +98,7 @@ class Release:
 _FULL = tuple(area for area in ALL_AREAS if area != "manager")  # Megatron-Core's async queue ships no manager
 _FULL_AND_MANAGER = ALL_AREAS  # NVRx: its LocalCheckpointManager is judged as a manager too
 _WITH_MANAGER = (*PROTOCOL_AREAS, "manager")  # the libraries whose checkpoint manager is judged too
+_MANAGER_ONLY = ("manager",)  # a checkpoint manager without a save of its own to judge (the transformers Trainer)
 _NVRX_070_WHEEL = ("--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_39_x86_64")
 
 
@@ -140,6 +142,14 @@ RELEASES: tuple[Release, ...] = (
     Release("torchtitan", "0.3.0", "3.11", "torchtitan", _WITH_MANAGER, False),
     Release("lightning", "2.6.6", "3.11", "pytorch-lightning", _WITH_MANAGER, False),
     Release("lightning", "2.5.3", "3.11", "pytorch-lightning", _WITH_MANAGER, False),
+    # Issue 63's libraries, each as a user runs it by default and, where that is another target, in the
+    # asynchronous configuration its documents recommend (a target per configuration, as for DCP). CPU runs only.
+    Release("deepspeed", "0.19.8", "3.11", "deepspeed", _WITH_MANAGER, False),
+    Release("deepspeed-decoupled", "0.19.8", "3.11", "deepspeed", _WITH_MANAGER, False),
+    Release("olmo-core", "3.0.0", "3.11", "ai2-olmo-core", PROTOCOL_AREAS, False),
+    Release("transformers", "5.23.0", "3.11", "transformers", _MANAGER_ONLY, False),
+    Release("torch-checkpointing", "0.1.1", "3.11", "torch-checkpointing", PROTOCOL_AREAS, False),
+    Release("torch-checkpointing-buffered", "0.1.1", "3.11", "torch-checkpointing", PROTOCOL_AREAS, False),
 )
 
 
@@ -153,8 +163,14 @@ def full_suite() -> list[Release]:
 
 
 def protocol_only() -> list[Release]:
-    """The releases judged through the adapter contract only (protocol, faults, and a manager where they ship one)."""
-    return [r for r in RELEASES if "async_ckpt" not in r.areas]
+    """The releases judged through the adapter contract only on the protocol area (protocol, faults, and a manager
+    where they ship one)."""
+    return [r for r in RELEASES if "async_ckpt" not in r.areas and "protocol" in r.areas]
+
+
+def manager_only() -> list[Release]:
+    """The releases judged on the manager area alone (a manager whose saves are not judged as saves)."""
+    return [r for r in RELEASES if r.areas == _MANAGER_ONLY]
 
 
 def with_manager() -> list[Release]:
