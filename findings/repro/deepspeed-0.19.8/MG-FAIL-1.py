@@ -31,6 +31,11 @@ import socket
 import sys
 import tempfile
 import warnings
+from pathlib import Path
+
+# Run from findings/repro/deepspeed-decoupled-0.19.8/ (a link to this file), it judges the decoupled engine
+# (`{"checkpoint": {"writer": {"decoupled": true}}}`), whose commit writes `latest` the same way (engine.py:4978-4980).
+DECOUPLED = Path(__file__).parent.name.startswith("deepspeed-decoupled")
 
 
 def _engine(port: int):
@@ -48,8 +53,18 @@ def _engine(port: int):
 
     model = torch.nn.Linear(2, 2)
     config = {"train_batch_size": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+    if DECOUPLED:  # the decoupled engine, its python writer on a machine without CUDA (the "fast" one needs one)
+        writer = {"decoupled": True, **({} if torch.cuda.is_available() else {"type": "python"})}
+        config["checkpoint"] = {"writer": writer}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return engine
+
+
+def _save(engine, save_dir: str, tag: str, step: int) -> None:
+    """save_checkpoint, then (decoupled engine) the commit engine.step() makes at its next boundary."""
+    engine.save_checkpoint(save_dir, tag=tag, client_state={"step": step})
+    if engine.checkpoint_engine.is_decoupled():
+        engine._commit_decoupled_checkpoint()
 
 
 class _FullDisk:
@@ -78,7 +93,7 @@ def _save_with_full_disk(save_dir: str, port: int) -> None:
     warnings.filterwarnings("ignore")
     engine = _engine(port)
     for step in (1, 2):
-        engine.save_checkpoint(save_dir, tag=f"global_step{step}", client_state={"step": step})
+        _save(engine, save_dir, f"global_step{step}", step)
     real_open = builtins.open
 
     def open_full(file, mode="r", *args, **kwargs):
@@ -89,7 +104,7 @@ def _save_with_full_disk(save_dir: str, port: int) -> None:
 
     builtins.open = open_full
     try:
-        engine.save_checkpoint(save_dir, tag="global_step3", client_state={"step": 3})
+        _save(engine, save_dir, "global_step3", 3)
     except OSError as exc:
         print(f"save_checkpoint(global_step3) raised {type(exc).__name__}: {exc}", flush=True)
         os._exit(3)
