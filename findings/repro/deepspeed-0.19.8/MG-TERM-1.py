@@ -34,7 +34,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-# Run from findings/repro/deepspeed-decoupled-0.19.8/ (a link to this file), it judges the decoupled engine
+# Run from a directory findings/repro/deepspeed-decoupled-<release>/ (a link to this file), it judges the decoupled engine
 # (`{"checkpoint": {"writer": {"decoupled": true}}}`), whose commit writes `latest` the same way (engine.py:4978-4980).
 DECOUPLED = Path(__file__).parent.name.startswith("deepspeed-decoupled")
 
@@ -54,8 +54,13 @@ def _engine(port: int):
 
     model = torch.nn.Linear(2, 2)
     config = {"train_batch_size": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
-    if DECOUPLED:  # the decoupled engine, its python writer on a machine without CUDA (the "fast" one needs one)
-        writer = {"decoupled": True, **({} if torch.cuda.is_available() else {"type": "python"})}
+    if DECOUPLED:
+        # The decoupled engine; in a plain data-parallel job (no Megatron mpu) it needs "data_parallel" set
+        # (model_checkpointing/data_parallel_writer_factory.py:95 reads a dp_rank that UniversalParallelInfo lacks),
+        # and its python writer on a machine without CUDA (the default "fast" one pins memory).
+        writer = {"decoupled": True, "data_parallel": "replica"}
+        if not torch.cuda.is_available():
+            writer["type"] = "python"
         config["checkpoint"] = {"writer": writer}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     return engine

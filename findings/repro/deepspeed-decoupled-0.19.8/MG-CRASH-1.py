@@ -1,1 +1,0 @@
-../deepspeed-0.19.8/MG-CRASH-1.py
