@@ -6,7 +6,8 @@
 The blocks, the file each lives in, and their data: the conformance table, the protocol table and the fault matrix
 in `docs/results.md` (`conformance/all/*.json`, the stored runs of every target and release, ckptspec/spec and
 ckptspec/faults), the benchmark summaries in `docs/benchmarks.md` (`ckptspec/bench/results/*.json`, and the GPU runs'
-`conformance/gpu/<run>/bench/*.json`) and the mutation score
+`conformance/gpu/<run>/bench/*.json`), the paired comparisons and sweeps there (`ckptspec/bench/results/paired/`,
+`sweeps/`), the cost gate's detection runs in `docs/benchmarks-ci.md` (`ckptspec/bench/results/gate/`) and the mutation score
 in `docs/spec-design.md` (`mutation/results.json`), the GPU runs' tables in `docs/gpu.md` (`conformance/gpu/<run>/`), Findings at a glance in `README.md` (the stored
 runs, the clauses' `symptom`s and the usage rules of `findings/advice.toml`). Each block is made by its own module's command line
 (`--update FILE`), exactly as the docs tell a reader to run it (`python regenerate.py --commands` prints them).
@@ -26,6 +27,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ckptspec.bench import paired_summary, sweep
 from ckptspec.bench import summary as benchmark_summary
 from ckptspec.faults import matrix
 from ckptspec.report import findings, glance, releases, report, repro_reports
@@ -42,9 +44,15 @@ PROTOCOL_ONLY = [r.name for r in releases.protocol_only()]
 MANAGER_ONLY = [r.name for r in releases.manager_only()]  # in the manager table and every page, not the protocol's
 EVERY = RELEASES + PROTOCOL_ONLY + MANAGER_ONLY
 BENCHMARK_RUNS = ["cpu.json", *(f"cpu-{r.name}.json" for r in releases.benchmark_peers()), "goodput-cpu.json"]
+# The stored paired comparisons, the cost gate's detection runs and the sweeps (each directory's JSON files, by name).
+PAIRED_RUNS, GATE_RUNS, SWEEP_RUNS = (
+    sorted(str(p.relative_to(ROOT)) for p in (ROOT / "ckptspec/bench/results" / kind).glob("*.json"))
+    for kind in ("paired", "gate", "sweeps")
+)
 README = "README.md"
 RESULTS = "docs/results.md"
 BENCHMARKS = "docs/benchmarks.md"
+BENCHMARKS_CI = "docs/benchmarks-ci.md"
 DESIGN = "docs/spec-design.md"
 GPU = "docs/gpu.md"
 ADDING_A_TARGET = "docs/adding-a-target.md"
@@ -94,6 +102,9 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
     ),
     "faults": (RESULTS, matrix.main, _runs(RELEASES + PROTOCOL_ONLY)),
     "benchmarks": (BENCHMARKS, benchmark_summary.main, [f"ckptspec/bench/results/{name}" for name in BENCHMARK_RUNS]),
+    "benchmarks-paired": (BENCHMARKS, paired_summary.main, [*PAIRED_RUNS, "--block", "paired"]),
+    "benchmarks-sweep": (BENCHMARKS, sweep.main, ["table", *SWEEP_RUNS, "--block", "sweep"]),
+    "benchmarks-gate": (BENCHMARKS_CI, paired_summary.main, [*GATE_RUNS, "--block", "gate"]),
     "mutation": (DESIGN, mutation_summary.main, []),
     "benchmarks-gpu": (BENCHMARKS, benchmark_summary.main, [*GPU_BENCHMARK_RUNS, "--block", "gpu"]),
     "gpu-results": (GPU, gpu_results.main, GPU_RUNS),

@@ -187,3 +187,36 @@ def test_every_maintainer_report_names_an_affected_release(report: Path):
     text = report.read_text()
     affected = text.split("## Affected releases", 1)[1].split("Known good:", 1)[0]
     assert re.search(r"(?m)^- \S", affected), f"{report}: its 'Affected releases' lists no release"
+
+
+def test_a_mechanism_shared_by_several_clauses_is_charged_once():
+    """A clause whose expectations reason says its failure is another clause's mechanism ("FI-STORAGE-1's
+    mechanism: ...") names a clause the same run charges and its findings page lists under Breaks; the page sends
+    the reader there rather than to a report of its own (one mechanism, one verdict, one report)."""
+    wrong, seen = [], 0
+    for label, run in RUNS.items():
+        path = FINDINGS / f"{page_name(run)}.md"
+        page = path.read_text() if path.exists() else ""
+        for cid in REGISTRY:
+            said = {m[1] for reason in findings.mechanisms(run, cid) if (m := re.match(r"^(\S+)'s mechanism:", reason))}
+            if not said:
+                continue
+            seen += 1
+            other = findings.shared_mechanism(run, cid)
+            if other is None or said != {other}:
+                wrong.append(
+                    f"{label} {cid}: its reasons name {sorted(said)}'s mechanism, which this run does not charge"
+                )
+                continue
+            if page and not (_section(page, other) or "").startswith("breaks "):
+                wrong.append(f"{label} {cid}: {other}, whose mechanism it shares, is not listed under Breaks")
+            if (
+                page
+                and f"its strict break is {other}'s mechanism"
+                not in page.split(f'id="clause-{cid.lower()}"', 1)[-1].split("\n", 1)[0]
+            ):
+                wrong.append(f"{label} {cid}: the findings page does not say it shares {other}'s mechanism")
+            if (REPO_ROOT / findings.report_path(run, cid)).exists():
+                wrong.append(f"{label} {cid}: a report of its own beside {other}'s")
+    assert seen, "no reason names another clause's mechanism: the check read nothing"
+    assert not wrong, "\n".join(wrong)

@@ -258,3 +258,18 @@ def test_a_test_asking_for_a_module_the_adapter_does_not_map_is_not_applicable(t
     assert run.output.count("not applicable: target 'partial_adapter' has no module for 'async_ckpt.core'") == 2, (
         run.describe()
     )
+
+
+def test_a_manager_without_a_retention_race_forces_no_order():
+    """The manager contract's retention_order: False by default (nothing races, the tests judge one order), and an
+    order outside RETENTION_ORDERS is refused rather than taken for one of them."""
+    from ckptspec.spec.harness.surface.manager_api import RETENTION_ORDERS, CheckpointManager
+
+    class _Plain(CheckpointManager):
+        save = wait = latest = resume = load = location = steps = close = None  # type: ignore[assignment]
+
+    _Plain.__abstractmethods__ = frozenset()
+    manager = _Plain()
+    assert [manager.retention_order(order) for order in RETENTION_ORDERS] == [False, False]
+    with pytest.raises(ValueError, match="unknown retention order 'later'"):
+        manager.retention_order("later")

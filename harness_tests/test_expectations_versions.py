@@ -96,6 +96,16 @@ def test_a_bad_versions_field_is_one_clear_error(tmp_path, extra, message):
     assert message in str(raised.value)
 
 
+@pytest.mark.parametrize("verdict", sorted(expectations.VERDICTS))
+def test_every_entry_verdict_loads_and_has_a_word(tmp_path, verdict):
+    """Each verdict an entry may carry (implied among them) loads, and the report has a word for it."""
+    from ckptspec.report import verdicts
+
+    text = f'[[xfail]]\ntest = "ckptspec/spec/a.py::t"\nclause = "AQ-1"\nreason = "r"\nverdict = "{verdict}"\n'
+    assert _load(tmp_path, text)[0].verdict == verdict
+    assert verdict in verdicts._ENTRY_VERDICTS
+
+
 def test_the_version_is_the_one_imported():
     """A target's version comes from the installed copy its modules are imported from; impl has none."""
     assert load_target("impl").version == "(source tree)"

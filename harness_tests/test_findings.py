@@ -139,3 +139,17 @@ def test_a_strict_break_is_shown_by_its_weak_levels_reproducer_when_the_release_
     assert findings.shown_by(run, "AQ-11w", registry) == (findings.repro_path(run, "AQ-11w"), "AQ-11w")
     impl = load_run(REPO_ROOT / "conformance" / "all" / "impl.json")
     assert findings.shown_by(impl, "AQ-11", registry) is None
+
+
+def test_a_release_s_unjudged_configuration_opens_its_findings_page():
+    """A release whose stored run leaves out a configuration its users run (releases.Release.unjudged: torchtitan's
+    async_with_pinned_mem) says so on its committed findings page, above the verdicts."""
+    from ckptspec.report import releases
+
+    listed = [r for r in releases.RELEASES if r.unjudged]
+    assert "torchtitan-0.3.0" in {r.name for r in listed}
+    for release in listed:
+        page = (REPO_ROOT / "docs" / "findings" / f"{release.name}.md").read_text()
+        line = f"**Not judged**: {release.unjudged}."
+        assert line in page, f"{release.name}: its findings page does not say what it leaves unjudged"
+        assert page.index(line) < page.index("## Breaks"), f"{release.name}: the unjudged line comes after the verdicts"

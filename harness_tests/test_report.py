@@ -389,3 +389,21 @@ def test_a_release_label_without_nox_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ReportError, match="nox is not installed"):
         runs.run_target("mcore-0.19.2", tmp_path / "x.json")
+
+
+@pytest.mark.parametrize(
+    ("label", "clause", "word"),
+    [
+        ("torchtitan 0.3.0", "TAC-5", "not applicable (no such module)"),  # async_ckpt: not the release's area
+        ("dcp-thread 2.15.0", "AQ-1", "not applicable (no such module)"),
+        ("torchtitan 0.3.0", "P-SNAP-1", "not covered"),  # protocol: its area, so a missing test is a gap
+        ("nvrx 0.7.0", "TAC-5", "not covered"),  # judged on async_ckpt: a missing test is a gap
+        ("mytarget 1.0", "TAC-5", "not covered"),  # not a listed release: nothing known of its areas
+    ],
+)
+def test_a_clause_outside_the_release_s_areas_is_not_applicable_even_when_unrecorded(label, clause, word):
+    """A stored run older than a clause of an NVRx area reads it as its tests would have run there: skipped for a
+    release not judged on that area (ckptspec.spec.harness.applicability), not "not covered"."""
+    registry = clause_registry.load()
+    run = runs.Run(label, registry, {})
+    assert report.clause_verdict(run, clause, registry).word == word

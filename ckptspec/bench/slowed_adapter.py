@@ -7,6 +7,8 @@ Each call of impl's protocol saver that the trainer waits for (`start`, `staged`
 long: after the real call, the adapter sleeps (FACTOR - 1) times what the call took. The stall and time-to-durable
 figures of the regression set grow by FACTOR, and the goodput loop by what those calls weigh in it; loading is
 unchanged (it reads the checkpoint without the saver). FACTOR is $CKPTSPEC_SLOWDOWN (default 1: impl as it is).
+$CKPTSPEC_EXTRA_FSYNCS=N (default 0) adds N fsyncs of the checkpoint's directory to each save's `wait`: a counted
+cost more, the paired gate's yardstick for counted figures.
 Only the protocol capability: the regression pass measures this adapter's saver and nothing else.
 """
 
@@ -26,6 +28,7 @@ MODULES: dict[str, str] = {}
 CAPABILITIES = frozenset({"protocol"})
 EXPECTATIONS = None
 SLOWDOWN_ENV = "CKPTSPEC_SLOWDOWN"
+EXTRA_FSYNCS_ENV = "CKPTSPEC_EXTRA_FSYNCS"
 
 T = TypeVar("T")
 
@@ -46,15 +49,31 @@ def slowed(call: Callable[[], T]) -> T:
     return result
 
 
+def extra_fsyncs() -> int:
+    """The fsyncs each save adds, from $CKPTSPEC_EXTRA_FSYNCS (ValueError below 0)."""
+    value = int(os.environ.get(EXTRA_FSYNCS_ENV) or 0)
+    if value < 0:
+        raise ValueError(f"${EXTRA_FSYNCS_ENV}={value}: a count of fsyncs is at least 0")
+    return value
+
+
 class _Handle(SaveHandle):
-    def __init__(self, inner: SaveHandle) -> None:
+    def __init__(self, inner: SaveHandle, path: str) -> None:
         self._inner = inner
+        self._path = path
 
     def staged(self) -> None:
         slowed(self._inner.staged)
 
     def wait(self) -> Any:
-        return slowed(self._inner.wait)
+        result = slowed(self._inner.wait)
+        for _ in range(extra_fsyncs()):
+            fd = os.open(self._path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return result
 
     def abort(self) -> None:
         self._inner.abort()
@@ -65,7 +84,7 @@ class SlowedSaver(Saver):
         self._inner = inner
 
     def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
-        return _Handle(slowed(lambda: self._inner.start(state_dict, path)))
+        return _Handle(slowed(lambda: self._inner.start(state_dict, path)), path)
 
     def close(self) -> None:
         self._inner.close()

@@ -52,6 +52,7 @@ __all__ = [
     "SEEDS",
     "SEVERITIES",
     "ClauseError",
+    "area_of",
     "check_levels",
     "discover",
     "linked_source",
@@ -216,6 +217,11 @@ def load(areas: tuple[str, ...] = AREAS) -> dict[str, dict[str, str]]:
             registry[entry["id"]] = {k: v for k, v in entry.items() if k != "id"}
     check_levels(registry)
     return registry
+
+
+def area_of(clause_id: str) -> str | None:
+    """The area whose file states `clause_id` (its file's stem: "async_ckpt", "protocol", ...), or None."""
+    return next((area for area in AREAS if clause_id in load((area,))), None)
 
 
 def weak_levels(registry: Mapping[str, Mapping[str, str]]) -> dict[str, str]:

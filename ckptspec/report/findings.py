@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ckptspec.report import advice, changes, provenance, verdicts
+from ckptspec.report import advice, changes, provenance, releases, verdicts
 from ckptspec.report import clauses as clause_registry
 from ckptspec.report.findings_html import to_html
 from ckptspec.report.report import clause_verdict
@@ -39,6 +39,7 @@ __all__ = [
     "reportable",
     "repro_path",
     "severity_rank",
+    "shared_mechanism",
     "tests_showing",
 ]
 
@@ -47,6 +48,8 @@ REPORTED_SEVERITIES = ("data-loss", "hang")  # the breaks that get a maintainer 
 REPRO_DIR = "findings/repro"
 _PREFIX = re.compile(r"^\[[^\]]*\]\s*")
 _NOT_STRICT = re.compile(r"\s*\(not strict: [^)]*\)$")
+# A reason that opens "FI-STORAGE-1's mechanism:" says its failure is that clause's mechanism, charged there.
+_SHARED = re.compile(r"^(?P<clause>[A-Z][A-Z0-9]*(?:-[A-Z0-9]+)+)'s mechanism:")
 
 
 def _anchored(clause_id: str) -> str:
@@ -61,6 +64,17 @@ def mechanisms(run: Run, clause_id: str) -> list[str]:
         if record.outcome in ("xfail", "xpass") and clause_id in record.charged
     )
     return list(dict.fromkeys(reason for reason in reasons if reason))
+
+
+def shared_mechanism(run: Run, clause_id: str) -> str | None:
+    """The clause whose mechanism every expectations entry charged with `clause_id` in `run` names as its own (each
+    reason opens "<CLAUSE>'s mechanism:"), where the run charges that clause too: one mechanism, one verdict and one
+    report, that clause's. None otherwise."""
+    named = {m["clause"] if (m := _SHARED.match(reason)) else "" for reason in mechanisms(run, clause_id)}
+    if len(named) != 1 or "" in named:
+        return None
+    (other,) = named
+    return str(other) if other != clause_id and tests_showing(run, other) else None
 
 
 def tests_showing(run: Run, clause_id: str) -> list[str]:
@@ -112,11 +126,13 @@ def reportable(
 ) -> bool:
     """Whether `run`'s break of a clause gets a maintainer report: a documented or implied clause (not a decision
     of this spec) of severity data-loss or hang that the run breaks, at its strict level at least (where the run
-    keeps the weak level, the strict promise is still broken), with a reproducer."""
+    keeps the weak level, the strict promise is still broken), with a reproducer, and whose mechanism is its own (not
+    another charged clause's: `shared_mechanism`)."""
     if verdict.word == verdicts.WEAK_ONLY:  # what its strict tests say, before the weak level is counted
         verdict = verdicts.judge(run.citing(clause_id), clause_id, {clause_id: clause})
     return (
-        verdict.broken
+        shared_mechanism(run, clause_id) is None
+        and verdict.broken
         and verdict.word != verdicts.BROKEN_WORDS["decision"]
         and _severity(run, clause_id, clause) in REPORTED_SEVERITIES
         and (root / repro_path(run, clause_id)).exists()
@@ -134,7 +150,7 @@ def _entry(
         f"### {cid} ({_severity(run, cid, clause)}): {verdict}",
         "",
         f"- **Clause**: {clause.get('statement', '')}",
-        f"- **Basis**: {verdicts.basis_of(clause)}; source: {clause_registry.markdown_source(str(clause.get('source', '')))}",
+        f"- **Basis**: {_basis(clause, verdict)}; source: {clause_registry.markdown_source(str(clause.get('source', '')))}",
     ]
     if clause.get("decision"):
         lines.append(f"- **Decision**: {clause['decision']}")
@@ -161,7 +177,11 @@ def _entry(
 def _report_links(
     run: Run, cid: str, registry: Mapping[str, Mapping[str, Any]], verdict: verdicts.Verdict, root: Path
 ) -> str:
-    """The reproducer and maintainer report of a clause the run keeps only at its weak level, where they exist."""
+    """The reproducer and maintainer report of a clause the run keeps only at its weak level, where they exist, or the
+    clause whose mechanism its strict break is, where it shares one."""
+    other = shared_mechanism(run, cid)
+    if other is not None:
+        return f"; its strict break is {other}'s mechanism, charged there ([{other}](#{clause_anchor(other)}))"
     if not reportable(run, cid, registry[cid], verdict, root):
         return ""
     repro, report = repro_path(run, cid), report_path(run, cid)
@@ -231,6 +251,7 @@ def page(
         *(f"- {provenance.describe(part)}" for part in run.provenance),
         *([] if run.provenance else ["- not recorded"]),
         "",
+        *_unjudged(run),
         *_what_to_do(run, registry, rules, root),
         *(changes.section(previous, run, registry, clause_verdict) if previous is not None else []),
         f"## Breaks: documented and implied clauses ({len(broken)})",
@@ -268,6 +289,21 @@ def page(
         *clause_registry.seeds_key_markdown(),
     ]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _basis(clause: Mapping[str, Any], verdict: verdicts.Verdict) -> str:
+    """The clause's basis, and the one its verdict on this release says where an expectations entry judged it
+    otherwise (verdict "implied" on a documented clause: the release's own code or messages imply it)."""
+    basis = verdicts.basis_of(clause)
+    said = next((b for b, word in verdicts.BROKEN_WORDS.items() if word == verdict.word), basis)
+    return basis if said == basis else f"{basis} in its source; {said} for this release (its expectations entry)"
+
+
+def _unjudged(run: Run) -> list[str]:
+    """The line saying which configuration of the release the run does not speak for (releases.Release.unjudged)."""
+    target, _, version = run.label.partition(" ")
+    release = releases.find(target, version)
+    return [f"**Not judged**: {release.unjudged}.", ""] if release is not None and release.unjudged else []
 
 
 def _severity(run: Run, cid: str, clause: Mapping[str, Any]) -> str:

@@ -33,6 +33,7 @@ SEVERITIES = findings.SEVERITIES
 FINDINGS_DIR = "docs/findings"
 _BREAKS = (verdicts.BROKEN_WORDS["documented"], verdicts.BROKEN_WORDS["implied"])
 _STRICTER = verdicts.BROKEN_WORDS["decision"]
+_BASIS_OF_WORD = {word: basis for basis, word in verdicts.BROKEN_WORDS.items()}
 
 
 def symptom(clause: Mapping[str, Any]) -> str:
@@ -108,7 +109,7 @@ def _library(
             _severity(broken_on[cid], cid, registry[cid]),
             symptom(registry[cid]),
             cid,
-            verdicts.basis_of(registry[cid]),
+            _basis(cid, registry[cid], [judged[run.label][cid] for run in broken_on[cid]]),
             ", ".join(_release_cell(run, judged[run.label][cid]) for run in broken_on[cid]),
             repro,
         ]
@@ -131,6 +132,13 @@ def _library(
     if not any(on for _, on in applying):
         lines.append("- nothing beyond the library's own documentation.")
     return [*lines, ""]
+
+
+def _basis(cid: str, clause: Mapping[str, Any], judged: Sequence[verdicts.Verdict]) -> str:
+    """The basis the releases' verdicts say (an expectations entry may judge a documented clause as an implied rule
+    for its target, verdict "implied"), else the clause's."""
+    said = {_BASIS_OF_WORD.get(v.word, verdicts.basis_of(clause)) for v in judged}
+    return ", ".join(sorted(said)) if said else verdicts.basis_of(clause)
 
 
 def _listed(verdict: verdicts.Verdict, clause: Mapping[str, Any]) -> bool:

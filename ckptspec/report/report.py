@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptspec.report import clauses as clause_registry
-from ckptspec.report import results_page, verdicts
+from ckptspec.report import releases, results_page, verdicts
 from ckptspec.report.blocks import markers, write_block
 from ckptspec.report.runs import Run, cli, load_run, run_parser, run_target
 
@@ -75,10 +75,23 @@ def _rows(runs: Sequence[Run], registry: Mapping[str, Mapping[str, Any]]) -> dic
     return rows
 
 
+def _outside_the_release(run: Run, clause_id: str) -> bool:
+    """Whether the clause belongs to an area written against NVRx's module paths that `run`'s release is not judged
+    on (releases.Release.areas): every test of it skips there as "no such module" (ckptspec.spec.harness.applicability),
+    so a clause newer than the stored run is not applicable rather than not covered."""
+    target, _, version = run.label.partition(" ")
+    release = releases.find(target, version)
+    area = clause_registry.area_of(clause_id)
+    return release is not None and area in releases.NVRX_AREAS and area not in release.areas
+
+
 def clause_verdict(run: Run, clause_id: str, registry: Mapping[str, Mapping[str, Any]]) -> verdicts.Verdict:
-    """The verdict of `run` on a clause, with the level reached where the clause has a weak level."""
+    """The verdict of `run` on a clause, with the level reached where the clause has a weak level; a clause no test
+    of the run cites, in an NVRx area its release is not judged on, is "not applicable (no such module)"."""
     cpu = run.tensor_device == "cpu"
     verdict = verdicts.judge(run.citing(clause_id), clause_id, registry, cpu)
+    if verdict.word == verdicts.NOT_COVERED and _outside_the_release(run, clause_id):
+        return verdicts.Verdict(verdicts.NO_MODULE)
     weak = clause_registry.weak_levels(registry).get(clause_id)
     if weak is None:
         return verdict

@@ -60,7 +60,7 @@ class Record(NamedTuple):
     outcome: str
     cited: frozenset[str]
     charged: frozenset[str] = frozenset()  # the clauses its expectations entry names (xfail / xpass only)
-    verdict: str | None = None  # the entry's verdict ("api-changed", "documented-otherwise", "decision") or None
+    verdict: str | None = None  # the entry's verdict (expectations.VERDICTS) or None
     intermittent: str | None = None  # the entry's "failed k of n runs", for a non-strict entry
     message: str = ""
     severity: str | None = None  # the entry's severity for this target, where it differs from the clause's

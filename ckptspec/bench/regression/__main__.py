@@ -4,6 +4,10 @@
                                          [--threads 1] [-- PYTEST_ARGS]
     python -m ckptspec.bench.regression compare BASELINE [--threshold 3] [--history runs.jsonl] [--commit SHA] [--run RUN.json]
                                                      [--action-json FILE] [--summary FILE] [--keep-run FILE]
+    python -m ckptspec.bench.regression compare --against REF [--impl ADAPTER] [--baseline-impl ADAPTER] [--repo DIR]
+                                                     [--pairs 20] [--size-mib 32] [--tensors 64] [--threshold 1.1]
+                                                     [--baseline-env N=V] [--current-env N=V] [--no-count]
+                                                     [--json-out FILE] [--summary FILE]
     python -m ckptspec.bench.regression trend HISTORY --out trend.png
     python -m ckptspec.bench.regression scale BASELINE FACTOR --out PATH
 
@@ -12,6 +16,11 @@ ckptspec/bench/adapter_peer.py) instead of impl's `dcp:impl`; the baseline keeps
 `--action-json` writes github-action-benchmark's customSmallerIsBetter JSON of the gated figures, `--summary`
 appends the Markdown verdict to FILE (in Actions: "$GITHUB_STEP_SUMMARY"), `--keep-run` keeps the run's
 pytest-benchmark JSON (ckptspec/bench/regression/export.py).
+
+`compare --against REF` is the paired gate (ckptspec/bench/regression/paired_gate.py): the baseline's saver (REF: a
+commit of --repo, default this checkout, or the path of a Python interpreter whose environment holds the baseline
+release) and the current one measured in the same job, interleaved, each ratio with its 90% interval, and the
+counted costs (system calls, files, bytes) compared exactly; no baseline file.
 
 Exit status: 0 passed; 1 a gated figure regressed or is missing, or the regression set itself failed;
 2 the baseline, history or threshold cannot be used (one line on stderr saying why).
@@ -26,10 +35,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ckptspec.bench import sides
 from ckptspec.bench.regression import baseline as baselines
 from ckptspec.bench.regression import compare as comparing
-from ckptspec.bench.regression import export, history
-from ckptspec.bench.regression.measure import Settings, figures_of, run_set, source_of
+from ckptspec.bench.regression import export, history, paired_gate
+from ckptspec.bench.regression.measure import ROOT, Settings, figures_of, run_set, source_of
 
 PROG = "ckptspec.bench.regression"
 UNUSABLE, FAILED = 2, 1
@@ -70,6 +80,12 @@ def record(args) -> int:
 
 
 def compare(args) -> int:
+    if args.against is not None:
+        if args.baseline is not None:
+            return _fail("give either a BASELINE file or --against REF, not both")
+        return compare_paired(args)
+    if args.baseline is None:
+        return _fail("compare needs a BASELINE file (from `record`) or --against REF (a commit or an interpreter)")
     try:
         threshold = comparing.threshold_from(args.threshold)
         base = baselines.load(args.baseline)
@@ -89,6 +105,58 @@ def compare(args) -> int:
         if args.keep_run is not None:
             shutil.copyfile(json_path, args.keep_run)
         return _verdict(args, base, json.loads(json_path.read_text()), threshold)
+
+
+def compare_paired(args) -> int:
+    try:
+        threshold = float(args.threshold) if args.threshold is not None else paired_gate.DEFAULT_THRESHOLD
+    except ValueError:
+        return _fail(f"threshold {args.threshold!r} is not a number (a factor such as 1.1)")
+    if not threshold > 1 or args.pairs < 2 or args.tensors < 1 or not args.size_mib > 0:
+        return _fail("--threshold must be above 1, --pairs at least 2, --tensors at least 1, --size-mib above 0")
+    impl = args.impl or "impl"
+    try:
+        envs = [_assignments(args.baseline_env), _assignments(args.current_env)]
+    except ValueError as exc:
+        return _fail(str(exc))
+    with sides.scratch_dir() as tmp:
+        try:
+            base = sides.side_spec("A", args.against, args.baseline_impl or impl, args.repo, tmp, envs[0])
+            current = sides.side_spec("B", None, impl, args.repo, tmp, envs[1])
+            result = paired_gate.measure(base, current, args.pairs, args.size_mib, args.tensors, tmp / "timed")
+            if args.no_count:
+                result.counted_note = "counted costs not measured (--no-count)"
+            else:
+                try:
+                    result.counted = {
+                        key: sides.count_saves(spec, args.size_mib, args.tensors, tmp / f"count-{key}")
+                        for key, spec in (("A", base), ("B", current))
+                    }
+                except sides.GateError as exc:
+                    if "strace" not in str(exc):
+                        raise
+                    result.counted_note = str(exc)
+        except sides.GateError as exc:
+            return _fail(str(exc), FAILED)
+    result.threshold = threshold
+    result.passed = paired_gate.verdict(result, threshold)[0]
+    text = paired_gate.render(result, threshold)
+    print(text, end="")
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(result.as_dict(), indent=1) + "\n")
+    if args.summary is not None:
+        with args.summary.open("a") as sink:
+            sink.write("\n" + text)
+    passed, line = paired_gate.verdict(result, threshold)
+    print(f"{PROG}: {line}")
+    return 0 if passed else FAILED
+
+
+def _assignments(pairs: list[str]) -> dict[str, str]:
+    bad = [p for p in pairs if "=" not in p or not p.split("=", 1)[0]]
+    if bad:
+        raise ValueError(f"--baseline-env/--current-env take NAME=VALUE, not {bad[0]!r}")
+    return dict(p.split("=", 1) for p in pairs)
 
 
 def _verdict(args, base: baselines.Baseline, run: dict, threshold: float) -> int:
@@ -161,12 +229,33 @@ def parser() -> argparse.ArgumentParser:
     rec.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments, kept in the baseline")
     rec.set_defaults(func=record)
 
-    cmp_ = sub.add_parser("compare", help="run the regression set once (as the baseline ran it) and compare")
-    cmp_.add_argument("baseline", type=Path, help="the baseline file (from `record`)")
+    cmp_ = sub.add_parser(
+        "compare", help="run the regression set once and compare with a baseline file, or (--against) the paired gate"
+    )
+    cmp_.add_argument("baseline", type=Path, nargs="?", help="the baseline file (from `record`)")
     cmp_.add_argument(
         "--threshold",
-        help=f"fail above this factor of the baseline (default: ${comparing.THRESHOLD_ENV}, else {comparing.DEFAULT_THRESHOLD:g})",
+        help=f"fail above this factor of the baseline (default: ${comparing.THRESHOLD_ENV}, else "
+        f"{comparing.DEFAULT_THRESHOLD:g}; with --against: when the whole 90%% interval lies above it, default "
+        f"{paired_gate.DEFAULT_THRESHOLD:g})",
     )
+    cmp_.add_argument(
+        "--against", help="paired gate: the baseline is this commit of --repo, or this Python interpreter's install"
+    )
+    cmp_.add_argument("--impl", help="with --against: the adapter measured (default: impl)")
+    cmp_.add_argument("--baseline-impl", help="with --against: the baseline side's adapter (default: --impl)")
+    cmp_.add_argument(
+        "--baseline-env", action="append", default=[], metavar="NAME=VALUE", help="with --against: for that side only"
+    )
+    cmp_.add_argument(
+        "--current-env", action="append", default=[], metavar="NAME=VALUE", help="with --against: for that side only"
+    )
+    cmp_.add_argument("--repo", type=Path, default=ROOT, help="with --against COMMIT: the git checkout (default: this)")
+    cmp_.add_argument("--pairs", type=int, default=20, help="with --against: interleaved pairs (default 20)")
+    cmp_.add_argument("--size-mib", type=float, default=32, help="with --against: state dict size (default 32)")
+    cmp_.add_argument("--tensors", type=int, default=64, help="with --against: tensors it holds (default 64)")
+    cmp_.add_argument("--no-count", action="store_true", help="with --against: skip the counted costs (strace)")
+    cmp_.add_argument("--json-out", type=Path, help="with --against: write every round and count as JSON here")
     cmp_.add_argument("--history", type=Path, help="append this run's figures to this JSON-lines file")
     cmp_.add_argument("--commit", help="the commit the history names (default: the git commit of this checkout)")
     cmp_.add_argument("--run", type=Path, help="compare this pytest-benchmark JSON instead of running the set")

@@ -39,7 +39,7 @@ import torch.multiprocessing  # registers torch's tensor reductions with Forking
 from ..utils import all_reduce, dist_ready
 from .process_reaping import kill_group, track_live, untrack_live
 from .request import AsyncRequest, raise_failure, run_guarded
-from .staging import Slab, SlabPool, map_tensors, stage
+from .staging import Slab, SlabPool, copy_in, lay_out, map_tensors
 from .worker import STARTED, persistent_worker, temporal_child
 
 __all__ = ["AsyncCaller", "PersistentAsyncCaller", "TemporalAsyncCaller"]
@@ -293,7 +293,7 @@ class PersistentAsyncCaller(AsyncCaller):
             self._results[idx] = None
             self._pending.append(idx)
             return
-        request, slab = stage(async_req, self._pool)
+        request, slab, layout = lay_out(async_req, self._pool)
         try:
             body = bytes(ForkingPickler.dumps(request))
         except Exception as exc:
@@ -306,7 +306,11 @@ class PersistentAsyncCaller(AsyncCaller):
         if slab is None:
             self._send((idx, wants_ack, body, None))
         else:
+            # Sent before the copies: the worker writes each tensor once it has landed (staging: landing), and
+            # this call still returns only once every copy is made, so the snapshot is the state at the call.
+            slab.set_progress(0)
             self._send((idx, wants_ack, body, slab.nbytes), slab.fd)
+            copy_in(slab, layout)  # a failed copy fails the request in the worker too
         if wants_ack:
             self._wait_for_preload(idx)
 

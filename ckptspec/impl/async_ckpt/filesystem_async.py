@@ -80,7 +80,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from ..integrity import ChecksumStream, crc32, open_new, seal
 from ..utils import dist_rank
-from .staging import copies_to_host
+from .staging import copies_to_host, wait_landed, waits_for_landing
 from .storage import Storage, storage_for
 
 __all__ = ["ChecksummedWriteResult", "FileSystemWriterAsync", "WriteBucket"]
@@ -323,6 +323,7 @@ class FileSystemWriterAsync(StorageWriter):
 # ------------------------------------------------------------------------------------- the write
 
 
+@waits_for_landing  # each tensor is written once its bytes have landed in the slab (staging)
 def _write_all(
     storage: Storage, rank: int, buckets: list[WriteBucket], results_path: str, checksums: bool = True
 ) -> None:
@@ -366,6 +367,7 @@ def _write_bucket(storage: Storage, bucket: WriteBucket, checksums: bool = True)
         for item, data in bytes_data:
             results.append(_write_item(stream, item, bucket.relative_path, data))
         for item, tensor in tensor_data:
+            wait_landed(tensor)  # written as soon as its copy is in, while the trainer copies the next
             results.append(_write_item(stream, item, bucket.relative_path, _compact(tensor)))
     return results
 

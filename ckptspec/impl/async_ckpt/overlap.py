@@ -10,7 +10,8 @@ Contract (an impl extension; NVRx's request and queue shapes are unchanged):
   first cloned on the device, at device bandwidth, and the device-to-host copy reads the clone.
 * ``wait_for_staging()`` is the staging signal: once it returns, the trainer may change every tensor of the
   requests scheduled so far. For CPU tensors it waits for the staging thread's copies; for CUDA tensors it makes
-  the trainer's current stream wait (on the device, the host does not block) for the copies, or for the clones.
+  the trainer's current stream wait (on the device, the host does not block, also when a request holds CUDA
+  tensors only) for the copies, or for the clones.
   Changing a tensor before it is a race: the checkpoint may hold the old or the new value of each element.
 * A request reaches the worker once its slab is complete, sent by the staging thread, in schedule order.
   A copy that fails fails its request (reported by the next completion check); nothing is sent for it.
@@ -18,7 +19,7 @@ Contract (an impl extension; NVRx's request and queue shapes are unchanged):
   argument staged with the rest; any other preload runs in the worker as ``PersistentAsyncCaller`` runs it, and
   scheduling waits for it.
 * Memory: each request in flight holds one slab of its tensors' bytes (each tensor 64-byte aligned); the pool
-  keeps finished requests' slabs for reuse until ``close``. With ``device_clone``, one device clone of the CUDA
+  keeps finished requests' slabs for reuse until ``close``, at most ``SlabPool.MAX_FREE`` of them (``staging``). With ``device_clone``, one device clone of the CUDA
   tensors per request, freed once its device-to-host copy is done.
 * ``close`` waits for the staging thread to send what it holds, then closes as ``PersistentAsyncCaller`` does;
   ``close(abort=True)`` lets the copy in progress end (bounded by memory bandwidth), copies and sends nothing more.
@@ -39,7 +40,7 @@ import torch
 from ..utils import picklable_error
 from .callers import PersistentAsyncCaller
 from .request import AsyncRequest
-from .staging import Slab, Staged, lay_out
+from .staging import LANDED_ALL, Slab, Staged, lay_out
 
 __all__ = ["OverlappedAsyncCaller"]
 
@@ -62,6 +63,10 @@ class _Staging:
     clones: list[torch.Tensor] = field(default_factory=list)
     cpu_copied: threading.Event = field(default_factory=threading.Event)
     copied: threading.Event = field(default_factory=threading.Event)  # no copy will touch the slab any more
+
+    def __post_init__(self) -> None:
+        if not self.cpu:  # nothing for the host to copy: the staging signal waits on the device only
+            self.cpu_copied.set()
 
 
 class OverlappedAsyncCaller(PersistentAsyncCaller):
@@ -181,6 +186,8 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
             with self._send_lock:
                 # Not sent if aborted, or already failed (a dead worker): its index is no longer in flight.
                 if not self._aborting and staging.idx in self._in_flight and self._process is not None:
+                    if staging.slab is not None:
+                        staging.slab.set_progress(LANDED_ALL)  # sent complete: the worker need not wait
                     self._send(staging.message, None if staging.slab is None else staging.slab.fd)
             staging.message = (staging.idx, False, b"", None)  # the pickled request is not needed any more
 
@@ -190,7 +197,7 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
                 assert staging.slab is not None  # every staged tensor has its place in the slab
                 staging.slab.write(place, t)
             staging.cpu.clear()  # drop the references to the trainer's tensors
-            staging.cpu_copied.set()
+        staging.cpu_copied.set()  # before the device-to-host copies end: the trainer's stream waits for those
         for event in staging.host_events:
             event.synchronize()
         staging.clones.clear()

@@ -10,13 +10,21 @@ Contract:
   placeholders back into tensors, each with its own storage over the shared pages (no copy) and the strides a
   ``clone`` of the original has, so ``torch.save`` writes what torch's ``FileSystemWriter`` writes for it.
 * ``lay_out`` is ``stage`` without the copies: the overlapped caller (``overlap``) makes them in the background.
+* Landing: the last 8 bytes of a slab (``PROGRESS_BYTES`` reserved past the tensors) count the bytes copied in
+  so far, in slab order; ``Slab.set_progress`` writes it after each copy (``LANDED_ALL`` once every copy is in,
+  ``COPY_FAILED`` if one failed). So ``PersistentAsyncCaller`` sends a request before copying its tensors, and the
+  worker writes each tensor once it has landed (``wait_landed``, called by a function marked
+  ``waits_for_landing``, impl's writer) while the trainer copies the next; a call not so marked starts once the
+  whole slab has landed (``wait_all_landed``). The copies are made and the counter stored by one thread, in
+  order; x86's store order makes a counter the worker reads imply the bytes below it.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-from collections import defaultdict
+import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +34,29 @@ import torch
 from ..utils import tree_map
 from .request import AsyncRequest
 
-__all__ = ["Slab", "SlabPool", "Staged", "copies_to_host", "lay_out", "map_slab", "map_tensors", "stage", "unstage"]
+__all__ = [
+    "COPY_FAILED",
+    "LANDED_ALL",
+    "PROGRESS_BYTES",
+    "Slab",
+    "SlabPool",
+    "Staged",
+    "copies_to_host",
+    "lay_out",
+    "map_slab",
+    "map_tensors",
+    "stage",
+    "unstage",
+    "wait_all_landed",
+    "wait_landed",
+    "waits_for_landing",
+]
+
+PROGRESS_BYTES = 64  # reserved at a slab's end; its last 8 bytes count the bytes landed (little-endian int64)
+LANDED_ALL = 1 << 62
+COPY_FAILED = -1
+LANDING_TIMEOUT_S = 300.0  # the trainer copies at memory bandwidth; a dead trainer ends the worker (lifeline)
+_PROGRESS = struct.Struct("<q")
 
 _ALIGN = 64  # byte alignment of each staged tensor inside a slab
 
@@ -75,8 +105,13 @@ class Slab:
         self.nbytes = nbytes
         self.fd = os.memfd_create("ckpt-staging", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, nbytes)
-        self.data = torch.frombuffer(mmap.mmap(self.fd, nbytes), dtype=torch.uint8)
+        self._pages = mmap.mmap(self.fd, nbytes)
+        self.data = torch.frombuffer(self._pages, dtype=torch.uint8)
         self.pinned = False
+
+    def set_progress(self, landed: int) -> None:
+        """Say how many bytes from the slab's start have landed (LANDED_ALL: all; COPY_FAILED: a copy failed)."""
+        _PROGRESS.pack_into(self._pages, self.nbytes - _PROGRESS.size, landed)
 
     def region(self, place: Staged) -> torch.Tensor:
         """The slab's bytes for `place`, seen as the staged tensor (its dtype, shape and clone strides)."""
@@ -100,23 +135,46 @@ class Slab:
 
 
 class SlabPool:
-    """Slabs keyed by byte size; a slab returns here when its request completes."""
+    """Free slabs kept for the next saves; a slab returns here when its request completes.
+
+    Bounded: at most MAX_FREE free slabs stay (the largest, when more are given back). `take(n)` reuses the
+    smallest free slab of n to REUSE_FACTOR x n bytes (its tail unused); when no free slab is large enough it first
+    frees those too small, so a state dict that grows or changes size leaves no slab per size behind. `clear` frees
+    them all (the caller's close).
+    """
+
+    MAX_FREE = 2
+    REUSE_FACTOR = 2
 
     def __init__(self) -> None:
-        self._free: dict[int, list[Slab]] = defaultdict(list)
+        self._free: list[Slab] = []
 
     def take(self, nbytes: int) -> Slab:
-        free = self._free[nbytes]
-        return free.pop() if free else Slab(nbytes)
+        fits = [s for s in self._free if nbytes <= s.nbytes <= self.REUSE_FACTOR * nbytes]
+        if fits:
+            slab = min(fits, key=lambda s: s.nbytes)
+            self._free.remove(slab)
+            return slab
+        for small in [s for s in self._free if s.nbytes < nbytes]:
+            self._free.remove(small)
+            small.close()
+        return Slab(nbytes)
 
     def give(self, slab: Slab | None) -> None:
-        if slab is not None:
-            self._free[slab.nbytes].append(slab)
+        if slab is None:
+            return
+        self._free.append(slab)
+        self._free.sort(key=lambda s: s.nbytes, reverse=True)
+        while len(self._free) > self.MAX_FREE:
+            self._free.pop().close()
+
+    def free_sizes(self) -> list[int]:
+        """The byte sizes of the free slabs, largest first."""
+        return [s.nbytes for s in self._free]
 
     def clear(self) -> None:
-        for slabs in self._free.values():
-            for slab in slabs:
-                slab.close()
+        for slab in self._free:
+            slab.close()
         self._free.clear()
 
 
@@ -149,20 +207,32 @@ def lay_out(
             args[1] = None
     kwargs = dict(req.async_fn_kwargs or {})
     (args, kwargs), layout, size = _stage_layout((tuple(args), kwargs))
-    slab = pool.take(size) if size else None  # else the layout is empty: every staged tensor adds to size
+    slab = pool.take(size + PROGRESS_BYTES) if size else None  # else empty: every staged tensor adds to size
     return req._replace(async_fn_args=args, async_fn_kwargs=kwargs, preload_fn=preload_fn), slab, layout
 
 
 def stage(req: AsyncRequest, pool: SlabPool) -> tuple[AsyncRequest, Slab | None]:
-    """Copy the request's tensors into a slab from ``pool`` (``lay_out``, then the copies); return the request to
+    """Copy the request's tensors into a slab from ``pool`` (``lay_out``, then ``copy_in``); return the request to
     send and its slab."""
     request, slab, layout = lay_out(req, pool)
     if slab is not None:
-        if any(t.is_cuda for t, _ in layout):
-            slab.pin()
+        copy_in(slab, layout)
+    return request, slab
+
+
+def copy_in(slab: Slab, layout: list[tuple[torch.Tensor, Staged]]) -> None:
+    """Copy each tensor to its place, in slab order, counting the bytes landed after each (``set_progress``);
+    a failed copy sets COPY_FAILED and raises."""
+    if any(t.is_cuda for t, _ in layout):
+        slab.pin()
+    try:
         for t, place in layout:
             slab.write(place, t)
-    return request, slab
+            slab.set_progress(place.offset + place.numel * place.dtype.itemsize)
+    except BaseException:
+        slab.set_progress(COPY_FAILED)
+        raise
+    slab.set_progress(LANDED_ALL)
 
 
 def _stage_layout(obj: Any) -> tuple[Any, list[tuple[torch.Tensor, Staged]], int]:
@@ -186,20 +256,72 @@ def _stage_layout(obj: Any) -> tuple[Any, list[tuple[torch.Tensor, Staged]], int
 
 
 _WORKER_SLAB_MAPS: dict[tuple[int, int, int], mmap.mmap] = {}
+_WORKER_MAPS_KEPT = 4  # SlabPool.MAX_FREE plus the requests in flight at once, with room to spare
 
 
 def map_slab(fd: int, nbytes: int) -> mmap.mmap:
     """Worker side: the mapping of the slab behind ``fd``, made once per slab.
 
     A fresh mapping would fault every page again inside the writer's ``write()`` calls (about 0.3 s per
-    GiB, measured). Keeping it costs no memory: the pages are the slab's, which the trainer's pool keeps
-    for the caller's lifetime anyway, and a mapped memfd keeps its inode, so the key is never reused.
+    GiB, measured). A mapping keeps its slab's pages alive after the trainer's pool frees the slab, so only the
+    _WORKER_MAPS_KEPT most recently used are kept (an evicted one is unmapped once no tensor uses it); a mapped memfd
+    keeps its inode, so a key is never reused while its mapping is kept.
     """
     st = os.fstat(fd)
     key = (st.st_dev, st.st_ino, nbytes)
-    if key not in _WORKER_SLAB_MAPS:
-        _WORKER_SLAB_MAPS[key] = mmap.mmap(fd, nbytes)
-    return _WORKER_SLAB_MAPS[key]
+    pages = _WORKER_SLAB_MAPS.pop(key, None) or mmap.mmap(fd, nbytes)
+    _WORKER_SLAB_MAPS[key] = pages  # most recently used last
+    _LANDING[torch.frombuffer(pages, dtype=torch.uint8, count=1).data_ptr()] = (pages, nbytes)
+    while len(_WORKER_SLAB_MAPS) > _WORKER_MAPS_KEPT:
+        evicted = _WORKER_SLAB_MAPS.pop(next(iter(_WORKER_SLAB_MAPS)))
+        for base, (mapped, _) in list(_LANDING.items()):
+            if mapped is evicted:
+                del _LANDING[base]
+    return pages
+
+
+_LANDING: dict[int, tuple[mmap.mmap, int]] = {}  # worker side: a kept mapping's address -> (mapping, its size)
+
+
+def waits_for_landing(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark an ``async_fn`` that calls ``wait_landed`` on each tensor before reading it: the worker runs it as soon
+    as the request arrives, while the trainer still copies (module docstring)."""
+    fn._waits_for_landing = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _marked_waits(fn: Callable[..., Any]) -> bool:
+    return bool(getattr(getattr(fn, "func", fn), "_waits_for_landing", False))
+
+
+def wait_landed(t: torch.Tensor, timeout: float = LANDING_TIMEOUT_S) -> None:
+    """Worker side: return once the bytes of ``t`` have landed in its slab (at once for a tensor in no slab);
+    RuntimeError if the trainer's copy failed, TimeoutError after ``timeout`` seconds without them."""
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    found = next(((b, p, n) for b, (p, n) in _LANDING.items() if b <= start < b + n), None)
+    if found is None:
+        return
+    base, pages, nbytes = found
+    need = start + storage.nbytes() - base
+    deadline, delay = time.monotonic() + timeout, 1e-5
+    while True:
+        (landed,) = _PROGRESS.unpack_from(pages, nbytes - _PROGRESS.size)
+        if landed == COPY_FAILED:
+            raise RuntimeError("the trainer's copy of the snapshot into the staging slab failed")
+        if landed >= need:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the snapshot's bytes did not land in the staging slab within {timeout:g} s")
+        time.sleep(delay)
+        delay = min(2 * delay, 1e-3)
+
+
+def wait_all_landed(fn: Callable[..., Any], args: Any) -> None:
+    """Worker side, before ``fn(*args...)``: unless ``fn`` is marked ``waits_for_landing``, wait for every tensor
+    reachable in ``args`` (``wait_landed``)."""
+    if not _marked_waits(fn):
+        map_tensors(wait_landed, args)
 
 
 def unstage(request: AsyncRequest, slab_ref: tuple[int, int] | None) -> AsyncRequest:

@@ -31,7 +31,7 @@ from typing import Any
 import torch.multiprocessing  # noqa: F401  (torch's tensor reductions, for what the worker sends back)
 
 from .request import AsyncRequest, run_guarded
-from .staging import unstage
+from .staging import unstage, wait_all_landed
 
 __all__ = ["STARTED", "persistent_worker", "temporal_child"]
 
@@ -140,6 +140,9 @@ def _serve_request(
         conn.send(("preloaded", idx, err))
     if request is not None and err is None:
         assert request.async_fn is not None  # the caller sends only requests with a call
+        _, err = run_guarded(wait_all_landed, request.async_fn, (args, request.async_fn_kwargs))
+    if request is not None and err is None:
+        assert request.async_fn is not None
         _, err = run_guarded(request.async_fn, *args, **(request.async_fn_kwargs or {}))
     conn.send(("done", idx, err))
     logger.debug("Checkpoint call %d finished (error: %r)", idx, err)

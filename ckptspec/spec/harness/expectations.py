@@ -23,7 +23,10 @@ The file (named by the adapter's EXPECTATIONS) is TOML:
                                                  reason quotes them) or "decision" (this target's documents
                                                  do not promise what the clause asks in this run, e.g. a
                                                  snapshot of CPU tensors where staging is promised for GPU
-                                                 tensors only: the clause is the spec's decision here)
+                                                 tensors only: the clause is the spec's decision here) or
+                                                 "implied" (this target's documents do not state what the
+                                                 clause's documented source promises, and its own code or
+                                                 messages imply it: the reason quotes them)
     versions = "<0.5"                            optional: only for these releases of the target (a
                                                  `packaging` specifier set, matched against the version
                                                  actually imported; an entry without it applies to all)
@@ -88,7 +91,7 @@ __all__ = [
 ]
 
 # An entry's `verdict`: what its failure means when it is not the target breaking the clause.
-VERDICTS = frozenset({"api-changed", "documented-otherwise", "decision"})
+VERDICTS = frozenset({"api-changed", "documented-otherwise", "decision", "implied"})
 _REQUIRED = {"test", "clause", "reason"}
 _OPTIONAL = {"versions", "level", "intermittent", "raises", "match", "verdict", "tensor_device", "severity"}
 

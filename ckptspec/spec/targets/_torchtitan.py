@@ -30,9 +30,13 @@ layer does: `TitanManager` (below) uses torchtitan's own `step-<N>` directories,
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from ckptspec.spec.harness.surface.manager_api import CheckpointManager
@@ -43,6 +47,8 @@ INSTALL = 'pip install "torch==2.13.0" -e ".[test,torchtitan]"'
 MODULES: dict[str, str] = {}
 PACKAGES = ("torchtitan",)
 CAPABILITIES = frozenset({"protocol", "manager", "manager_retention", "manager_ranks"})
+# How long one side of a forced order waits for the other (a save whose writer never creates its folder).
+_HOLD = 30.0
 
 
 class _Counter:
@@ -123,7 +129,10 @@ class TitanManager(CheckpointManager):
     - latest(): `_find_load_step()` (-1 is None), what `load(step=-1)` loads; resume(template): that step, then
       `load(step=-1)` into `template`'s keys; load(step, template): `load(step)`.
     - keep=1 is refused by torchtitan's config (ValueError: 'We need to maintain at least 2 checkpoint replicas').
+    - retention_order(order): torchtitan's retention races with the write (see `_ordered`); each order is forced.
     """
+
+    order: str | None = None  # the forced retention order (RETENTION_ORDERS), None: the race as it falls
 
     def __init__(self, root: str, keep: int):
         import torch
@@ -150,7 +159,16 @@ class TitanManager(CheckpointManager):
 
     def save(self, step: int, state_dict: dict[str, Any]) -> None:
         self._use(state_dict)
-        self.manager.save(step)
+        if self.order is None:
+            self.manager.save(step)
+            return
+        with _ordered(self.manager, self.location(step), self.order):
+            self.manager.save(step)
+
+    def retention_order(self, order: str) -> bool:
+        super().retention_order(order)
+        self.order = order
+        return True
 
     def wait(self) -> None:
         self.manager.maybe_wait_for_saving()
@@ -187,3 +205,50 @@ class TitanManager(CheckpointManager):
             self.manager.maybe_wait_for_saving()
         finally:
             self.manager.close()  # joins the purge thread, even after a failed save (which wait re-raises)
+
+
+@contextlib.contextmanager
+def _ordered(manager: Any, location: str, order: str) -> Iterator[None]:
+    """One save() of torchtitan's `manager` with its retention forced to list the `step-<N>` folders before
+    ("retention-first") or after ("location-first") the save's writer created `location`, the new step's folder.
+
+    The race, in torchtitan 0.3.0 and torch 2.13: `_save()` (torchtitan/components/checkpointer/dcp.py:446-456)
+    hands the write to `dcp.async_save`, whose executor thread plans it and creates the folder
+    (`FileSystemWriter.prepare_local_plan`, torch/distributed/checkpoint/filesystem.py:652); meanwhile the trainer's
+    thread runs a garbage collection and then `_purge_stale_checkpoints()` (dcp.py:466), which lists the folders
+    (dcp.py:829-837) and queues all but the newest k for deletion: the new folder counts only if it is already there.
+    Forced by holding one side, nothing else changed: "retention-first" holds the writer's creation of `location`
+    until the purge has listed; "location-first" holds the purge until `location` exists (or the save ended
+    without it). Either hold gives up after _HOLD seconds."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    listed = threading.Event()
+    purge, mkdir = manager._purge_stale_checkpoints, FileSystem.mkdir
+    target = os.path.abspath(location)
+
+    def held_mkdir(fs: FileSystem, path: str | os.PathLike[Any]) -> None:
+        if order == "retention-first" and os.path.abspath(path) == target:
+            listed.wait(_HOLD)
+        mkdir(fs, path)
+
+    def ordered_purge() -> None:
+        if order == "location-first":
+            deadline = time.monotonic() + _HOLD
+            future = manager.save_future
+            while not os.path.isdir(target) and time.monotonic() < deadline:
+                if future is not None and future.done():
+                    break
+                time.sleep(0.005)
+        try:
+            purge()
+        finally:
+            listed.set()
+
+    manager._purge_stale_checkpoints = ordered_purge
+    FileSystem.mkdir = held_mkdir  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        listed.set()
+        FileSystem.mkdir = mkdir  # type: ignore[method-assign]
+        del manager._purge_stale_checkpoints

@@ -20,6 +20,9 @@ reference manager alike:
     manager.pointer              the path of the file naming the latest checkpoint, or None where resume scans
     manager.close()              waits for what is in flight (saves, retention), then ends every thread the manager
                                  started
+    manager.retention_order(o)   optional: where the manager's retention of a save races with that save's writer
+                                 creating the new checkpoint's location, force the order `o` for the saves that
+                                 follow (RETENTION_ORDERS); False (the default): nothing races, nothing forced
 
 latest() and resume() are called on a new manager over the same root (as a restarted job makes one): they must
 not rely on anything the saving manager kept in memory. Bounds are the caller's (asserts.bounded).
@@ -32,7 +35,11 @@ from typing import Any
 
 from ckptspec.spec.harness.surface.loading import MissingCapability, Target, current_target
 
-__all__ = ["CheckpointManager", "checkpoint_manager"]
+__all__ = ["RETENTION_ORDERS", "CheckpointManager", "checkpoint_manager"]
+
+# The two orders of a race between retention and the writer of the save in flight: retention lists the checkpoints
+# before the new checkpoint's location exists, or after.
+RETENTION_ORDERS = ("retention-first", "location-first")
 
 
 class CheckpointManager(abc.ABC):
@@ -76,6 +83,15 @@ class CheckpointManager(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Wait for saves in flight, then end every thread this manager started."""
+
+    def retention_order(self, order: str) -> bool:
+        """For the saves that follow, make retention list the checkpoints before ("retention-first") or after
+        ("location-first") the save's writer creates the new checkpoint's location, where the two race in this
+        manager (retention run by save() while the write goes on in the background); True when the order is forced,
+        False (the default) where they never race, so there is nothing to force."""
+        if order not in RETENTION_ORDERS:
+            raise ValueError(f"unknown retention order {order!r}; one of {', '.join(RETENTION_ORDERS)}")
+        return False
 
 
 def checkpoint_manager(root: str, keep: int = 0, target: Target | None = None) -> CheckpointManager:

@@ -1,0 +1,179 @@
+"""A measured saver in a process of its own, saving when its driver says so (ckptspec/bench/sides.py).
+
+    python side.py --impl ADAPTER --scratch DIR --size-mib 32 --tensors 64 [--world 1] [--threads 1]
+
+Run by path, never imported: a side may run in another checkout or another interpreter, where `ckptspec` (and the
+user's library) are that side's own. So this file uses only what every ckptspec release since 0.3.0 has:
+`load_target`, `protocol_saver`, `checkpoint_format`.
+
+With `--world N` this process is rank 0 of a gloo group of N; it starts ranks 1..N-1 (this file again, with
+`--rank`), hands each request on to them, and answers for all: every rank saves its own `--size-mib` (its keys
+named by its rank, so a save writes N times the bytes).
+
+Protocol: one JSON request per line on stdin, one JSON reply per line on the file descriptor the driver reads (the
+process's original stdout; everything the library prints goes to stderr). Requests:
+
+    {"op": "save", "path": P, "verify": bool}  each rank: start(), staged(), update every tensor in place (the
+        next step), wait(). Reply, per rank in "ranks" and rank 0's at the top: "start" (start() returned),
+        "stall" (staged() returned), "committed" (wait() returned), in seconds from start(); "update" (the
+        in-place update between staged() and wait(), which a background write overlaps); "data_last" and
+        "metadata": the last modification of the checkpoint's data files and of its metadata file (a name
+        starting with "."), in seconds from start() by the wall clock (None where there is none); with verify,
+        "snapshot": whether P read back through the target's format holds the values from before the update.
+    {"op": "close"}                             close the saver and the process group; reply {"closed": true}.
+
+Before it handles request n, each rank calls access("/ckptspec-side-mark-n"): a system call a tracer sees, so that
+a trace of the process tree can be split into what each request made. The first reply, before any request, is
+{"ready": true, "target", "version", "torch", "world"}. An error is replied as {"error": "..."}; the process exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+MARK = "/ckptspec-side-mark-"
+
+
+def _state_dict(size_mib: float, tensors: int, rank: int) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(rank)
+    per_tensor = max(1, int(size_mib * (1 << 20)) // 4 // tensors)
+    model = {f"r{rank}.t{i:05d}": torch.randn(per_tensor, generator=generator) for i in range(tensors)}
+    return {"model": model, "step": 1000}
+
+
+def _update(state: dict) -> None:
+    for t in state["model"].values():
+        t.neg_()
+
+
+def _holds_before_update(fmt, path: str, state: dict) -> bool:
+    import torch
+
+    template = {"model": {k: torch.zeros_like(t) for k, t in state["model"].items()}, "step": 0}
+    loaded = fmt.load(path, template)
+    return all(torch.equal(loaded["model"][k], -t) for k, t in state["model"].items())
+
+
+def _file_times(path: str, wall_start: float) -> dict:
+    data: list[float] = []
+    meta: list[float] = []
+    for root, _, names in os.walk(path):
+        for name in names:
+            (meta if name.startswith(".") else data).append(os.stat(os.path.join(root, name)).st_mtime)
+    return {
+        "data_last": max(data) - wall_start if data else None,
+        "metadata": max(meta) - wall_start if meta else None,
+    }
+
+
+def _save(saver, fmt, state: dict, request: dict, rank: int) -> dict:
+    wall = time.time()
+    t0 = time.perf_counter()
+    handle = saver.start(state, request["path"])
+    t1 = time.perf_counter()
+    handle.staged()
+    t2 = time.perf_counter()
+    _update(state)
+    t_update = time.perf_counter() - t2
+    handle.wait()
+    t3 = time.perf_counter()
+    result = {"rank": rank, "start": t1 - t0, "stall": t2 - t0, "committed": t3 - t0, "update": t_update}
+    if rank == 0:
+        result.update(_file_times(request["path"], wall))
+    if request.get("verify"):
+        result["snapshot"] = _holds_before_update(fmt, request["path"], state)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--impl", required=True)
+    parser.add_argument("--scratch", required=True)
+    parser.add_argument("--size-mib", type=float, required=True)
+    parser.add_argument("--tensors", type=int, required=True)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="the trainer's torch threads")
+    args = parser.parse_args()
+    replies = os.dup(1)
+    os.dup2(2, 1)  # the library's own prints must not reach the driver's channel
+    sys.stdout = sys.stderr
+    others: list[subprocess.Popen] = []
+
+    def reply(message: dict) -> None:
+        os.write(replies, (json.dumps(message) + "\n").encode())
+
+    def from_others() -> list[dict]:
+        answers = []
+        for child in others:
+            assert child.stdout is not None
+            answer = json.loads(child.stdout.readline() or '{"error": "a rank exited"}')
+            if "error" in answer:
+                raise RuntimeError(f"rank {others.index(child) + 1}: {answer['error']}")
+            answers.append({k: v for k, v in answer.items() if k != "ranks"})
+        return answers
+
+    try:
+        if args.rank == 0:
+            for rank in range(1, args.world):
+                command = [sys.executable, __file__, *sys.argv[1:], "--rank", str(rank)]
+                others.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE))
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(args.threads)  # a loaded small machine stalls parallel kernels on descheduled threads
+        from ckptspec.spec.harness import load_target
+        from ckptspec.spec.harness.surface.loading import checkpoint_format
+        from ckptspec.spec.harness.surface.saver_api import protocol_saver
+
+        store = dist.FileStore(os.path.join(args.scratch, "store"), args.world)
+        timeout = timedelta(seconds=300)
+        dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world, timeout=timeout)
+        target = load_target(args.impl)
+        fmt = checkpoint_format(target)
+        saver = protocol_saver(target, persistent=True)
+        state = _state_dict(args.size_mib, args.tensors, args.rank)
+        ready = {"ready": True, "target": target.name, "version": target.version, "torch": torch.__version__}
+        from_others()
+        reply({**ready, "world": args.world})
+        for n, line in enumerate(sys.stdin):
+            os.access(f"{MARK}{n}", os.F_OK)  # a system call a counted run splits its trace at (sides.py)
+            for child in others:
+                assert child.stdin is not None
+                child.stdin.write(line.encode())
+                child.stdin.flush()
+            request = json.loads(line)
+            if request["op"] == "close":
+                saver.close()
+                dist.destroy_process_group()
+                from_others()
+                reply({"closed": True})
+                for child in others:
+                    child.wait(60)
+                return 0
+            mine = _save(saver, fmt, state, request, args.rank)
+            reply({**mine, "ranks": [mine, *from_others()]})
+        reply({"error": "the driver closed the request channel without a close request"})
+        return 1
+    except BaseException as exc:  # the driver shows this and stops; the traceback goes to stderr
+        traceback.print_exc()
+        reply({"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    finally:
+        for child in others:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
