@@ -41,6 +41,8 @@ RUNS = "conformance/all"
 # clause area, then those judged on the protocol area only.
 RELEASES = [releases.REFERENCE, *(r.name for r in releases.full_suite())]
 PROTOCOL_ONLY = [r.name for r in releases.protocol_only()]
+MANAGER_ONLY = [r.name for r in releases.manager_only()]  # in the manager table and every page, not the protocol's
+EVERY = RELEASES + PROTOCOL_ONLY + MANAGER_ONLY
 BENCHMARK_RUNS = ["cpu.json", *(f"cpu-{r.name}.json" for r in releases.benchmark_peers()), "goodput-cpu.json"]
 # The stored paired comparisons, the cost gate's detection runs and the sweeps (each directory's JSON files, by name).
 PAIRED_RUNS, GATE_RUNS, SWEEP_RUNS = (
@@ -106,14 +108,14 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
     "mutation": (DESIGN, mutation_summary.main, []),
     "benchmarks-gpu": (BENCHMARKS, benchmark_summary.main, [*GPU_BENCHMARK_RUNS, "--block", "gpu"]),
     "gpu-results": (GPU, gpu_results.main, GPU_RUNS),
-    "glance": (README, glance.main, _runs(RELEASES + PROTOCOL_ONLY)),
+    "glance": (README, glance.main, _runs(EVERY)),
     "contract": (ADDING_A_TARGET, contract.main, []),
 }
 # The other generated files: (what it is, the command's main, its arguments with the output path last).
 PAGES: dict[str, tuple[Callable[[list[str]], object], list[str]]] = {
-    FINDINGS: (findings.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--out"]),
-    REPORTS: (repro_reports.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--out"]),
-    RESULTS_PAGE: (report.main, [*_runs(RELEASES + PROTOCOL_ONLY), "--html"]),
+    FINDINGS: (findings.main, [*_runs(EVERY), "--out"]),
+    REPORTS: (repro_reports.main, [*_runs(EVERY), "--out"]),
+    RESULTS_PAGE: (report.main, [*_runs(EVERY), "--html"]),
 }
 FILES = sorted({file for file, _, _ in BLOCKS.values()})
 

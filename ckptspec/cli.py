@@ -17,10 +17,9 @@ up)", never a break; the exit status is 2 when no test could set it up.
 When the project has a recorded run of that version (ckptspec/report/releases.py), the target's expectations
 file applies, so a known failure reads as the clause it breaks; for any other version the expectations are not
 applied ($CKPTSPEC_NO_EXPECTATIONS), every failure is reported as it happened, charged to each clause its test
-cites, and the report says that no recorded run exists (so far for every release of deepspeed, olmo-core,
-transformers and torch-checkpointing: their adapters judge the installed library, with no stored run yet; each
-adapter's docstring names the variable that selects the configuration judged). `dcp` judges the three configurations of `dcp.async_save`
-in turn. `report` and `findings` read runs (by default the stored runs this copy carries) and need no torch:
+cites, and the report says that no recorded run exists. `dcp` judges the three configurations of `dcp.async_save`
+in turn; `deepspeed-decoupled` and `torch-checkpointing-buffered` are the other configuration of those libraries.
+`report` and `findings` read runs (by default the stored runs this copy carries) and need no torch:
 `pip install ckptspec` alone installs them; `judge` and `pytest` need the `test` extra.
 
 `pytest` runs pytest in the working directory with the suite's configuration and its rootdir, from a checkout or

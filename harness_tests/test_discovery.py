@@ -31,9 +31,11 @@ def test_builtin_targets_are_the_adapter_modules():
         "lightning",
         "torchtitan",
         "deepspeed",
+        "deepspeed_decoupled",
         "olmo_core",
         "transformers",
         "torch_checkpointing",
+        "torch_checkpointing_buffered",
     )
     assert targets.builtin_targets() == {name.replace("_", "-"): f"ckptspec.spec.targets.{name}" for name in names}
 
@@ -63,8 +65,9 @@ def test_entry_points_and_dotted_paths_name_targets(monkeypatch):
 def test_an_unknown_target_lists_the_known_ones():
     with pytest.raises(
         targets.TargetError,
-        match="unknown target 'nope'; known targets: dcp-process, dcp-staged, dcp-thread, deepspeed, impl, impl-local, "
-        "lightning, mcore, nvrx, olmo-core, torch-checkpointing, torchtitan, transformers, ",
+        match="unknown target 'nope'; known targets: dcp-process, dcp-staged, dcp-thread, deepspeed, deepspeed-decoupled, "
+        "impl, impl-local, lightning, mcore, nvrx, olmo-core, torch-checkpointing, torch-checkpointing-buffered, "
+        "torchtitan, transformers, ",
     ):
         targets.load_target("nope")
 

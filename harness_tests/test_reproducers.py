@@ -3,7 +3,7 @@
 A reproducer `findings/repro/<target>-<release>/<clause>.py PACKAGE` exits 1 on the release it was written for
 (verified there by hand, through the release's nox environment: see docs/findings) and must exit 0 on impl, which
 CI checks here for every reproducer file (a symlink shares its file with an earlier release and runs once).
-A reproducer of a protocol-only library (LIBRARIES: Lightning, torchtitan) takes that library's package, has no
+A reproducer of a library without NVRx's module paths (LIBRARIES: Lightning, torchtitan, DeepSpeed, transformers) takes that library's package, has no
 impl to hold on, and may import the library; CI checks its form, and it is verified by hand in the release's
 environment.
 """
@@ -27,7 +27,12 @@ LINKS = sorted(p for p in REPRO.glob("*/*.py") if p.is_symlink())
 # What a reproducer may import: the standard library, torch, and the shared module beside it.
 _ALLOWED_ROOTS = {"torch", "_common", *sys.stdlib_module_names}
 # Protocol-only libraries (target name -> the packages its reproducers may import): no impl equivalent.
-LIBRARIES = {"lightning": {"pytorch_lightning", "lightning_fabric"}, "torchtitan": {"torchtitan"}}
+LIBRARIES = {
+    "lightning": {"pytorch_lightning", "lightning_fabric"},
+    "torchtitan": {"torchtitan"},
+    "deepspeed": {"deepspeed"},
+    "transformers": {"transformers"},
+}
 
 
 def _library(path: Path) -> set[str]:

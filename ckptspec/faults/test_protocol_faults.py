@@ -147,6 +147,8 @@ def test_storage_error_fails_the_save_on_every_rank(tmp_path_factory, phase):
         if not all(errno_name in r for r in results):
             problems.append(f"{errno_name}: not tried (a rank hung before)")
             continue
+        if not any(r[errno_name][1] for r in results):
+            continue  # the fault took on no rank (the writes it is placed on go around the layer): nothing to judge
         outcomes = [r[errno_name][0] for r in results]
         if any(o in ("returned", HUNG) for o in outcomes):
             problems.append(f"{errno_name} in {phase}: outcome per rank {outcomes}, but every rank should raise")
@@ -365,6 +367,10 @@ def _load_damaged(tmp: str, kind: str, where: str):
     files = [f for f in files_under(good) if is_marker(f) or fnmatch.fnmatch(os.path.basename(f), fmt.data_glob)]
     files = [f for f in files if is_marker(f) == (where == "metadata")]
     damaged = apply(Damage(kind, file=0, where=0.5, bit=3), files, files_under(os.path.join(tmp, "old")))
+    if damaged is None and kind == "swap" and files:
+        # The other checkpoint's file of that name holds the same bytes (OLMo-core's .metadata.json is
+        # {"ephemeral": false} in every checkpoint): a swap changes nothing, so there is nothing to refuse.
+        pytest.skip(f"not applicable: the other checkpoint's {where} file is byte for byte this one's")
     assert damaged is not None, f"no {where} file to damage in {sorted(os.listdir(good))}"
     what = "torch.distributed.checkpoint.load" if fmt.dcp else fmt.loader
     outcome = attempt(assert_loads, good, expected(WORLD, 1), bound=BOUND, what=what)

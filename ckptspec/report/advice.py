@@ -28,6 +28,10 @@ LIBRARIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "dcp": ("torch DCP", ("dcp-thread", "dcp-process", "dcp-staged")),
     "torchtitan": ("torchtitan", ("torchtitan",)),
     "lightning": ("Lightning", ("lightning",)),
+    "deepspeed": ("DeepSpeed", ("deepspeed", "deepspeed-decoupled")),
+    "olmo-core": ("OLMo-core", ("olmo-core",)),
+    "transformers": ("the transformers Trainer", ("transformers",)),
+    "torch-checkpointing": ("torch_checkpointing", ("torch-checkpointing", "torch-checkpointing-buffered")),
 }
 _FIELDS = ("libraries", "rule", "because", "instead", "clauses")
 

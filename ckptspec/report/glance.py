@@ -53,8 +53,8 @@ def release_of(run: Run) -> str:
     torch 2.15.0 (a library judged in several configurations, each on its own version)."""
     target, _, version = run.label.partition(" ")
     key = advice.library_of(run)
-    if key is None or advice.LIBRARIES[key][1] == (target,):
-        return version
+    if key is None or advice.LIBRARIES[key][1] == (target,) or target == key:
+        return version  # a library's one target, or its default configuration named after it (deepspeed)
     return f"{target.removeprefix(f'{key}-')} {version.split('+', 1)[0]}"
 
 
@@ -84,7 +84,8 @@ def _library(
     judged = {run.label: {cid: clause_verdict(run, cid, registry) for cid in registry} for run in runs}
     pages = ", ".join(f"[{release_of(run)}]({FINDINGS_DIR}/{page_name(run)}.md)" for run in runs)
     shared = sorted({run.label.partition(" ")[2] for run in runs if release_of(run) != run.label.partition(" ")[2]})
-    version = f"; torch {', '.join(shared)}" if shared else ""
+    # DCP's configurations are versioned by torch; another library's configurations share its own version.
+    version = f"; torch {', '.join(shared)}" if shared and key == "dcp" else ""
     lines = [f"**{name}** (findings: {pages}{version}). Clauses judged on each release: "]
     lines[0] += "; ".join(_counts(run, judged[run.label]) for run in runs) + "."
     broken_on = {cid: [run for run in runs if _listed(judged[run.label][cid], registry[cid])] for cid in registry}

@@ -65,6 +65,12 @@ PACKAGES = {
     "mcore": "megatron.core",
     "lightning": "pytorch_lightning",
     "torchtitan": "torchtitan",
+    "deepspeed": "deepspeed",
+    "deepspeed-decoupled": "deepspeed",
+    "olmo-core": "olmo_core",
+    "transformers": "transformers",
+    "torch-checkpointing": "torch_checkpointing",
+    "torch-checkpointing-buffered": "torch_checkpointing",
 }
 IMPL = "impl"
 TAIL_LINES = 15

@@ -51,7 +51,7 @@ RUN_OPTIONS: list[str] = tomllib.loads(installed.CONFIG.read_text())["tool"]["ck
 """The pytest options of a recorded run (pyproject.toml, [tool.ckptspec]; nox's spec sessions read the same; an
 installed copy reads its own copy of them, ckptspec/report/installed.py)."""
 # `nvrx-0.7.0`: a release of a target, run in its nox session (noxfile.py) instead of in this environment.
-RELEASE_LABEL = re.compile(r"^(?P<target>[A-Za-z0-9_]+)-(?P<release>[0-9][A-Za-z0-9.+]*)$")
+RELEASE_LABEL = re.compile(r"^(?P<target>[A-Za-z0-9_-]+?)-(?P<release>[0-9][A-Za-z0-9.+]*)$")
 
 
 class Record(NamedTuple):

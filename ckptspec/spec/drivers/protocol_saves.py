@@ -11,6 +11,8 @@ import contextlib
 import os
 from typing import Any
 
+import pytest
+
 from ckptspec.spec.drivers.bounds import BOUND, EXIT_BOUND, WARM_BOUND
 from ckptspec.spec.drivers.saving import template
 from ckptspec.spec.drivers.states import assert_loads, committed, load, rank_state, whole_state
@@ -99,6 +101,20 @@ __all__ += ["in_group"]
 def data_file(path: str, rank: int) -> str:
     """The (first) data file of `rank` in the target's format (DCP's: `__<rank>_0.distcp`)."""
     return checkpoint_format().data_file(path, rank)
+
+
+def fifo_data_file(path: str) -> str:
+    """Rank 0's data file in the (existing, empty) location `path`, for a test that makes it a FIFO before the save
+    (a write that hangs). Skips where the format puts that file in a folder of the location the save makes itself
+    (OLMo-core's `model_and_optim/`): a location holding anything is refused before any write (a
+    FileExistsError), so no write can be made to hang this way."""
+    fifo = data_file(path, 0)
+    if os.path.dirname(fifo) != os.path.normpath(path):
+        pytest.skip(
+            f"not judged here: this target's data files lie in a folder its save makes ({os.path.relpath(fifo, path)})"
+            ", so a hanging data file cannot be planted in the location before the save"
+        )
+    return fifo
 
 
 def save_outcome(path: str, version: int = 1) -> Outcome:

@@ -24,6 +24,7 @@ from ckptspec.spec.drivers.protocol_saves import (
     committed,
     data_file,
     expected,
+    fifo_data_file,
     rank_state,
     release,
     save_outcome,
@@ -109,7 +110,7 @@ def _abort_hung(path):
 def test_abort_returns_within_the_bound_when_the_storage_hangs(tmp_path):
     path = str(tmp_path / "c")
     os.makedirs(path)
-    os.mkfifo(data_file(path, 0))  # rank 0's data file: its open blocks until a reader comes
+    os.mkfifo(fifo_data_file(path))  # rank 0's data file: its open blocks until a reader comes
     try:
         results = run_on_ranks(_abort_hung, 2, (path,), timeout=120)
     finally:

@@ -1,25 +1,30 @@
 """DeepSpeed's `DeepSpeedEngine.save_checkpoint` / `load_checkpoint` behind the protocol and manager layers (the
-adapter `deepspeed`, ckptspec.spec.targets.deepspeed, says what is judged). Written against the documented adapter
+adapters `deepspeed` and `deepspeed-decoupled` say what each judges). Written against the documented adapter
 contract (ckptspec.spec.harness.surface.contract), as an outside author would.
 
-The engine is built as a user builds it: `deepspeed.initialize(model=nn.Linear(2, 2), model_parameters=...,
-config=...)` over the process group the test already made (DeepSpeed wraps an initialised torch.distributed), ZeRO
-stage 0, SGD. The test's state dict travels as `client_state`, DeepSpeed's channel for "saving required training
-states in the client code" (save_checkpoint's docstring): `_save_checkpoint` merges it into the model-states dict
-that data-parallel rank 0 writes (`<save_dir>/<tag>/mp_rank_00_model_states.pt`), and `load_checkpoint` returns it.
+Each rank's state goes where DeepSpeed writes one file per rank. The protocol's state dicts are sharded: every rank
+holds keys of its own (`r<rank>`), as a tensor-parallel shard does. DeepSpeed writes per-rank model-states files for
+model-parallel ranks (`<tag>/mp_rank_<mp>_model_states.pt`, engine.py `_get_ckpt_name`), and within a data-parallel
+group only its rank 0 writes (client_state is replicated state). So the engine is built as a Megatron-DeepSpeed job
+builds it: `deepspeed.initialize(model=..., config=..., mpu=mpu)` with an mpu (`_EveryRankItsOwnShard`) in which every
+rank is a model-parallel rank of its own and each data-parallel group has one member; each rank then writes its own
+`mp_rank_<rank>_model_states.pt`, and the test's state travels as `client_state`, DeepSpeed's channel for "saving
+required training states in the client code" (save_checkpoint's docstring), merged by `_save_checkpoint` into that
+rank's model-states dict and returned by `load_checkpoint`. Model nn.Linear(2, 2), ZeRO stage 0, SGD.
 
-The two configurations (CKPTSPEC_DEEPSPEED_CONFIG, `configuration()`):
+The two configurations:
 
 - "default": `TorchCheckpointEngine` (no "checkpoint" section): save_checkpoint writes synchronously and writes
   `latest` before it returns; the commit in wait() has nothing to do.
-- "decoupled": `{"checkpoint": {"writer": {"type": "python", "decoupled": true, "data_parallel": "replica"}}}`.
-  `DecoupledCheckpointEngine` starts one writer process per writing rank (torch.multiprocessing, spawn) and `save()`
-  puts `(state_dict, path)` on an `mp.SimpleQueue`; `save_checkpoint` then returns without writing `latest`. The
-  commit is `engine._commit_decoupled_checkpoint()`, which `engine.step()` calls at the next gradient-accumulation
-  boundary: `commit()` waits for the writer's event, then rank 0 writes `latest` and all ranks meet at a barrier.
-  wait() makes that call (exactly what step() calls, without an optimizer step on the stand-in model).
+- "decoupled": `{"checkpoint": {"writer": {"decoupled": true}}}`, the documented switch and nothing else.
+  `DecoupledCheckpointEngine` starts one writer process per writing rank (torch.multiprocessing) and `save()` puts
+  `(state_dict, path)` on an `mp.SimpleQueue` (decoupled_checkpoint_engine.py:157-166); `save_checkpoint` then
+  returns without writing `latest`. The commit is `engine._commit_decoupled_checkpoint()` (engine.py:4968-4982),
+  which `engine.step()` calls at the next gradient-accumulation boundary: `commit()` waits for this rank's writer,
+  then global rank 0 writes `latest` and all ranks meet at a barrier. wait() makes that call (exactly what step()
+  calls, without an optimizer step on the stand-in model).
 
-The format (FORMAT): one `torch.save` file per checkpoint at ZeRO stage 0, `mp_rank_00_model_states.pt`, written in
+The format (FORMAT): one `torch.save` file per model-parallel rank, `mp_rank_<rank:02d>_model_states.pt`, written in
 place (no temporary name, no rename, no fsync); the commit of a tag is the `latest` file beside the tag directory
 naming it (`load_checkpoint` with tag=None loads only what `latest` names). Read back with DeepSpeed's
 `TorchCheckpointEngine.load` (torch.load, weights_only=False), the client_state keys at the top level.
@@ -37,12 +42,15 @@ from ckptspec.spec.harness.surface.formats import CheckpointFormat
 from ckptspec.spec.harness.surface.manager_api import CheckpointManager
 from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
-__all__ = ["CONFIG_VAR", "FORMAT", "DeepSpeedManager", "DeepSpeedSaver", "ModelStatesFile", "configuration", "set_up"]
+__all__ = ["FORMAT", "DeepSpeedManager", "DeepSpeedSaver", "ModelStatesFiles", "set_up"]
 
-MODEL_FILE = "mp_rank_00_model_states.pt"
 POINTER = "latest"
-CONFIG_VAR = "CKPTSPEC_DEEPSPEED_CONFIG"
 CONFIGURATIONS = ("default", "decoupled")
+
+
+def model_file(rank: int) -> str:
+    """The model-states file model-parallel rank `rank` writes (engine.py `_get_ckpt_name`, ZeRO stage 0)."""
+    return f"mp_rank_{rank:02d}_model_states.pt"
 
 
 def set_up() -> None:
@@ -54,21 +62,66 @@ def set_up() -> None:
     os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
 
 
-def configuration() -> str:
-    """The configuration judged: $CKPTSPEC_DEEPSPEED_CONFIG, "default" (unset) or "decoupled"."""
-    kind = os.environ.get(CONFIG_VAR) or "default"
-    if kind not in CONFIGURATIONS:
-        raise ValueError(f"{CONFIG_VAR} must be one of {', '.join(CONFIGURATIONS)}, not {kind!r}")
-    return kind
+class _EveryRankItsOwnShard:
+    """A Megatron-style mpu: every rank a tensor-parallel rank of its own (model-parallel world = the world), one
+    pipeline stage, data-parallel groups of one. What DeepSpeed reads of an mpu (engine.py, utils/groups.py,
+    model_checkpointing/utils.py `_create_model_parallel_info`)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            self.world, self.rank = dist.get_world_size(), dist.get_rank()
+            self.model_group = dist.new_group(list(range(self.world)))
+            data_groups = [dist.new_group([rank]) for rank in range(self.world)]  # every rank makes every group
+            self.data_group = data_groups[self.rank]
+        else:
+            self.world, self.rank, self.model_group, self.data_group = 1, 0, None, None
+
+    def get_model_parallel_rank(self) -> int:
+        return self.rank
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.world
+
+    def get_model_parallel_group(self) -> Any:
+        return self.model_group
+
+    get_tensor_model_parallel_rank = get_model_parallel_rank
+    get_tensor_model_parallel_world_size = get_model_parallel_world_size
+    get_tensor_model_parallel_group = get_model_parallel_group
+
+    def get_tensor_model_parallel_src_rank(self) -> int:
+        return 0
+
+    def get_pipeline_model_parallel_rank(self) -> int:
+        return 0
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_data_parallel_world_size(self) -> int:
+        return 1
+
+    def get_data_parallel_group(self) -> Any:
+        return self.data_group
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return [self.rank]
 
 
 def _config(kind: str) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    config: dict[str, Any] = {"train_batch_size": world, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+    config: dict[str, Any] = {"train_batch_size": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
     if kind == "decoupled":
-        config["checkpoint"] = {"writer": {"type": "python", "decoupled": True, "data_parallel": "replica"}}
+        # The default writer, "fast", pins its I/O buffer (writer_factory.py:80), which raises "Cannot access
+        # accelerator device when none is available" without one: a CPU-only job must name the python writer.
+        writer: dict[str, Any] = {"decoupled": True}
+        if not torch.cuda.is_available():
+            writer["type"] = "python"
+        config["checkpoint"] = {"writer": writer}
     return config
 
 
@@ -77,7 +130,9 @@ def _engine(kind: str) -> Any:
 
     set_up()
     model = torch.nn.Linear(2, 2)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=_config(kind))
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=_config(kind), mpu=_EveryRankItsOwnShard()
+    )
     return engine
 
 
@@ -87,40 +142,55 @@ def _commit(engine: Any) -> None:
         engine._commit_decoupled_checkpoint()
 
 
-class ModelStatesFile(CheckpointFormat):
-    """`<tag>/mp_rank_00_model_states.pt` (written by data-parallel rank 0, in place), committed by `latest`."""
+class ModelStatesFiles(CheckpointFormat):
+    """`<tag>/mp_rank_<rank>_model_states.pt`, one per model-parallel rank, written in place; committed by `latest`."""
 
-    name = "DeepSpeed model states file (ZeRO stage 0), committed by the `latest` tag file"
-    loader = "TorchCheckpointEngine.load"
+    name = (
+        "DeepSpeed model-states files (one per model-parallel rank, ZeRO stage 0), committed by the `latest` tag file"
+    )
+    loader = "TorchCheckpointEngine.load of each rank's file"
     dcp = False
     marker = None
     data_glob = "mp_rank_*_model_states.pt"
 
     def data_file(self, location: str, rank: int) -> str:
-        # ZeRO stage 0: only data-parallel rank 0 writes; every rank's data lies in that one file (the decoupled
-        # engine with data_parallel "replica" makes every rank write that same path).
-        return os.path.join(location, MODEL_FILE)
+        return os.path.join(location, model_file(rank))
 
     def committed(self, location: str, world_size: int) -> bool:
+        """Every rank's file is there, and `latest` in the save_dir names this tag, or was written after every one
+        of them (it then named this tag or a later one: DeepSpeed keeps one `latest` per save_dir, and an older tag
+        stays loadable by name, `load_checkpoint(dir, tag=...)`)."""
         pointer = os.path.join(os.path.dirname(location), POINTER)
-        if not os.path.isfile(pointer) or not os.path.isfile(os.path.join(location, MODEL_FILE)):
+        files = [self.data_file(location, rank) for rank in range(world_size)]
+        if not os.path.isfile(pointer) or not all(os.path.isfile(file) for file in files):
             return False
         with open(pointer) as fd:
-            return fd.read().strip() == os.path.basename(location)
+            if fd.read().strip() == os.path.basename(location):
+                return True
+        published = os.stat(pointer).st_mtime_ns
+        return all(os.stat(file).st_mtime_ns <= published for file in files)
 
     def load(self, location: str, template: dict[str, Any]) -> dict[str, Any]:
+        import glob
+
         from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-        checkpoint = TorchCheckpointEngine().load(os.path.join(location, MODEL_FILE), map_location="cpu")
-        missing = sorted(set(template) - set(checkpoint))
+        files = sorted(glob.glob(os.path.join(location, self.data_glob)))
+        if not files:
+            raise FileNotFoundError(f"no {self.data_glob} file in {location}")
+        merged: dict[str, Any] = {}
+        ranks = max(int(os.path.basename(f).split("_")[2]) for f in files) + 1
+        for rank in range(ranks):  # each rank's file by name, as load_checkpoint opens its own
+            merged.update(TorchCheckpointEngine().load(self.data_file(location, rank), map_location="cpu"))
+        missing = sorted(set(template) - set(merged))
         if missing:
             raise KeyError(
-                f"keys {missing} are not in {MODEL_FILE} of {location} (client_state of the rank that wrote it)"
+                f"keys {missing} are in no model-states file of {location}: {[os.path.basename(f) for f in files]}"
             )
-        return {key: checkpoint[key] for key in template}
+        return {key: merged[key] for key in template}
 
 
-FORMAT = ModelStatesFile()
+FORMAT = ModelStatesFiles()
 
 
 class _DeepSpeedHandle(SaveHandle):
@@ -160,13 +230,11 @@ class DeepSpeedManager(CheckpointManager):
     - wait(): the decoupled commit (`latest` written by rank 0 after its own writer finished), or nothing.
     - latest(): the tag `latest` names; resume(template): `load_checkpoint(root)` (tag None: `latest`'s), whose
       client_state is the state; load(step): `load_checkpoint(root, tag=...)`.
-    - Retention: DeepSpeed has none; keep > 0 raises ValueError.
+    - Retention: DeepSpeed has none; `keep` is not applied (every tag is kept).
     """
 
     def __init__(self, root: str, keep: int, kind: str):
-        if keep:
-            raise ValueError(f"DeepSpeed has no checkpoint retention (keep={keep}): every tag is kept")
-        self.root = root
+        self.root, self.keep = root, keep  # keep is not applied: DeepSpeed has no retention (no manager_retention)
         self.pointer = os.path.join(root, POINTER)
         self.engine = _engine(kind)
 

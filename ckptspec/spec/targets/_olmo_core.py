@@ -18,7 +18,6 @@ its own `_StorageInfo`).
 from __future__ import annotations
 
 import os
-import tempfile
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
@@ -27,18 +26,7 @@ from typing import Any
 from ckptspec.spec.harness.surface.formats import CheckpointFormat
 from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
-__all__ = ["CONFIG_VAR", "FORMAT", "OlmoCheckpointDir", "OlmoSaver", "configuration"]
-
-CONFIG_VAR = "CKPTSPEC_OLMO_CORE_CONFIG"
-CONFIGURATIONS = ("default", "sync")
-
-
-def configuration() -> str:
-    """The configuration judged: $CKPTSPEC_OLMO_CORE_CONFIG, "default" (unset: save_async) or "sync"."""
-    kind = os.environ.get(CONFIG_VAR) or "default"
-    if kind not in CONFIGURATIONS:
-        raise ValueError(f"{CONFIG_VAR} must be one of {', '.join(CONFIGURATIONS)}, not {kind!r}")
-    return kind
+__all__ = ["FORMAT", "OlmoCheckpointDir", "OlmoSaver"]
 
 
 class OlmoCheckpointDir(CheckpointFormat):
@@ -48,7 +36,7 @@ class OlmoCheckpointDir(CheckpointFormat):
     loader = "dcp.load with RemoteFileSystemReader (Checkpointer.load's reader)"
     dcp = False  # stock dcp.load reads model_and_optim/, not the checkpoint directory itself
     marker = ".metadata.json"
-    data_glob = "model_and_optim/*.distcp"
+    data_glob = "*.distcp"  # in model_and_optim/ (matched on the file name)
 
     def data_file(self, location: str, rank: int) -> str:
         return os.path.join(location, "model_and_optim", f"__{rank}_0.distcp")
@@ -119,17 +107,24 @@ class _OlmoHandle(SaveHandle):
     def _finalized(self) -> bool:
         return bool(self.saver.checkpointer.dir_is_checkpoint(self.path))
 
-    def wait(self) -> None:
-        import torch.distributed as dist
+    def await_save(self) -> None:
+        """CheckpointerCallback._await_last_checkpoint (callbacks/checkpointer.py:153-166): the future's result, then
+        on rank 0 the wait for the finalized checkpoint (`.metadata.json` is written by a done callback)."""
         from olmo_core.distributed.utils import get_rank
         from olmo_core.utils import wait_for
 
         if self.future is not None:
-            self.future.result()
+            future, self.future = self.future, None
+            future.result()
             if get_rank() == 0:
                 wait_for(self._finalized, "waiting to finalize checkpoint")
+
+    def wait(self) -> None:
+        import torch.distributed as dist
+
+        self.await_save()
         if dist.is_initialized():
-            dist.barrier()
+            dist.barrier()  # every rank sees the checkpoint rank 0 finalized
 
 
 class OlmoSaver(Saver):
@@ -138,15 +133,28 @@ class OlmoSaver(Saver):
 
     def __init__(self, kind: str) -> None:
         import torch.distributed as dist
-        from olmo_core.train.checkpoint import Checkpointer
 
         self.kind = kind
-        group = dist.new_group(timeout=timedelta(minutes=30)) if kind == "default" and dist.is_initialized() else None
-        self.work_dir = tempfile.mkdtemp(prefix="olmo-work-")
-        self.checkpointer = Checkpointer(work_dir=Path(self.work_dir), process_group=group)
+        self.group = (
+            dist.new_group(timeout=timedelta(minutes=30)) if kind == "default" and dist.is_initialized() else None
+        )
+        self.checkpointer: Any = None  # made at the first save, in the folder it saves into
         self.last: _OlmoHandle | None = None
 
     def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
+        from olmo_core.train.checkpoint import Checkpointer
+
+        # The trainer's work_dir is its save_folder when that is local (TrainerConfig.build, train/config.py:176-181):
+        # here the folder the checkpoint is saved in. Checkpointer only makes it (exist_ok) and reads it for remote
+        # folders.
+        work_dir = Path(os.path.dirname(os.path.abspath(path)))
+        if self.checkpointer is None:
+            self.checkpointer = Checkpointer(work_dir=work_dir, process_group=self.group)
+        self.checkpointer.work_dir = work_dir
+        if self.last is not None:
+            # The callback awaits the last save before it starts the next one (_save_checkpoint,
+            # callbacks/checkpointer.py:168-170): a trainer never has two saves of one Checkpointer in flight.
+            self.last.await_save()
         module, train_state = state_module(state_dict), {"global_step": 0}
         if self.kind == "sync":
             self.checkpointer.save(path, module, train_state)
@@ -155,5 +163,5 @@ class OlmoSaver(Saver):
         return self.last
 
     def close(self) -> None:
-        if self.last is not None and self.last.future is not None:
-            self.last.future.result()
+        if self.last is not None:
+            self.last.await_save()  # CheckpointerCallback.post_train awaits the last save

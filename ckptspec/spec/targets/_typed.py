@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         dcp_staged,
         dcp_thread,
         deepspeed,
+        deepspeed_decoupled,
         impl,
         impl_local,
         lightning,
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
         nvrx,
         olmo_core,
         torch_checkpointing,
+        torch_checkpointing_buffered,
         torchtitan,
         transformers,
     )
@@ -32,12 +34,14 @@ if TYPE_CHECKING:
         "dcp-staged": dcp_staged,
         "dcp-thread": dcp_thread,
         "deepspeed": deepspeed,
+        "deepspeed-decoupled": deepspeed_decoupled,
         "impl": impl,
         "lightning": lightning,
         "mcore": mcore,
         "nvrx": nvrx,
         "olmo-core": olmo_core,
         "torch-checkpointing": torch_checkpointing,
+        "torch-checkpointing-buffered": torch_checkpointing_buffered,
         "torchtitan": torchtitan,
     }
     MANAGERS: dict[str, ManagerAdapter] = {
@@ -47,5 +51,6 @@ if TYPE_CHECKING:
         "torchtitan": torchtitan,
         "lightning": lightning,
         "deepspeed": deepspeed,
+        "deepspeed-decoupled": deepspeed_decoupled,
         "transformers": transformers,
     }

@@ -18,14 +18,12 @@ dir_is_checkpoint(path))` on rank 0, `_await_last_checkpoint`: `.metadata.json` 
 may run after result() returned), then a barrier; abort() none (the default raises NotImplementedError); close()
 waits for the last save.
 
-The configuration judged, chosen by CKPTSPEC_OLMO_CORE_CONFIG:
-
-- "default" (unset): what a user's trainer runs by default on a CPU-capable backend (gloo here, or
-  "cpu:gloo,cuda:nccl"), which is also the configuration the documents recommend for asynchronous saves: the
-  callback's `save_async=None` becomes True (`backend_supports_cpu()`) and it makes the checkpointer its own group,
-  `dist.new_group(timeout=timedelta(minutes=30))` (callbacks/checkpointer.py:221-232); the saver does the same.
-- "sync": `Checkpointer.save` on the default group, what the callback runs on a backend without CPU support (an
-  NCCL-only group) or with `save_async=False`: the save is complete when start() returns.
+The configuration judged: what a user's trainer runs by default on a CPU-capable backend (gloo here, or
+"cpu:gloo,cuda:nccl"), which is also the configuration the documents recommend for asynchronous saves: the
+callback's `save_async=None` becomes True (`backend_supports_cpu()`) and it makes the checkpointer its own group,
+`dist.new_group(timeout=timedelta(minutes=30))` (callbacks/checkpointer.py:221-232); the saver does the same. The
+Checkpointer's work_dir is the folder the checkpoint is saved in, as `TrainerConfig.build` makes it the local
+save_folder (train/config.py:176-181).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.targets._olmo_core import FORMAT, OlmoSaver, configuration
+from ckptspec.spec.targets._olmo_core import FORMAT, OlmoSaver
 
 __all__ = [
     "CAPABILITIES",
@@ -57,6 +55,6 @@ EXPECTATIONS = str(Path(__file__).with_name("olmo-core.expectations.toml"))
 
 
 def protocol_saver(**options: Any) -> OlmoSaver:
-    """A new Checkpointer in the configuration CKPTSPEC_OLMO_CORE_CONFIG names; OLMo-core has one kind of async
-    caller (dcp.async_save's thread), so every option is ignored."""
-    return OlmoSaver(configuration())
+    """A new Checkpointer saving with save_async; OLMo-core has one kind of async caller (dcp.async_save's thread),
+    so every option is ignored."""
+    return OlmoSaver("default")

@@ -21,19 +21,18 @@ How the five calls map:
 - close(): `manager.close()`, which waits for the last write (wait_timeout_secs, 600 s by default) and ends the
   subprocess.
 
-The configuration judged, chosen by CKPTSPEC_TORCH_CHECKPOINTING_CONFIG:
-
-- "default" (unset): the library's default `CheckpointManager.Config()`, which is also the asynchronous
-  configuration its documents recommend, with, on a machine without CUDA, the one change its documents tell a
-  CPU-only user to make: staging without pinned memory or non-blocking copies (docs/troubleshooting.md: "Async
-  staging defaults to pinned (page-locked) host memory and a non-blocking device-to-host copy, both of which
-  currently require CUDA"). Its storage, `LocalFileSystemStorageConfig()`, opens every file with O_DIRECT
-  (use_direct_io=True) and writes it through a buffered file object (storage/filesystem.py:72-80), whose last,
-  unaligned flush fails with EINVAL on ext4 (`OSError: [Errno 22] Invalid argument` from WriteStream.flush,
-  filesystem.py:119; the fallback at filesystem.py:83 covers only an open that fails): on such a file system every
-  save of a file whose size is not a multiple of 4096 fails, which is itself the finding of this configuration.
-- "buffered": the same with `LocalFileSystemStorageConfig(use_direct_io=False)`, the setting under which the
-  library saves on ext4, so that its commit protocol, staging and bounds are judged too.
+The configuration judged: the library's default `CheckpointManager.Config()`, which is also the asynchronous
+configuration its documents recommend, with, on a machine without CUDA, the one change its documents tell a
+CPU-only user to make: staging without pinned memory or non-blocking copies (docs/troubleshooting.md: "Async
+staging defaults to pinned (page-locked) host memory and a non-blocking device-to-host copy, both of which
+currently require CUDA"). Its storage, `LocalFileSystemStorageConfig()`, opens every file with O_DIRECT
+(use_direct_io=True, storage/filesystem.py:72-80) and writes it through a buffered file object whose last,
+unaligned flush fails with EINVAL on ext4 (`OSError: [Errno 22] Invalid argument` from WriteStream.flush,
+filesystem.py:119; the fallback at filesystem.py:83 covers only an open that fails): on such a file system every
+save of a file whose size is not a multiple of 4096 fails, which is itself the finding of this configuration. The
+target `torch-checkpointing-buffered` (ckptspec.spec.targets.torch_checkpointing_buffered) is the same with
+`LocalFileSystemStorageConfig(use_direct_io=False)`, the setting under which the library saves on ext4, so that
+its commit protocol, staging and bounds are judged too.
 
 The whole state dict travels as one item, "state", so that each rank writes one file, `state_<rank>.pt`
 (default_torch_layout_info, checkpoint_layout.py:336-349); nothing else is written (no `metadata.pkl`: the metadata
@@ -60,8 +59,6 @@ PACKAGES = ("torch_checkpointing",)
 CAPABILITIES = frozenset({"protocol"})
 EXPECTATIONS = str(Path(__file__).with_name("torch-checkpointing.expectations.toml"))
 
-CONFIG_VAR = "CKPTSPEC_TORCH_CHECKPOINTING_CONFIG"
-CONFIGURATIONS = ("default", "buffered")
 
 ITEM = "state"
 """The one payload item the adapter saves: the test's state dict, whole."""
@@ -92,10 +89,11 @@ class RankFilesInRenamedDir(CheckpointFormat):
         if not files:
             raise FileNotFoundError(f"no {self.data_glob} file in {location}")
         merged: dict[str, Any] = {}
-        for file in files:
-            # The library reads `<item>_<its own rank>.pt`; a reader in this process is rank 0, so each other
+        ranks = max(int(os.path.basename(f)[len(ITEM) + 1 : -3]) for f in files) + 1
+        for rank in range(ranks):
+            # The library reads `<item>_<its own rank>.pt` by name; a reader in this process is rank 0, so each
             # rank's file is read with the serializer the layout names (TorchSerialization: torch.load).
-            merged.update(torch.load(file, weights_only=False))
+            merged.update(torch.load(self.data_file(location, rank), weights_only=False))
         missing = sorted(set(template) - set(merged))
         if missing:
             raise KeyError(f"keys {missing} are in no file of {location}: {[os.path.basename(f) for f in files]}")
@@ -103,14 +101,6 @@ class RankFilesInRenamedDir(CheckpointFormat):
 
 
 FORMAT = RankFilesInRenamedDir()
-
-
-def configuration() -> str:
-    """The configuration judged: $CKPTSPEC_TORCH_CHECKPOINTING_CONFIG, "default" (unset) or "buffered"."""
-    kind = os.environ.get(CONFIG_VAR) or "default"
-    if kind not in CONFIGURATIONS:
-        raise ValueError(f"{CONFIG_VAR} must be one of {', '.join(CONFIGURATIONS)}, not {kind!r}")
-    return kind
 
 
 def _config(direct_io: bool) -> Any:
@@ -157,6 +147,6 @@ class TorchCheckpointingSaver(Saver):
 
 
 def protocol_saver(**options: Any) -> TorchCheckpointingSaver:
-    """A new saver in the configuration CKPTSPEC_TORCH_CHECKPOINTING_CONFIG names; the library has one kind of
-    writer (a spawned subprocess), so every option is ignored."""
-    return TorchCheckpointingSaver(direct_io=configuration() == "default")
+    """A new saver with the default storage (O_DIRECT); the library has one kind of writer (a spawned subprocess),
+    so every option is ignored."""
+    return TorchCheckpointingSaver(direct_io=True)

@@ -147,7 +147,13 @@ class _Layer:
     # -------------------------------------------------------------------------- classification
 
     def below_root(self, path: Any) -> str | None:
-        """path relative to root if it lies below root, else None."""
+        """path relative to root if it lies below root, else None. `path` may be a descriptor, or an object with
+        fileno() (os.fsync and os.fdatasync accept an open file: OLMo-core's writers pass one)."""
+        if not isinstance(path, (int, str, bytes, os.PathLike)) and hasattr(path, "fileno"):
+            try:
+                path = path.fileno()
+            except (OSError, ValueError):
+                return None
         if isinstance(path, int):
             try:
                 path = os.readlink(f"/proc/self/fd/{path}")
