@@ -167,7 +167,7 @@ RELEASES: tuple[Release, ...] = (
         _WITH_MANAGER,
         False,
         unjudged=(
-            "the decoupled checkpoint engine (`{\"checkpoint\": {\"writer\": {\"decoupled\": true}}}`, DeepSpeed's "
+            'the decoupled checkpoint engine (`{"checkpoint": {"writer": {"decoupled": true}}}`, DeepSpeed\'s '
             "asynchronous save): `ckptspec judge deepspeed-decoupled` runs it, but its stored results are not "
             "published yet, since its reproducers of MG-CRASH-1 and MG-TERM-1 did not finish within 300 s"
         ),
