@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ckptspec.bench.paired import Paired, abba_order, compare_paired, median_ratio, paired_ratios
 from ckptspec.bench.regression import __main__ as cli
-from ckptspec.bench.regression.paired_gate import Result, rows, verdict
+from ckptspec.bench.regression.paired_gate import PairedResult, rows, verdict
 from ckptspec.bench.sides import SIDE, per_request
 
 rounds = st.lists(st.floats(1e-4, 10.0), min_size=2, max_size=40)
@@ -61,11 +61,11 @@ def test_bad_rounds_are_refused():
         compare_paired([1.0], [1.0], level=1.0)
 
 
-def _result(stall_a, stall_b, counted_b=None, snapshot_b=True) -> Result:
+def _result(stall_a, stall_b, counted_b=None, snapshot_b=True) -> PairedResult:
     a = {"stall": stall_a, "committed": [3 * x for x in stall_a]}
     b = {"stall": stall_b, "committed": [3 * x for x in stall_b]}
     counted = {"fsync": 4.0, "bytes": 100.0}
-    return Result(
+    return PairedResult(
         baseline={"impl": "impl", "python": sys.executable},
         current={"impl": "impl", "python": sys.executable},
         settings={"pairs": len(stall_a), "size_mib": 8, "tensors": 16},

@@ -30,14 +30,14 @@ from ckptspec.bench.figures import md_table
 from ckptspec.bench.paired import Paired, abba_order, compare_paired
 from ckptspec.bench.sides import Side, SideSpec, machine, started
 
-__all__ = ["DEFAULT_THRESHOLD", "TIMED", "Result", "Row", "measure", "render", "rows", "verdict"]
+__all__ = ["DEFAULT_THRESHOLD", "TIMED", "PairedResult", "PairedRow", "measure", "render", "rows", "verdict"]
 
 DEFAULT_THRESHOLD = 1.1
 TIMED = ("stall", "committed")
 
 
 @dataclass
-class Result:
+class PairedResult:
     """What one paired comparison measured (stored as JSON by `--json-out`)."""
 
     baseline: dict
@@ -67,10 +67,12 @@ def _save(side: Side, directory: Path, verify: bool) -> dict:
     return answer
 
 
-def measure(baseline: SideSpec, current: SideSpec, pairs: int, size_mib: float, tensors: int, scratch: Path) -> Result:
+def measure(
+    baseline: SideSpec, current: SideSpec, pairs: int, size_mib: float, tensors: int, scratch: Path
+) -> PairedResult:
     """Both sides started, one first save each, then `pairs` interleaved pairs; the first and last saves of each
     side are read back (outside the timed rounds)."""
-    result = Result(
+    result = PairedResult(
         baseline={"impl": baseline.impl, "python": baseline.python, "pythonpath": list(baseline.pythonpath)},
         current={"impl": current.impl, "python": current.python},
         settings={"pairs": pairs, "size_mib": size_mib, "tensors": tensors},
@@ -102,7 +104,7 @@ def measure(baseline: SideSpec, current: SideSpec, pairs: int, size_mib: float, 
 
 
 @dataclass(frozen=True)
-class Row:
+class PairedRow:
     """One line of the paired comparison's table."""
 
     figure: str
@@ -112,29 +114,29 @@ class Row:
     status: str  # ok, REGRESSED, faster, WRONG, reference
 
 
-def rows(result: Result, threshold: float) -> list[Row]:
+def rows(result: PairedResult, threshold: float) -> list[PairedRow]:
     """The table: snapshot checks, the timed figures, the first saves, then the counted costs."""
     out = []
     for key, label in (("A", "baseline"), ("B", "current")):
         if not result.snapshot.get(key, False):
-            out.append(Row(f"snapshot ({label})", "-", "-", "-", "WRONG"))
+            out.append(PairedRow(f"snapshot ({label})", "-", "-", "-", "WRONG"))
     for f in TIMED:
         p = result.paired[f]
         a, b = result.rounds["A"][f], result.rounds["B"][f]
         status = "REGRESSED" if p.above(threshold) else ("faster" if p.below(1 / threshold) else "ok")
-        out.append(Row(f, _ms(statistics.median(a)), _ms(statistics.median(b)), p.text(), status))
+        out.append(PairedRow(f, _ms(statistics.median(a)), _ms(statistics.median(b)), p.text(), status))
     for f in TIMED:
         a1, b1 = result.first["A"][f], result.first["B"][f]
-        out.append(Row(f"first save: {f}", _ms(a1), _ms(b1), f"{b1 / a1:.3f}x", "reference"))
+        out.append(PairedRow(f"first save: {f}", _ms(a1), _ms(b1), f"{b1 / a1:.3f}x", "reference"))
     if result.counted:
         base, cur = result.counted["A"], result.counted["B"]
         for name in sorted(set(base) | set(cur)):
             x, y = base.get(name, 0), cur.get(name, 0)
-            out.append(Row(f"counted: {name}", f"{x:g}", f"{y:g}", f"{y - x:+g}", "REGRESSED" if y > x else "ok"))
+            out.append(PairedRow(f"counted: {name}", f"{x:g}", f"{y:g}", f"{y - x:+g}", "REGRESSED" if y > x else "ok"))
     return out
 
 
-def verdict(result: Result, threshold: float) -> tuple[bool, str]:
+def verdict(result: PairedResult, threshold: float) -> tuple[bool, str]:
     """(passed, one line)."""
     failed = [r for r in rows(result, threshold) if r.status in ("REGRESSED", "WRONG")]
     if failed:
@@ -143,7 +145,7 @@ def verdict(result: Result, threshold: float) -> tuple[bool, str]:
     return True, f"PASS: {timed}: no interval above {threshold:g}x, no counted cost grew"
 
 
-def render(result: Result, threshold: float) -> str:
+def render(result: PairedResult, threshold: float) -> str:
     """The Markdown table, where the rounds ran, and the verdict line."""
     s = result.settings
     head = (
