@@ -2,6 +2,9 @@
 
 * ``ChecksumStream`` wraps a binary stream being written and keeps a CRC32 of the bytes that pass through
   it, so a checksum costs no second pass over the data; ``take()`` returns the CRC32 since the last take.
+  Inside ``zip_records()`` (a ``torch.save`` of a tensor) a tensor's payload is not hashed again: torch's zip
+  writer has already computed its CRC32 and writes it in the record's data descriptor right after the payload,
+  and ``crc32_combine`` joins it with the CRC32 of the bytes around it.
 * ``seal`` / ``unseal``: a file body followed by a 28-byte trailer (magic, the body's length, its CRC32 and
   an 8-byte label such as the part's id), so that truncation, a flipped bit anywhere, or another file put in
   its place is detected before a single byte is interpreted. ``unseal`` raises ``IntegrityError``.
@@ -15,9 +18,11 @@ storage damage needs; it is no defence against someone who can rewrite the check
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
@@ -26,6 +31,8 @@ __all__ = [
     "ChecksumStream",
     "IntegrityError",
     "crc32",
+    "crc32_combine",
+    "file_reader",
     "make_dirs",
     "open_new",
     "seal",
@@ -54,21 +61,49 @@ class ChecksumStream:
     A write of at least ``OVERLAP_BYTES`` (a tensor's data) is checksummed on a helper thread while this thread
     writes it: zlib and the file write both release the GIL, so the write costs the slower of the two, not their
     sum. The checksum is complete when ``write`` returns, so no buffer is read after its write.
+
+    ``read_back(offset, nbytes)``, when given, reads back bytes this stream wrote (counted from its first byte);
+    with it, ``zip_records()`` hashes each byte once (module docstring). The descriptor is checked against the
+    payload's length; a payload not followed by its descriptor is read back and hashed, so the result is the CRC32
+    of the bytes written in every case.
     """
 
-    def __init__(self, stream: IO[bytes], enabled: bool = True):
+    def __init__(
+        self,
+        stream: IO[bytes],
+        enabled: bool = True,
+        read_back: Callable[[int, int], bytes] | None = None,
+    ):
         self._stream = stream
         self._crc = 0
         self._total = 0
         self._enabled = enabled
+        self._read_back = read_back
+        self._zip = False
+        self._pending: tuple[int, int, int] | None = None  # (CRC32 before the payload, its offset, its length)
+
+    @contextlib.contextmanager
+    def zip_records(self) -> Iterator[None]:
+        """Within: the writes are one ``torch.save`` whose zip writer computes CRC32s (module docstring)."""
+        self._zip = self._enabled and self._read_back is not None and _torch_computes_crc32()
+        try:
+            yield
+        finally:
+            self._zip = False
+            self._settle(None)
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        if self._pending is not None:
+            self._settle(view)
         if not self._enabled:
             n = self._stream.write(view)
         elif view.nbytes < OVERLAP_BYTES:
             n = self._stream.write(view)
             self._crc = zlib.crc32(view, self._crc)
+        elif self._zip:
+            self._pending = (self._crc, self._total, view.nbytes)  # its CRC32 comes in the next write
+            n = self._stream.write(view)
         else:
             checksum = _helper().submit(zlib.crc32, view, self._crc)
             try:
@@ -78,6 +113,23 @@ class ChecksumStream:
             self._crc = crc
         self._total += view.nbytes
         return n
+
+    def _settle(self, descriptor: memoryview | None) -> None:
+        """Account for the payload written last: by the CRC32 in ``descriptor``, if it is that payload's zip
+        data descriptor, else by reading the payload back."""
+        if self._pending is None:
+            return
+        before, offset, length = self._pending
+        self._pending = None
+        payload_crc = _descriptor_crc(descriptor, length) if descriptor is not None else None
+        if payload_crc is None:
+            assert self._read_back is not None  # a payload is left pending only with a way to read it back
+            self._stream.flush()
+            payload_crc = 0
+            for start in range(offset, offset + length, READ_BACK_BYTES):
+                chunk = self._read_back(start, min(READ_BACK_BYTES, offset + length - start))
+                payload_crc = zlib.crc32(chunk, payload_crc)
+        self._crc = crc32_combine(before, payload_crc, length)
 
     def tell(self) -> int:
         return self._stream.tell()
@@ -92,8 +144,72 @@ class ChecksumStream:
 
     def take(self) -> int:
         """The CRC32 of the bytes written since the previous take (or the start)."""
+        self._settle(None)
         value, self._crc = self._crc, 0
         return value
+
+
+READ_BACK_BYTES = 64 << 20
+_DESCRIPTOR = struct.Struct("<4sIII")  # signature, CRC32, compressed and uncompressed size
+_DESCRIPTOR64 = struct.Struct("<4sIQQ")  # the same with ZIP64 sizes
+_DESCRIPTOR_SIGNATURE = b"PK\x07\x08"
+
+
+def _descriptor_crc(view: memoryview, length: int) -> int | None:
+    """The CRC32 in ``view`` if it is the zip data descriptor of a stored payload of ``length`` bytes."""
+    for layout in (_DESCRIPTOR, _DESCRIPTOR64):
+        if view.nbytes == layout.size:
+            signature, crc, compressed, uncompressed = layout.unpack(view)
+            mask = (1 << (8 * (layout.size - 8) // 2)) - 1  # a 4-byte size field holds the length modulo 2**32
+            if signature == _DESCRIPTOR_SIGNATURE and compressed == uncompressed == length & mask:
+                return int(crc)
+    return None
+
+
+def _torch_computes_crc32() -> bool:
+    """Whether ``torch.save`` writes a CRC32 of each record (torch's serialization config; False where unknown)."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return False
+    return bool(getattr(getattr(config, "save", None), "compute_crc32", False))
+
+
+_CRC_POLY = 0xEDB88320  # CRC-32 (zlib's), reflected
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a * b modulo the CRC-32 polynomial (reflected bit order), as zlib's crc32_combine computes it."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if (a & (m - 1)) == 0:
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
+
+
+def _x2n_table() -> list[int]:
+    table, p = [], 1 << 30  # x**1
+    for _ in range(32):
+        table.append(p)
+        p = _multmodp(p, p)
+    return table
+
+
+_X2N = _x2n_table()  # x**(2**k) modulo the polynomial
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC32 of A + B from crc1 = CRC32(A), crc2 = CRC32(B) and len2 = len(B) (zlib's crc32_combine)."""
+    p, k, n = 1 << 31, 3, len2  # x**0, times x**(8 * len2)
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
 
 
 OVERLAP_BYTES = 1 << 20
@@ -128,6 +244,23 @@ def unseal(data: bytes | memoryview, label: bytes, what: str) -> memoryview:
     if stored_label != label.ljust(8, b"\0")[:8]:
         raise IntegrityError(f"{what} holds another checkpoint's data (recorded as {stored_label!r}, not {label!r})")
     return body
+
+
+def file_reader(path: str | os.PathLike[str]) -> Callable[[int, int], bytes]:
+    """``read(offset, nbytes)``: those bytes of the file at ``path`` (also while it is being written, once flushed);
+    OSError if fewer are there."""
+
+    def read(offset: int, nbytes: int) -> bytes:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            data = os.pread(fd, nbytes, offset)
+        finally:
+            os.close(fd)
+        if len(data) != nbytes:
+            raise OSError(f"{os.fspath(path)}: read {len(data)} of the {nbytes} bytes written at offset {offset}")
+        return data
+
+    return read
 
 
 def open_new(path: str | os.PathLike[str]) -> IO[bytes]:

@@ -39,9 +39,10 @@ untested, this was written on a CPU-only machine). A tensor viewing a larger sto
 written, since ``torch.save`` would write the whole storage; tensor bytes otherwise go from the staged tensor
 straight into the file.
 
-Integrity (IN-1): each item's CRC32 is computed while it is written (``ChecksumStream``); ``finish`` records them
-with every file's size in ``metadata.checksums`` and appends a checksum trailer to ``.metadata`` (after the
-pickle, which stock readers stop before). A file's items lie back to back from its first byte to its last, so
+Integrity (IN-1): each item's CRC32 is computed while it is written (``ChecksumStream``: a tensor's bytes are
+hashed once, by torch's zip writer, whose CRC32 of them is combined with that of the bytes around them); ``finish``
+records them with every file's size in ``metadata.checksums`` and appends a checksum trailer to ``.metadata`` (after
+the pickle, which stock readers stop before). A file's items lie back to back from its first byte to its last, so
 their CRC32s cover every byte of it. ``CachedMetadataFileSystemReader`` checks all of it at load.
 
 Equivalence with torch's synchronous ``FileSystemWriter`` (FS-18): without ``separation_hint``, the data files
@@ -363,7 +364,7 @@ def _write_bucket(storage: Storage, bucket: WriteBucket, checksums: bool = True)
     results = []
     with storage.create_stream(bucket.path) as raw:
         # each item's CRC32, computed on the bytes as they are written (not at all without checksums: its cost)
-        stream = ChecksumStream(raw, enabled=checksums)
+        stream = ChecksumStream(raw, enabled=checksums, read_back=storage.reader(bucket.path))
         for item, data in bytes_data:
             results.append(_write_item(stream, item, bucket.relative_path, data))
         for item, tensor in tensor_data:
@@ -377,7 +378,8 @@ def _write_item(
 ) -> WriteResult:
     offset = stream.tell()
     if isinstance(data, torch.Tensor):
-        torch.save(data, cast(IO[bytes], stream))
+        with stream.zip_records():  # the payload's CRC32 is torch's own (integrity module docstring)
+            torch.save(data, cast(IO[bytes], stream))
     else:
         stream.write(data.getbuffer())
     length = stream.tell() - offset

@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import IO, Any
 
-from ..integrity import make_dirs, open_new
+from ..integrity import file_reader, make_dirs, open_new
 
 __all__ = ["MSC_SCHEME", "MscStorage", "PosixStorage", "Storage", "storage_for"]
 
@@ -51,6 +51,11 @@ class Storage(ABC):
     @abstractmethod
     def create_stream(self, path: str) -> AbstractContextManager[IO[bytes]]:
         """Context manager: a binary stream writing ``path``, durable once the block exits cleanly."""
+
+    def reader(self, path: str) -> Callable[[int, int], bytes] | None:
+        """``read(offset, nbytes)`` of a file being written through ``create_stream``, or None where a file being
+        written cannot be read back (then every byte is checksummed as it is written)."""
+        return None
 
     @abstractmethod
     def sync_dir(self, path: str) -> None:
@@ -88,6 +93,9 @@ class PosixStorage(Storage):
             yield stream
             stream.flush()
             os.fsync(stream.fileno())
+
+    def reader(self, path: str) -> Callable[[int, int], bytes]:
+        return file_reader(path)
 
     def sync_dir(self, path: str) -> None:
         fd = os.open(path or ".", os.O_RDONLY)

@@ -29,7 +29,7 @@ from typing import IO, Any, cast
 
 import torch
 
-from ...integrity import ChecksumStream, IntegrityError, make_dirs, open_new, seal, unseal
+from ...integrity import ChecksumStream, IntegrityError, file_reader, make_dirs, open_new, seal, unseal
 from ..base_state_dict import TensorAwareStateDict
 from ..replication.strategies import ReplicationStrategy
 from .base_manager import BaseCheckpointManager, CheckpointingException, CkptID, SameMachineReplicationException, Tag
@@ -53,8 +53,9 @@ def _write_parts(writes: list[tuple[str, bytes, TensorAwareStateDict]]) -> None:
     for path, label, part in writes:
         make_dirs(os.path.dirname(path))
         with open_new(path) as f:
-            stream = ChecksumStream(f)
-            torch.save(part, cast(IO[bytes], stream))
+            stream = ChecksumStream(f, read_back=file_reader(path))
+            with stream.zip_records():  # each tensor's bytes hashed once, by torch (integrity module docstring)
+                torch.save(part, cast(IO[bytes], stream))
             f.write(seal(stream.take(), stream.total, label))
             f.flush()
             os.fsync(f.fileno())
