@@ -84,7 +84,7 @@ from ..utils import dist_rank
 from .staging import copies_to_host, wait_landed, waits_for_landing
 from .storage import Storage, storage_for
 
-__all__ = ["ChecksummedWriteResult", "FileSystemWriterAsync", "WriteBucket"]
+__all__ = ["ChecksummedWriteResult", "FileSystemWriterAsync", "WriteBucket", "WriteTemplate"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,14 @@ class WriteBucket(NamedTuple):
     path: str
     relative_path: str
     data: tuple[list[tuple[WriteItem, io.BytesIO]], list[tuple[WriteItem, torch.Tensor]]]
+
+
+class WriteTemplate(NamedTuple):
+    """A save's buckets without their data: per file (name, [(byte item, value index)], [(tensor item, value
+    index)]), and the writer settings they were made with (``FileSystemWriterAsync.write_template``)."""
+
+    settings: tuple[Any, ...]
+    buckets: tuple[tuple[str, tuple[tuple[WriteItem, int], ...], tuple[tuple[WriteItem, int], ...]], ...]
 
 
 class FileSystemWriterAsync(StorageWriter):
@@ -211,11 +219,54 @@ class FileSystemWriterAsync(StorageWriter):
         An error is kept and reported by ``retrieve_write_results``, so that finalization raises it on
         every rank instead of this rank alone leaving the collective protocol.
         """
+        self._use_buckets(lambda: self._buckets(plan, planner))
+
+    def write_template(self, locate: Callable[[WriteItem], int]) -> WriteTemplate:
+        """The prepared buckets with each item's data named by ``locate(item)`` (its place among the state dict's
+        values), for ``prepared_buckets`` to fill from the next state dict of the same structure."""
+        assert self.write_buckets is not None  # after prepare_write_data
+        return WriteTemplate(
+            self._settings(),
+            tuple(
+                (
+                    bucket.relative_path,
+                    tuple((item, locate(item)) for item, _ in bucket.data[0]),
+                    tuple((item, locate(item)) for item, _ in bucket.data[1]),
+                )
+                for bucket in self.write_buckets
+            ),
+        )
+
+    def prepared_buckets(
+        self, template: WriteTemplate, values: list[Any], to_bytes: Callable[[WriteItem, Any], Any]
+    ) -> list[WriteBucket] | None:
+        """This writer's buckets from ``template`` and the state dict's ``values`` (byte items through
+        ``to_bytes``), or None when the template was made for other writer settings. Creates nothing."""
+        if template.settings != self._settings():
+            return None
+        concat, directory = self._storage.concat_path, self.checkpoint_dir
+        return [
+            WriteBucket(
+                concat(directory, name),
+                name,
+                ([(i, to_bytes(i, values[k])) for i, k in byte_items], [(i, _detached(values[k])) for i, k in tensors]),
+            )
+            for name, byte_items, tensors in template.buckets
+        ]
+
+    def use_write_buckets(self, buckets: list[WriteBucket]) -> None:
+        """Write ``buckets`` (from ``prepared_buckets``): what ``prepare_write_data`` does with the plan's."""
+        self._use_buckets(lambda: buckets)
+
+    def _settings(self) -> tuple[Any, ...]:
+        return (type(self._storage), self.thread_count, self.separation_hint)
+
+    def _use_buckets(self, build: Callable[[], list[WriteBucket]]) -> None:
         self._discard_results()
         self._prepare_error = None
         try:
             self._storage.mkdir(self.checkpoint_dir)  # here, not at planning: a refused save creates nothing
-            self.write_buckets = self._buckets(plan, planner)
+            self.write_buckets = build()
         except Exception as exc:
             self._prepare_error, self.write_buckets = exc, []
         if self.write_buckets:
@@ -297,7 +348,7 @@ class FileSystemWriterAsync(StorageWriter):
                     if i.type == WriteItemType.BYTE_IO
                 ]
                 tensor_data = [
-                    (i, cast(torch.Tensor, planner.resolve_data(i)).detach())
+                    (i, _detached(cast(torch.Tensor, planner.resolve_data(i))))
                     for i in bucket_items
                     if i.type != WriteItemType.BYTE_IO
                 ]
@@ -397,6 +448,11 @@ def _checksums(results: list[WriteResult]) -> dict[str, Any]:
         items[(info.relative_path, info.offset)] = getattr(wr, "crc32", None)
         files[info.relative_path] = max(files.get(info.relative_path, 0), info.offset + info.length)
     return {"algorithm": "crc32", "items": items, "files": files}
+
+
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    """``t`` out of autograd's reach (a detach costs about 1 us, so only where it is needed)."""
+    return t.detach() if t.requires_grad else t
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,18 @@ caller puts ``storage_writer.get_save_function_and_args()`` (an AsyncRequest); `
 gathers the write results and lets the coordinator commit the metadata. Signature-compatible with NVRx
 ``async_ckpt.state_dict_saver``.
 
-Planning takes one of three paths, all of which call ``planner.finish_plan`` and
-``storage_writer.prepare_write_data``:
+Planning takes one of four paths, all of which call ``planner.finish_plan`` and prepare the writer's buckets:
 
+* prepared (``enable_cache=True``, a repeated save): each rank compares a fingerprint of its state dict with the
+  one of its previous save planned in full (per value: its path and type; per tensor: its shape, dtype, device,
+  ``requires_grad`` and, on a machine with CUDA, whether a CPU tensor is pinned: what the plan and the metadata
+  depend on). Where it holds on every rank (one integer all-reduce, the only collective), the cached plan and
+  metadata are reused and the writer's buckets are filled from the previous save's template: no planner set-up,
+  no local plan, no plan comparison; each value is taken from this state dict (a tensor as it is now, a
+  non-tensor pickled anew). It holds only for plain tensors (``torch.Tensor``, ``nn.Parameter``; not DTensor or
+  ShardedTensor), torch's ``DefaultSavePlanner`` itself (a subclass may resolve data its own way) with the same
+  settings, and the same writer settings; otherwise the save plans in
+  full (the next path), and a full plan leaves the template for the next save;
 * cached: with a metadata cache holding a previous plan, every rank checks that its local plan is unchanged
   (one integer all-reduce); if so, the cached global plan and metadata are reused and no plan is exchanged;
 * decentralized, when planner and writer both allow it: the coordinator gathers the local plans to build the
@@ -20,7 +29,8 @@ commit raise ``CheckpointException`` on every rank, and the metadata is written 
 succeeded.
 
 Decisions: a cached plan is reused only while every rank's local plan (keys, shapes, dtypes, ...) is
-unchanged, so a changed structure never reuses a stale plan; ``enable_cache=True`` without
+unchanged, so a changed structure never reuses a stale plan; the prepared path's agreement stays in the trainer's
+call: a rank whose structure changed must plan collectively, so every rank must know it before the call returns; ``enable_cache=True`` without
 ``metadata_cache`` uses the module's cache (created on first use); ``verify_global_md_reuse`` works with any
 backend (its flag tensor lives where the backend wants it).
 """
@@ -29,22 +39,22 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.checkpoint.utils import _DistWrapper
 
 from ..utils import all_reduce, dist_ready
 
 if TYPE_CHECKING:
-    from .filesystem_async import FileSystemWriterAsync
+    from .filesystem_async import FileSystemWriterAsync, WriteTemplate
 
 __all__ = [
     "CheckpointMetadataCache",
@@ -74,6 +84,7 @@ class CheckpointMetadataCache:
         self.validated_cache_reuse = False
         self.validated_loaded_metadata_reuse = False
         self.loaded_all_plans: list[SavePlan] | None = None
+        self._prepared: _Prepared | None = None  # not NVRx's: the prepared path's fingerprint and template
 
     def set_cached_global_metadata(self, cached_global_metadata: Metadata) -> None:
         """Hold a previous checkpoint's metadata and the local plans it records (if any).
@@ -154,6 +165,17 @@ def save_state_dict_async_plan(
     cache = (metadata_cache if metadata_cache is not None else _module_cache()) if enable_cache else None
     dist_wrapper = _DistWrapper(process_group, dist_ready(), coordinator_rank)
     planner = planner if planner is not None else DefaultSavePlanner()
+    if cache is not None and cache.cached_central_plan is not None:
+        buckets = _prepared_buckets(cache, state_dict, planner, storage_writer)
+        if _all_ranks_agree(buckets is not None, dist_wrapper):
+            assert buckets is not None
+            storage_writer.use_write_buckets(buckets)
+            planner.finish_plan(cache.cached_central_plan)
+            cache.validated_cache_reuse, cache.validated_loaded_metadata_reuse = True, False
+            return cache.prepare_save_state_dict_ret(
+                dist_wrapper.get_rank(), coordinator_rank, (storage_writer, None, dist_wrapper)
+            )
+    planner_settings = _planner_settings(planner)  # before set_up_planner adds its own attributes
     local_plan, local_error = _local_step(planner, storage_writer, state_dict, dist_wrapper.is_coordinator)
     central_plan, metadata, md_reused = _global_step(
         planner, storage_writer, local_plan, local_error, cache, dist_wrapper
@@ -163,6 +185,7 @@ def save_state_dict_async_plan(
     ret = (storage_writer, metadata, dist_wrapper)
     if cache is not None:
         cache.set_cache_metadata(central_plan, local_plan, md_reused)
+        cache._prepared = _prepare_next(state_dict, planner, planner_settings, storage_writer)
         ret = cache.prepare_save_state_dict_ret(dist_wrapper.get_rank(), coordinator_rank, ret)
     return ret
 
@@ -289,3 +312,131 @@ def save_state_dict_async_finalize(
         storage_writer.finish(global_metadata, all_results)
 
     dist_wrapper.all_reduce("write", storage_writer.retrieve_write_results, commit)
+
+
+# ------------------------------------------------------------------------------------------ the prepared path
+
+
+class _Prepared(NamedTuple):
+    fingerprint: list[tuple[Any, ...]]
+    planner_settings: tuple[Any, ...]
+    template: WriteTemplate
+
+
+class _Unprepared(Exception):
+    """The state dict holds a value the prepared path does not handle: plan in full."""
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+class _Walk(NamedTuple):
+    values: list[Any]  # every value of the state dict, containers included, depth first
+    prints: list[tuple[Any, ...]]  # per value: its key, type and, for a tensor, what the plan depends on
+    paths: list[tuple[Any, ...]]  # per value: its path as torch's traversal makes it
+
+
+def _walk(state_dict: dict[str, Any], expected: list[tuple[Any, ...]] | None = None) -> _Walk | None:
+    """The state dict's values and fingerprint. With ``expected`` (a previous walk's prints), the values only,
+    compared as they are met: None at the first difference (nothing kept per value, no paths made: the repeated
+    save's cost). None also where the prepared path does not apply (a DTensor, a ShardedTensor, ...)."""
+    values: list[Any] = []
+    prints: list[tuple[Any, ...]] = []
+    paths: list[tuple[Any, ...]] = []
+    pinned = torch.cuda.is_available()  # without CUDA no tensor is pinned (asking costs about 1 us a tensor)
+    plain = _PLAIN_TENSORS
+
+    def note(path: tuple[Any, ...] | None, print_: tuple[Any, ...]) -> None:
+        if expected is None:
+            prints.append(print_)
+            paths.append(path)  # type: ignore[arg-type]  # always a path when nothing is expected
+        elif len(values) > len(expected) or expected[len(values) - 1] != print_:
+            raise _Unprepared
+
+    def visit(path: tuple[Any, ...] | None, children: Any) -> None:
+        # One loop per container, a tensor handled inline: a state dict is mostly tensors (10,000 a save).
+        for key, value in children:
+            values.append(value)
+            kind = type(value)
+            at = None if path is None else (*path, key)
+            if kind in plain:
+                if value.layout is not torch.strided:
+                    raise _Unprepared
+                cpu_pinned = pinned and value.device.type == "cpu" and value.is_pinned()
+                note(at, (key, kind, value.shape, value.dtype, value.device, value.requires_grad, cpu_pinned))
+            elif isinstance(value, torch.Tensor) or hasattr(value, "__create_write_items__"):
+                raise _Unprepared  # a DTensor, a ShardedTensor, or an object planning its own items
+            elif isinstance(value, Mapping):
+                note(at, (key, kind, len(value)))
+                visit(at, ((str(k), v) for k, v in value.items()))
+            elif kind is list or kind is tuple:
+                note(at, (key, kind, len(value)))
+                visit(at, enumerate(value))
+            else:
+                note(at, (key, kind))
+
+    try:
+        visit(() if expected is None else None, ((str(k), v) for k, v in state_dict.items()))
+    except _Unprepared:
+        return None
+    if expected is not None and len(values) != len(expected):
+        return None
+    return _Walk(values, prints, paths)
+
+
+def _planner_settings(planner: SavePlanner) -> tuple[Any, ...]:
+    """The planner's class and its flags (what its plan depends on besides the state dict)."""
+    flags = sorted((k, v) for k, v in vars(planner).items() if isinstance(v, bool) and k != "is_coordinator")
+    return (type(planner), *flags)
+
+
+def _prepared_buckets(
+    cache: CheckpointMetadataCache, state_dict: dict[str, Any], planner: SavePlanner, writer: FileSystemWriterAsync
+) -> list[Any] | None:
+    """The writer's buckets filled from the previous save's template, or None where this save must plan in full
+    (no template, another structure or planner, the writer's path refused, a value that cannot be pickled)."""
+    prepared = cache._prepared
+    if prepared is None or cache.cached_local_plan is None:
+        return None
+    if not isinstance(planner, DefaultSavePlanner) or _planner_settings(planner) != prepared.planner_settings:
+        return None  # (the template was made for DefaultSavePlanner itself: the check also narrows the type)
+    walk = _walk(state_dict, prepared.fingerprint)
+    if walk is None:
+        return None
+    try:
+        writer.prepare_local_plan(cache.cached_local_plan)  # refuses a file or an existing checkpoint
+        return writer.prepared_buckets(prepared.template, walk.values, planner.transform_object)
+    except Exception:
+        return None  # the full path raises it on every rank
+
+
+def _prepare_next(
+    state_dict: dict[str, Any], planner: SavePlanner, planner_settings: tuple[Any, ...], writer: FileSystemWriterAsync
+) -> _Prepared | None:
+    """What the next save with the same structure reuses, from this save's full plan (None if it cannot)."""
+    mappings = getattr(planner, "mappings", None)
+    # torch's own planner only: a subclass may resolve an item's data its own way
+    if type(planner) is not DefaultSavePlanner or mappings is None or not writer.write_buckets:
+        return None
+    walk = _walk(state_dict)
+    if walk is None:
+        return None
+    index = {path: i for i, path in enumerate(walk.paths)}
+    if len(index) != len(walk.paths):
+        return None  # two values with one path (keys equal as strings): torch refuses to flatten them
+
+    def locate(item: WriteItem) -> int:
+        at = index[mappings[item.index.fqn]]
+        if item.type != WriteItemType.BYTE_IO:
+            tensor, chunk = walk.values[at], item.tensor_data
+            if type(tensor) not in _PLAIN_TENSORS or chunk is None or any(chunk.chunk.offsets):
+                raise _Unprepared
+            if tuple(chunk.chunk.sizes) != tuple(tensor.shape):
+                raise _Unprepared
+        return at
+
+    try:
+        template = writer.write_template(locate)
+    except (_Unprepared, KeyError):
+        return None
+    return _Prepared(walk.prints, planner_settings, template)
