@@ -168,10 +168,6 @@ class SlabPool:
         while len(self._free) > self.MAX_FREE:
             self._free.pop().close()
 
-    def free_sizes(self) -> list[int]:
-        """The byte sizes of the free slabs, largest first."""
-        return [s.nbytes for s in self._free]
-
     def clear(self) -> None:
         for slab in self._free:
             slab.close()

@@ -4,7 +4,9 @@ Each save is the documented recipe (ckptspec.spec.harness.surface.recipe: `FileS
 an `AsyncRequest` finalized by `save_state_dict_async_finalize`), scheduled on one `AsyncCallsQueue`. The adapters
 of impl, nvrx and mcore pass their own three modules; nothing here knows a target's internals: an adapter whose
 queue takes more constructor options, or has a documented staging signal (a method the trainer calls before it
-next changes the tensors), names them (`queue_options`, `staging_signal`), and `staged()` calls that method.
+next changes the tensors), names them (`queue_options`, `staging_signal`), and `staged()` calls that method;
+`plan_cache` plans with the documented plan cache (`enable_cache=True`), as a trainer whose state dict keeps its
+structure does.
 """
 
 from __future__ import annotations
@@ -43,8 +45,13 @@ class QueueSaver(Saver):
         persistent: bool | None = None,
         queue_options: dict[str, Any] | None = None,
         staging_signal: str | None = None,
+        plan_cache: bool = False,
     ):
         self.modules = modules
+        # The documented plan cache (enable_cache=True), a cache of this saver's own, where the adapter asks for it.
+        self.plan_kwargs = (
+            {"enable_cache": True, "metadata_cache": modules.saver.CheckpointMetadataCache()} if plan_cache else None
+        )
         options = dict(queue_options or {})
         if persistent is not None:
             options["persistent"] = persistent
@@ -53,7 +60,8 @@ class QueueSaver(Saver):
         self.started = self.finalized = 0
 
     def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
-        self.queue.schedule_async_request(plan_async_save(self.modules, state_dict, path, thread_count=1).request())
+        planned = plan_async_save(self.modules, state_dict, path, plan_kwargs=self.plan_kwargs, thread_count=1)
+        self.queue.schedule_async_request(planned.request())
         self.started += 1
         return _QueueHandle(self, self.started)
 
@@ -67,8 +75,10 @@ def saver_of(
     modules: tuple[str, ...] | None = None,
     queue_options: dict[str, Any] | None = None,
     staging_signal: str | None = None,
+    plan_cache: bool = False,
 ) -> QueueSaver:
     """A QueueSaver over target `name`'s recipe modules, or over the importable `modules` given."""
     from ckptspec.spec.harness.surface.loading import load_target
 
-    return QueueSaver(recipe_modules(load_target(name), modules), persistent, queue_options, staging_signal)
+    modules_ = recipe_modules(load_target(name), modules)
+    return QueueSaver(modules_, persistent, queue_options, staging_signal, plan_cache)

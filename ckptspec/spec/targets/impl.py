@@ -43,6 +43,11 @@ STAGING_ENV = "CKPTSPEC_IMPL_STAGING"
 caller persistent) and `staged()` is `wait_for_staging()`; unset or `sync`: impl's default queue (docs/impl.md)."""
 
 
+PLAN_CACHE_ENV = "CKPTSPEC_IMPL_PLAN_CACHE"
+"""`1`: the protocol saver plans with `enable_cache=True` (so a repeated save is prepared, docs/impl.md); unset or
+`0`: it plans every save in full, as the NVRx guide's recipe does."""
+
+
 def protocol_saver(**options: Any) -> QueueSaver:
     """The protocol interface over the NVRx guide's recipe (ckptspec.spec.targets._queue_saver)."""
     from ckptspec.spec.targets._queue_saver import saver_of
@@ -53,7 +58,12 @@ def protocol_saver(**options: Any) -> QueueSaver:
     persistent = options.get("persistent")
     overlapped = mode == "overlapped" and persistent is not False
     queue_options = {"overlap_staging": True} if overlapped else None
-    return saver_of(NAME, persistent, queue_options=queue_options, staging_signal="wait_for_staging")
+    plan_cache = os.environ.get(PLAN_CACHE_ENV, "0")
+    if plan_cache not in ("0", "1"):
+        raise ValueError(f"{PLAN_CACHE_ENV}={plan_cache!r}: expected '0' or '1'")
+    return saver_of(
+        NAME, persistent, queue_options=queue_options, staging_signal="wait_for_staging", plan_cache=plan_cache == "1"
+    )
 
 
 class ImplManager(CheckpointManager):
