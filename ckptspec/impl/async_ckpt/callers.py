@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing  # registers torch's tensor reductions with ForkingPickler
 
+from ..phases import mark
 from ..utils import all_reduce, dist_ready
 from .process_reaping import kill_group, track_live, untrack_live
 from .request import AsyncRequest, raise_failure, run_guarded
@@ -310,7 +311,10 @@ class PersistentAsyncCaller(AsyncCaller):
             # this call still returns only once every copy is made, so the snapshot is the state at the call.
             slab.set_progress(0)
             self._send((idx, wants_ack, body, slab.nbytes), slab.fd)
+            mark("handed over")
+            mark("copies")
             copy_in(slab, layout)  # a failed copy fails the request in the worker too
+            mark("snapshot")
         if wants_ack:
             self._wait_for_preload(idx)
 

@@ -80,6 +80,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
 from ..integrity import ChecksumStream, crc32, open_new, seal
+from ..phases import mark
 from ..utils import dist_rank
 from .staging import copies_to_host, wait_landed, waits_for_landing
 from .storage import Storage, storage_for
@@ -199,6 +200,7 @@ class FileSystemWriterAsync(StorageWriter):
             data += seal(crc32(data), len(data), METADATA_LABEL)  # pickle.load stops before the trailer
         path = self._storage.concat_path(self.checkpoint_dir, METADATA_NAME)
         self._storage.write_atomically(path, data)
+        mark("committed")
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
@@ -391,6 +393,7 @@ def _write_all(
     if not errors:
         try:
             storage.sync_dir(os.path.dirname(buckets[0].path))
+            mark("durable")
         except OSError as exc:
             errors.append(RuntimeError(f"rank {rank}: syncing the checkpoint directory failed: {exc!r}"))
     outcome = errors[0] if errors else [result for results in written for result in results]
@@ -416,11 +419,13 @@ def _write_bucket(storage: Storage, bucket: WriteBucket, checksums: bool = True)
     with storage.create_stream(bucket.path) as raw:
         # each item's CRC32, computed on the bytes as they are written (not at all without checksums: its cost)
         stream = ChecksumStream(raw, enabled=checksums, read_back=storage.reader(bucket.path))
+        mark("first byte")
         for item, data in bytes_data:
             results.append(_write_item(stream, item, bucket.relative_path, data))
         for item, tensor in tensor_data:
             wait_landed(tensor)  # written as soon as its copy is in, while the trainer copies the next
             results.append(_write_item(stream, item, bucket.relative_path, _compact(tensor)))
+        mark("last byte")
     return results
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from ..phases import mark
 from ..utils import picklable_error
 from .callers import PersistentAsyncCaller
 from .request import AsyncRequest
@@ -176,7 +177,9 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
         while (staging := self._inbox.get()) is not None:
             try:
                 if not self._aborting:
+                    mark("copies")
                     self._finish_copies(staging)
+                    mark("snapshot")
             except Exception as exc:
                 self._copy_failures.append((staging.idx, picklable_error(exc)))
                 continue
@@ -189,6 +192,7 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
                     if staging.slab is not None:
                         staging.slab.set_progress(LANDED_ALL)  # sent complete: the worker need not wait
                     self._send(staging.message, None if staging.slab is None else staging.slab.fd)
+                    mark("handed over")
             staging.message = (staging.idx, False, b"", None)  # the pickled request is not needed any more
 
     def _finish_copies(self, staging: _Staging) -> None:

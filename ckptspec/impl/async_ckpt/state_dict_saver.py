@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.checkpoint.utils import _DistWrapper
 
+from ..phases import mark
 from ..utils import all_reduce, dist_ready
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ def save_state_dict_async_plan(
     Returns ``(storage_writer, metadata or None, dist_wrapper)``, to pass to ``save_state_dict_async_finalize``;
     only the coordinator holds the metadata. Raises CheckpointException on every rank if planning failed on any.
     """
+    mark("plan")
     cache = (metadata_cache if metadata_cache is not None else _module_cache()) if enable_cache else None
     dist_wrapper = _DistWrapper(process_group, dist_ready(), coordinator_rank)
     planner = planner if planner is not None else DefaultSavePlanner()
@@ -172,6 +174,7 @@ def save_state_dict_async_plan(
             storage_writer.use_write_buckets(buckets)
             planner.finish_plan(cache.cached_central_plan)
             cache.validated_cache_reuse, cache.validated_loaded_metadata_reuse = True, False
+            mark("planned")
             return cache.prepare_save_state_dict_ret(
                 dist_wrapper.get_rank(), coordinator_rank, (storage_writer, None, dist_wrapper)
             )
@@ -187,6 +190,7 @@ def save_state_dict_async_plan(
         cache.set_cache_metadata(central_plan, local_plan, md_reused)
         cache._prepared = _prepare_next(state_dict, planner, planner_settings, storage_writer)
         ret = cache.prepare_save_state_dict_ret(dist_wrapper.get_rank(), coordinator_rank, ret)
+    mark("planned")
     return ret
 
 
@@ -311,7 +315,9 @@ def save_state_dict_async_finalize(
             raise RuntimeError("the coordinator has no metadata to commit (pass the plan step's return value)")
         storage_writer.finish(global_metadata, all_results)
 
+    mark("finalize")
     dist_wrapper.all_reduce("write", storage_writer.retrieve_write_results, commit)
+    mark("finalized")
 
 
 # ------------------------------------------------------------------------------------------ the prepared path
