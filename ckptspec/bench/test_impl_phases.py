@@ -1,6 +1,6 @@
 """impl's phase marks (ckptspec/impl/phases.py): with CKPTSPEC_IMPL_PHASES naming a file, one save through the
 NVRx recipe leaves each mark of the module's docstring, from the trainer and the worker, in the order a save
-makes them; unset, a save writes nothing. The benchmarks read them to show where impl's time goes."""
+makes them. The benchmarks read them to show where impl's time goes."""
 
 from __future__ import annotations
 
@@ -64,8 +64,3 @@ def test_a_save_leaves_every_mark_in_order(tmp_path):
     assert first["first byte"][1] != first["plan"][1], "the writer's marks should come from the worker's process"
     for before, after in _ORDER:
         assert first[before][0] <= first[after][0], f"{before!r} came after {after!r}: {rows}"
-
-
-def test_without_the_variable_nothing_is_written(tmp_path):
-    _save(tmp_path, None)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "save.py"]

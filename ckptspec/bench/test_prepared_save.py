@@ -211,3 +211,37 @@ def test_a_value_that_cannot_be_pickled_fails_as_when_planned_in_full(tmp_path):
     with pytest.raises(CheckpointException, match="cannot be saved"):
         _save(state, str(tmp_path / "b"), cache)
     assert not os.path.exists(tmp_path / "b"), "a refused save created its directory"
+
+
+def test_the_request_pickler_pickles_a_repeated_item_once(monkeypatch):
+    """The worker's requests (callers.RequestPickler): the same plan item in the next request is not pickled
+    again; another object is, even if equal; what arrives equals what was sent."""
+    from torch.distributed.checkpoint.planner import WriteItem
+
+    from ckptspec.impl.async_ckpt import callers
+
+    state = _state(1)
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(state, is_coordinator=True)
+    items = planner.create_local_plan().items
+    copies = [pickle.loads(pickle.dumps(i)) for i in items]  # equal items, other objects
+    pickled: list[WriteItem] = []
+    real = callers.pickle.dumps
+
+    def counting(obj: Any, *args: Any) -> bytes:
+        if isinstance(obj, WriteItem):
+            pickled.append(obj)
+        return real(obj, *args)
+
+    monkeypatch.setattr(callers.pickle, "dumps", counting)
+    request = _MODULES.core.AsyncRequest(print, (0, [(i, None) for i in items]), [])
+    requests = callers.RequestPickler()
+    first = requests.dumps(request)
+    assert len(pickled) == len(items)
+    again = requests.dumps(request)
+    assert len(pickled) == len(items), "items already sent were pickled again"
+    assert again == first
+    requests.dumps(_MODULES.core.AsyncRequest(print, (0, [(i, None) for i in copies]), []))
+    assert len(pickled) == 2 * len(items), "equal but other objects must be pickled anew"
+    arrived = pickle.loads(again)
+    assert [i for i, _ in arrived.async_fn_args[1]] == items

@@ -21,7 +21,9 @@ Contract (signature-compatible with NVRx ``async_ckpt.core``):
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import pickle
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing  # registers torch's tensor reductions with ForkingPickler
+from torch.distributed.checkpoint.planner import WriteItem
 
 from ..phases import mark
 from ..utils import all_reduce, dist_ready
@@ -270,6 +273,41 @@ def _gpu_to_host(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu") if t.is_cuda else t
 
 
+class RequestPickler:
+    """Pickles requests for the worker (``ForkingPickler``: tensors and handles as multiprocessing sends them),
+    each plan item (``WriteItem``) of the previous request pickled again only if it is another object.
+
+    A repeated save (the prepared path, ``state_dict_saver``) hands the writer the same items every time: about 1 us
+    each to look up instead of about 10 us to pickle (a state dict of 10,000 tensors: some 0.1 s of the trainer's
+    call). Items are frozen dataclasses; the cache holds the previous request's items only.
+    """
+
+    def __init__(self) -> None:
+        self._previous: dict[int, tuple[WriteItem, bytes]] = {}
+
+    def dumps(self, request: AsyncRequest) -> bytes:
+        buffer = io.BytesIO()
+        pickler = _ItemReusingPickler(buffer, self._previous)
+        pickler.dump(request)
+        self._previous = pickler.current
+        return buffer.getvalue()
+
+
+class _ItemReusingPickler(ForkingPickler):
+    def __init__(self, file: io.BytesIO, previous: dict[int, tuple[WriteItem, bytes]]):
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.previous = previous
+        self.current: dict[int, tuple[WriteItem, bytes]] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is not WriteItem:
+            return NotImplemented
+        known = self.previous.get(id(obj))
+        blob = known[1] if known is not None and known[0] is obj else pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+        self.current[id(obj)] = (obj, blob)
+        return pickle.loads, (blob,)
+
+
 class PersistentAsyncCaller(AsyncCaller):
     """One long-lived spawned worker per caller, serving requests FIFO, one at a time.
 
@@ -285,6 +323,7 @@ class PersistentAsyncCaller(AsyncCaller):
         self._conn: connection.Connection | None = None
         self._lifeline: connection.Connection | None = None  # write end, held only here
         self._pool = SlabPool()
+        self._pickler = RequestPickler()
         self._in_flight: dict[int, Slab | None] = {}  # sent, not done -> its slab
         self._preloaded: set[int] = set()
 
@@ -296,7 +335,7 @@ class PersistentAsyncCaller(AsyncCaller):
             return
         request, slab, layout = lay_out(async_req, self._pool)
         try:
-            body = bytes(ForkingPickler.dumps(request))
+            body = self._pickler.dumps(request)
         except Exception as exc:
             self._pool.give(slab)
             raise TypeError(f"AsyncRequest cannot be sent to the checkpoint worker: {exc}") from exc

@@ -32,7 +32,6 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -93,7 +92,7 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
             return
         request, slab, layout = lay_out(async_req, self._pool, stage_preloads=True)
         try:
-            body = bytes(ForkingPickler.dumps(request))
+            body = self._pickler.dumps(request)
         except Exception as exc:
             self._pool.give(slab)
             raise TypeError(f"AsyncRequest cannot be sent to the checkpoint worker: {exc}") from exc
