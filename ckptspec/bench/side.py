@@ -164,6 +164,10 @@ def main() -> int:
                 command = [sys.executable, __file__, *sys.argv[1:], "--rank", str(rank)]
                 others.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE))
         import torch
+
+        refused = device_problem(args.device, args.world)  # before anything else is imported: at once
+        if refused:
+            raise Refused(refused)
         import torch.distributed as dist
 
         torch.set_num_threads(args.threads)  # a loaded small machine stalls parallel kernels on descheduled threads
@@ -171,9 +175,6 @@ def main() -> int:
         from ckptspec.spec.harness.surface.loading import checkpoint_format
         from ckptspec.spec.harness.surface.saver_api import protocol_saver
 
-        refused = device_problem(args.device, args.world)
-        if refused:
-            raise Refused(refused)
         device = "cpu" if args.device == "cpu" else f"cuda:{args.rank}"
         backend = "gloo"
         if args.device == "cuda":

@@ -80,6 +80,7 @@ __all__ = [
     "interpolate",
     "main",
     "parse_peer",
+    "parser",
     "phases_of",
     "size_rounds",
     "table",
@@ -712,7 +713,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(
         prog="python -m ckptspec.bench.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -741,7 +743,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("plot", help="the figure of one stored sweep (matplotlib)")
     p.add_argument("run", type=Path)
     p.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.command == "run":
         return run_sweep(args)
     if args.command == "plot":
