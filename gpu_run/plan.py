@@ -175,7 +175,15 @@ COMMAND_MARGIN_S = 30  # of a command stage's budget: closing the last sides and
 
 def sweep_stage(name: str, budget_s: int, axis: str, values: tuple[int, ...], *extra: str) -> Stage:
     """A sweep of every SWEEP_PEERS peer over `axis`, tensors on the GPU, rounds sized to the budget."""
-    args = ("-m", "ckptspec.bench.sweep", "run", "--axis", axis, "--values", ",".join(map(str, values)))
+    args: tuple[str, ...] = (
+        "-m",
+        "ckptspec.bench.sweep",
+        "run",
+        "--axis",
+        axis,
+        "--values",
+        ",".join(map(str, values)),
+    )
     args += ("--tensors", str(SWEEP_TENSORS), "--device", "cuda", "--fit-memory", "--no-count")
     args += ("--rounds", str(SWEEP_MAX_ROUNDS), "--min-rounds", "3", *extra)
     args += tuple(a for peer in SWEEP_PEERS for a in ("--peer", peer))

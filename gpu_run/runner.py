@@ -219,6 +219,8 @@ def run_stage(
     else:
         status, problem = _judge(stage, text, rc, gpu_mode, collect_only)
     counts = _command_counts(out / f"{stage.name}.json") if stage.command else _counts(text)
+    if stage.command and status == "measured" and not counts.get("points"):
+        status = "measured nothing (every point left out, or no peer could start: see the log)"
     return Result(stage.name, status, problem, seconds, stage.budget_s, rc, counts)
 
 

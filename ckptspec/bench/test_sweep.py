@@ -129,18 +129,18 @@ def test_a_point_fits_in_groups_of_peers_or_is_left_out_saying_why():
     assert (fits, why) == (0, "needs 2 GPUs (one per rank), found 1")
     fits, why = fit_point({"size_mib": 65536, "world": 1}, 8, "cuda", h200)
     assert fits == 0
-    assert "free on the scratch disk" in why
+    assert "free on the scratch disk" in str(why)
     small = Resources(host_available=20 * GIB, disk_free=600 * GIB, gpus=8, gpu_free=80 * GIB)
     fits, why = fit_point({"size_mib": 16384, "world": 1}, 8, "cuda", small)
     assert fits == 0
-    assert "host memory" in why
+    assert "host memory" in str(why)
 
 
 def test_cuda_sides_are_refused_at_once_without_a_gpu(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    assert "no CUDA device here" in device_problem("cuda")
+    assert "no CUDA device here" in str(device_problem("cuda"))
     assert device_problem("cpu") is None
     out = tmp_path / "run.json"
     status = main(["run", "--axis", "size", "--values", "1", "--peer", "impl", "--device", "cuda", "--out", str(out)])
