@@ -306,21 +306,30 @@ def size_rounds(
 
 
 def probe_costs(
-    peers: list[PeerSpec], points: list[dict], plan: dict[float, int], scratch: Path, device: str
-) -> tuple[list[dict], dict[float, float], dict[float, float]]:
-    """The first measurement: at the smallest and the largest point, every peer's first save and one round.
-    Returns the probes (points of one round, as measured) and, per probed value, the point's fixed time (the
-    sides' start, their first saves, their close) and its round's."""
-    probes, fixed, per_round = [], {}, {}
+    peers: list[PeerSpec],
+    points: list[dict],
+    plan: dict[float, int],
+    scratch: Path,
+    device: str,
+    probes: list[dict],
+    deadline: float | None = None,
+) -> tuple[dict[float, float], dict[float, float]]:
+    """The first measurement: at the smallest and the largest point, every peer's first save and one round (the
+    round left out where it would pass `deadline`), each probe appended to `probes` as measured. Returns, per
+    probed value, the point's fixed time (the sides' start, their first saves, their close) and its round's (the
+    first saves' where the round was left out: a pessimistic round, as a first save is the slowest)."""
+    fixed, per_round = {}, {}
     for value in dict.fromkeys((points[0]["value"], points[-1]["value"])):
         chosen = next(p for p in points if p["value"] == value)
         began = time.monotonic()
-        measured = measure_point(peers, chosen, 1, scratch / f"probe-{value:g}", device, plan[value])
+        measured = measure_point(peers, chosen, 1, scratch / f"probe-{value:g}", device, plan[value], deadline)
         total = time.monotonic() - began
-        per_round[value] = sum(d["rounds"][0]["wall"] for d in measured["peers"].values() if d["rounds"])
-        fixed[value] = max(total - per_round[value], 0.0)
+        rounds = [d["rounds"][0]["wall"] for d in measured["peers"].values() if d["rounds"]]
+        firsts = [d["first"]["wall"] for d in measured["peers"].values() if "first" in d]
+        per_round[value] = sum(rounds) if rounds else sum(firsts)
+        fixed[value] = max(total - (sum(rounds) if rounds else 0.0), 0.0)
         probes.append({**measured, "fixed_s": fixed[value], "round_s": per_round[value]})
-    return probes, fixed, per_round
+    return fixed, per_round
 
 
 def phases_of(save: dict) -> dict[str, float]:
@@ -512,14 +521,21 @@ def plot(run: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = list(run["peers"])
+    def measured(point: dict, label: str) -> list[dict]:
+        return point["peers"].get(label, {}).get("rounds", [])
+
+    # Peers with rounds at some point (a skipped peer has none); each line only through the points it measured.
+    labels = [lb for lb in run["peers"] if any(measured(p, lb) for p in run["points"])]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label in labels:
-        xs = [p["value"] for p in run["points"]]
-        ys = [statistics.median(s["committed"] for s in p["peers"][label]["rounds"]) for p in run["points"]]
-        stalls = [statistics.median(s["stall"] for s in p["peers"][label]["rounds"]) for p in run["points"]]
-        left.plot(xs, ys, marker="o", label=f"{label}: committed")
-        left.plot(xs, stalls, marker="x", linestyle="--", label=f"{label}: stall")
+        points = [p for p in run["points"] if measured(p, label)]
+        xs = [p["value"] for p in points]
+        committed = [_median_interval([s["committed"] for s in measured(p, label)]) for p in points]
+        stalls = [statistics.median(s["stall"] for s in measured(p, label)) for p in points]
+        (line,) = left.plot(xs, [c[0] for c in committed], marker="o", label=f"{label}: committed")
+        # the 90% interval of each median, as a band
+        left.fill_between(xs, [c[1] for c in committed], [c[2] for c in committed], color=line.get_color(), alpha=0.15)
+        left.plot(xs, stalls, marker="x", linestyle="--", color=line.get_color(), label=f"{label}: stall")
     left.set_xscale("log")
     left.set_yscale("log")
     ticks = [p["value"] for p in run["points"]]
@@ -528,10 +544,11 @@ def plot(run: dict, out: Path) -> None:
     left.set_xlabel(AXES[run["axis"]])
     left.set_ylabel("seconds (median)")
     left.legend(fontsize=7)
-    last = run["points"][-1]
+    last = next(p for p in reversed(run["points"]) if any(measured(p, lb) for lb in labels))
+    labels = [lb for lb in labels if measured(last, lb)]
     bottoms = [0.0] * len(labels)
     for phase in PHASES:
-        heights = [statistics.median(phases_of(s)[phase] for s in last["peers"][lb]["rounds"]) for lb in labels]
+        heights = [statistics.median(phases_of(s)[phase] for s in measured(last, lb)) for lb in labels]
         right.barh(labels, heights, left=bottoms, label=phase)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     right.set_xlabel(f"seconds, at {last['value']:g} {AXES[run['axis']]}")
@@ -569,11 +586,27 @@ def unavailable(peers: list[PeerSpec], cwd: Path) -> dict[str, str]:
     return missing
 
 
-def _write(run: dict, args: argparse.Namespace, load: tuple[float, ...]) -> None:
+def _stand_ins(run: dict) -> None:
+    """Each probed point the run did not measure itself (the budget left it no time, or cut the run) gets the
+    first measurement's round in its place, marked so (`from_probe`), the points kept in the axis' order."""
+    measured = {p["value"] for p in run["points"]}
+    for probe in run.get("probe", []):
+        if probe["value"] in measured or not any(d["rounds"] for d in probe["peers"].values()):
+            continue
+        stand_in = {k: v for k, v in probe.items() if k not in ("fixed_s", "round_s")}
+        run["points"].append({**stand_in, "cut": True, "from_probe": True})
+    run["points"].sort(key=lambda p: p["value"])
+
+
+def _write(run: dict, args: argparse.Namespace, load: tuple[float, ...]) -> dict:
+    """The run as it stands (with its stand-ins) into --out and --table-out; returns what was written."""
     run["load"] = {"start": list(load), "end": list(os.getloadavg())}
-    args.out.write_text(json.dumps(run, indent=1) + "\n")
-    if args.table_out is not None and run["points"]:
-        args.table_out.write_text(table(run))
+    shown = {**run, "points": list(run["points"])}
+    _stand_ins(shown)
+    args.out.write_text(json.dumps(shown, indent=1) + "\n")
+    if args.table_out is not None and shown["points"]:
+        args.table_out.write_text(table(shown))
+    return shown
 
 
 def run_sweep(args: argparse.Namespace) -> int:
@@ -650,8 +683,9 @@ def run_sweep(args: argparse.Namespace) -> int:
         round_s = [0.0] * len(points)
         try:
             if args.budget_s is not None:
-                probes, fixed, per_round = probe_costs(peers, points, plan, tmp, args.device)
-                run["probe"] = probes
+                probes: list[dict] = []
+                run["probe"] = probes  # kept as measured, should the budget cut the probe itself
+                fixed, per_round = probe_costs(peers, points, plan, tmp, args.device, probes, deadline)
                 probe_s = time.monotonic() - began
                 fixed_s = [interpolate(p["value"], fixed) for p in points]
                 round_s = [interpolate(p["value"], per_round) for p in points]
@@ -670,13 +704,11 @@ def run_sweep(args: argparse.Namespace) -> int:
                     why = next(pr["peers"][label]["error"] for pr in probes if "error" in pr["peers"][label])
                     run.setdefault("skipped", {})[label] = f"failed in the first measurement: {why}"
                 peers = [p for p in peers if p.label not in dropped]
-            probed = {probe["value"]: probe for probe in run.get("probe", [])}
+            probed = {pr["value"]: pr for pr in run.get("probe", []) if any(d["rounds"] for d in pr["peers"].values())}
             for i, point in enumerate(points):
                 # Started only if it can take two rounds, more than the first measurement's one (which stands in).
                 if deadline is not None and time.monotonic() + fixed_s[i] + 2 * round_s[i] > deadline:
-                    if point["value"] in probed:
-                        stand_in = {k: v for k, v in probed[point["value"]].items() if k not in ("fixed_s", "round_s")}
-                        run["points"].append({**stand_in, "cut": True, "from_probe": True})
+                    if point["value"] in probed:  # _stand_ins puts the first measurement in its place
                         say(f"{args.axis} {point['value']:g}: the first measurement's round stands in (budget)")
                     else:
                         run.setdefault("left_out", []).append([point["value"], "not reached within the budget"])
@@ -707,9 +739,9 @@ def run_sweep(args: argparse.Namespace) -> int:
                     run["counted_note"] = str(exc)
         except KeyboardInterrupt:
             run["interrupted"] = True
-    _write(run, args, load)
-    if run["points"]:
-        print(table(run), end="")
+    shown = _write(run, args, load)
+    if shown["points"]:
+        print(table(shown), end="")
     return 0
 
 

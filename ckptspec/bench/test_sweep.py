@@ -14,6 +14,7 @@ from ckptspec.bench.sides import device_problem
 from ckptspec.bench.sweep import (
     PHASES,
     Resources,
+    _stand_ins,
     fit,
     fit_point,
     interpolate,
@@ -175,3 +176,15 @@ def test_a_cut_point_a_failed_peer_and_what_was_left_out_are_named():
     assert "first save: side gone: KeyError |" in text
     assert "MiB per rank 16384 left out: a side needs about 32.0 GiB" in text
     assert "`nvrx-0.7.0` skipped: TargetUnavailable" in text
+
+
+def test_a_probed_point_the_budget_left_out_shows_the_first_measurements_round():
+    run = _run("size", {64: 0.1})
+    probe = _run("size", {16384: 9.0})["points"][0]
+    probe["peers"]["impl"]["rounds"] = [_save(9.0)]
+    run["probe"] = [dict(run["points"][0]), {**probe, "fixed_s": 30.0, "round_s": 9.0}]
+    _stand_ins(run)
+    assert [p["value"] for p in run["points"]] == [64, 16384]
+    assert run["points"][1]["from_probe"]
+    assert "fixed_s" not in run["points"][1]
+    assert "`impl` (1 round: the first measurement's; the budget left no more) | 1800 [1800, 1800] | 9000 [9000, 9000]" in table(run)
