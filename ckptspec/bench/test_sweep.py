@@ -187,4 +187,7 @@ def test_a_probed_point_the_budget_left_out_shows_the_first_measurements_round()
     assert [p["value"] for p in run["points"]] == [64, 16384]
     assert run["points"][1]["from_probe"]
     assert "fixed_s" not in run["points"][1]
-    assert "`impl` (1 round: the first measurement's; the budget left no more) | 1800 [1800, 1800] | 9000 [9000, 9000]" in table(run)
+    assert (
+        "`impl` (1 round: the first measurement's; the budget left no more) | 1800 [1800, 1800] | 9000 [9000, 9000]"
+        in table(run)
+    )
