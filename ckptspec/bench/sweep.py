@@ -42,6 +42,7 @@ are regenerated from the stored runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -642,6 +643,12 @@ def run_sweep(args: argparse.Namespace) -> int:
         "points": [],
     }
     say: Callable[[str], None] = lambda line: print(f"sweep: {line}", flush=True)  # noqa: E731
+    if args.device == "cuda" and device_problem("cuda") is None:
+        import torch
+
+        run["machine"].update(
+            gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(), cuda=torch.version.cuda
+        )
     with scratch_dir() as tmp:
         run["skipped"] = unavailable(peers, tmp)
         peers = [p for p in peers if p.label not in run["skipped"]]
@@ -655,6 +662,8 @@ def run_sweep(args: argparse.Namespace) -> int:
             refused = device_problem(args.device) if args.device == "cuda" else None
             have = resources(tmp, "cpu" if refused else args.device)
             run["resources"] = {**vars(have), **({"note": refused} if refused else {})}
+            with contextlib.suppress(OSError):  # recorded, not gated: a peer that stages in shared memory needs it
+                run["resources"]["shm_free"] = shutil.disk_usage("/dev/shm").free
             kept = []
             for point in points:
                 fits, why = fit_point(point, len(peers), args.device, have)
