@@ -156,6 +156,9 @@ def measure_point(
     for chunk in chunks:
         running: list[tuple[PeerSpec, Side]] = []
         pending: list[tuple[PeerSpec, Side]] = []
+        if deadline is not None and time.monotonic() > deadline:  # a later group the budget leaves no time
+            cut = True
+            continue
         try:
             pending = []
             for peer in chunk:  # started at once, then awaited: a GPU node spends seconds importing torch in each

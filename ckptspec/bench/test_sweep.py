@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import ClassVar
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ckptspec.bench import sweep
 from ckptspec.bench.sides import device_problem
 from ckptspec.bench.sweep import (
     PHASES,
@@ -191,3 +193,44 @@ def test_a_probed_point_the_budget_left_out_shows_the_first_measurements_round()
         "`impl` (1 round: the first measurement's; the budget left no more) | 1800 [1800, 1800] | 9000 [9000, 9000]"
         in table(run)
     )
+
+
+class _FakeSide:
+    """A side that answers at once (sweep.measure_point's view of one), failing where its adapter says "broken"."""
+
+    started: ClassVar[list[str]] = []
+
+    def __init__(self, spec, scratch, size_mib, tensors, world=1, device="cpu", wait=True):
+        self.spec, self.ready, self.saves = spec, {}, 0
+        _FakeSide.started.append(spec.label)
+
+    def await_ready(self):
+        self.ready = {"version": "0"}
+        return self.ready
+
+    def request(self, message):
+        self.saves += 1
+        if self.spec.impl == "broken" and self.saves > 1:
+            raise sweep.GateError(f"side {self.spec.label}: save: KeyError")
+        save = {"start": 0.01, "stall": 0.02, "committed": 0.1, "data_last": None, "metadata": None}
+        return {**save, "ranks": [save], **({"snapshot": True} if message["verify"] else {})}
+
+    def close(self):
+        pass
+
+
+def test_a_point_runs_its_groups_in_turn_drops_a_failing_peer_and_stops_at_the_deadline(monkeypatch, tmp_path):
+    monkeypatch.setattr(sweep, "Side", _FakeSide)
+    _FakeSide.started = []
+    peers = [parse_peer(p) for p in ("a=impl", "b=impl", "c=broken")]
+    point = {"value": 1, "size_mib": 1, "tensors": 1, "world": 1}
+    measured = sweep.measure_point(peers, point, 3, tmp_path, group=2)
+    assert measured["groups"] == [["a", "b"], ["c"]]
+    assert [len(measured["peers"][p]["rounds"]) for p in "ab"] == [3, 3]
+    assert measured["peers"]["c"]["error"].startswith("round 1: side c: save: KeyError")
+    assert measured["peers"]["a"]["snapshot"]
+    assert "cut" not in measured
+    late = sweep.measure_point(peers, point, 3, tmp_path, group=2, deadline=sweep.time.monotonic() - 1)
+    assert late["cut"]
+    assert all(not d["rounds"] for d in late["peers"].values())
+    assert _FakeSide.started == ["a", "b", "c"], "no group starts once the deadline has passed"
