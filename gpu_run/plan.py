@@ -13,7 +13,7 @@ machine's own Python before anything is installed.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckptspec.report import releases as release_list
@@ -88,6 +88,7 @@ class Stage:
     releases_optional: bool = False  # runs without a release this Python cannot install (its peers then skip)
     env: tuple[tuple[str, str], ...] = ()  # environment variables the stage's pytest gets besides the runner's
     command: tuple[str, ...] = ()  # not pytest: these arguments of the Python (see above)
+    rest: bool = False  # under a call's deadline, its budget is what the deadline leaves (budget_s in call_seconds)
     dry_args: tuple[str, ...] = ("--plan-only",)  # appended to `command` without a GPU or with --dry-run
 
     @property
@@ -191,9 +192,10 @@ def sweep_stage(name: str, budget_s: int, axis: str, values: tuple[int, ...], *e
 
 
 SWEEP_STAGES: tuple[Stage, ...] = (
-    sweep_stage("sweep-size", 330, "size", SWEEP_SIZES_MIB),
-    # 1 GiB per rank; with one GPU a single point, which is no sweep: it reports so and measures nothing.
+    # 1 GiB per rank; with one GPU a single point, which is no sweep: it says so in seconds and measures nothing,
+    # and the size sweep after it takes the time left (`rest`).
     sweep_stage("sweep-ranks", 90, "ranks", SWEEP_RANKS, "--size-mib", "1024", "--min-points", "2"),
+    replace(sweep_stage("sweep-size", 330, "size", SWEEP_SIZES_MIB), rest=True),
 )
 
 

@@ -16,7 +16,8 @@ Contract of `run_stages`:
   --budget-s B` (B: its budget less plan.COMMAND_MARGIN_S; the command stops itself and writes what it has), and
   without a GPU or with `dry_run` the same with the stage's `dry_args` (`--plan-only`: what it would run, every
   peer's adapter loaded or named as skipped), which must exit 0. Its counts are the points it measured, left out
-  and cut, and the peers it skipped.
+  and cut, and the peers it skipped. A stage marked `rest` runs, under a call's deadline, for what the deadline
+  leaves.
 - `summary.json` and `summary.md` in `out` say, per stage, its status, time, budget and test counts; the return
   value is the number of problems (a set-up failure, a pytest error, an unexpected skip), not failing tests, which
   are verdicts recorded in the JSON.
@@ -290,7 +291,7 @@ def run_stages(
         if reason:
             return lambda: Result(stage.name, reason, reason.startswith("set-up"), budget_s=stage.budget_s)
         budget: float = stage.budget_s if gpu_mode else max(stage.budget_s, DRY_BUDGET_S)
-        budget = budget if left is None else min(budget, left - GRACE_S)
+        budget = budget if left is None else (left - GRACE_S if stage.rest else min(budget, left - GRACE_S))
         # A dry run on a machine with a GPU collects only: its GPU-only tests would run there, not skip.
         collect = dry_run and bool(summary["machine"]["gpu"])
         return lambda: run_stage(python, stage, work, out, budget, gpu_mode, collect)

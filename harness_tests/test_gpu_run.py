@@ -215,7 +215,7 @@ def test_the_sweep_call_measures_every_peer_on_the_gpu_within_a_lease():
     from ckptspec.bench import sweep
 
     stages = plan.call_stages(plan.SWEEP_CALL)
-    assert [s.name for s in stages] == ["sweep-size", "sweep-ranks"]
+    assert [s.name for s in stages] == ["sweep-ranks", "sweep-size"]
     assert plan.call_seconds(stages) <= plan.LEASE_DEADLINE_S <= plan.CALL_LIMIT_S
     labels = [sweep.parse_peer(peer).label for peer in plan.SWEEP_PEERS]
     assert len(labels) == len(set(labels))
@@ -223,7 +223,8 @@ def test_the_sweep_call_measures_every_peer_on_the_gpu_within_a_lease():
     assert {"impl", "impl-overlapped", "dcp.save", "dcp-thread", "dcp-pinned", "dcp-staged"} | releases_named == set(
         labels
     )
-    size = stages[0]
+    size = stages[1]
+    assert size.rest, "the size sweep takes what the ranks sweep leaves"
     assert size.releases == plan.BENCH_RELEASES
     assert size.releases_optional, "a release this Python cannot install skips its peer, not the stage"
     out = Path("/out")
@@ -239,7 +240,7 @@ def test_the_sweep_call_measures_every_peer_on_the_gpu_within_a_lease():
     assert dry[-1] == "--plan-only"
     args = sweep.parser().parse_args(dry[3:])
     assert (args.fit_memory, args.min_rounds, args.device) == (True, 3, "cuda")
-    ranks = sweep.parser().parse_args(runner.stage_command("p", stages[1], out, True, False)[3:])
+    ranks = sweep.parser().parse_args(runner.stage_command("p", stages[0], out, True, False)[3:])
     assert (ranks.axis, ranks.min_points) == ("ranks", 2)
 
 

@@ -53,6 +53,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,9 +210,9 @@ def measure_point(
                         running.remove((peer, side))
                         side.close()
                 spent.append(time.monotonic() - began)
-        finally:
-            for _, side in pending:
-                side.close()  # idempotent: a side already closed is left as it is
+        finally:  # at once (a saver's close waits for its workers); a side already closed is left as it is
+            with ThreadPoolExecutor(max_workers=max(len(pending), 1)) as closing:
+                list(closing.map(lambda entry: entry[1].close(), pending))
     for data in out.values():
         checks = [data.get("first", {}).get("snapshot"), *(s.get("snapshot") for s in data["rounds"][-1:])]
         data["snapshot"] = all(c is True for c in checks) if data["rounds"] else bool(checks[0])
