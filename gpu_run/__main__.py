@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument(
         "--call",
         type=int,
-        help=f"device call 1..{len(plan.CALLS)} (its stages, within 570 s; {plan.LEASE_CALL}: a 15-minute lease)",
+        help=f"device call 1..{len(plan.CALLS)} (its stages, within 570 s; {plan.LEASE_CALL}: a 15-minute lease; "
+        f"{plan.SWEEP_CALL}: the GPU sweeps, within a 15-minute lease)",
     )
     which.add_argument("--stage", action="append", choices=list(plan.BY_NAME), help="a stage (repeatable)")
     run.add_argument("--dry-run", action="store_true", help="set-up and checks only, as on a machine without a GPU")
@@ -56,7 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--wheelhouse", type=Path, default=WHEELHOUSE)
     run.add_argument("--python", default=sys.executable, help="the Python with torch (default: this one)")
     run.add_argument(
-        "--deadline-s", type=float, help="the call's time (default with --call: 570, the lease call 470; else none)"
+        "--deadline-s",
+        type=float,
+        help=f"the call's time (default with --call: 570, calls {plan.LEASE_CALL} and {plan.SWEEP_CALL} "
+        f"{plan.LEASE_DEADLINE_S}; else none)",
     )
     run.add_argument("--pack", action="store_true", help="pack logs and JSON into one archive (device calls)")
     return parser
@@ -85,7 +89,12 @@ def _tracked_mib(under: str = ".") -> float | None:
 def _print_plan(wheelhouse: Path) -> None:
     print("stages (most important first):")
     for stage in plan.STAGES:
-        print(f"  {stage.name:<20} {stage.budget_s:>4} s  --impl {stage.target:<12} {' '.join(stage.args)}")
+        what = (
+            f"python {' '.join(stage.command)}"
+            if stage.command
+            else f"--impl {stage.target:<12} {' '.join(stage.args)}"
+        )
+        print(f"  {stage.name:<20} {stage.budget_s:>4} s  {what}")
     checkout, aside = _tracked_mib(), _tracked_mib(ASIDE) or 0.0
     print(f"\ndevice calls (each within {plan.CALL_LIMIT_S} s, {plan.SETUP_S} s of it for the set-up):")
     for number in range(1, len(plan.CALLS) + 1):
@@ -121,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"gpu_run: {exc}", file=sys.stderr)
             return 2
-        default = plan.LEASE_DEADLINE_S if args.call == plan.LEASE_CALL else plan.CALL_LIMIT_S
+        default = plan.LEASE_DEADLINE_S if args.call in plan.LEASE_SIZED else plan.CALL_LIMIT_S
         deadline = args.deadline_s or default
     else:
         stages = list(plan.STAGES) if args.all else [plan.BY_NAME[name] for name in args.stage]

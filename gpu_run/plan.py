@@ -13,7 +13,7 @@ machine's own Python before anything is installed.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ckptspec.report import releases as release_list
@@ -70,6 +70,10 @@ class Stage:
     `together`: run at the same time as the other `together` stages of its call (each with `-n TOGETHER_WORKERS`):
     the GPU-selection stages spend their time starting persistent workers, not on the GPU or the CPUs.
     `env`: (name, value) pairs set for the stage's pytest (impl's overlapped staging: `CKPTSPEC_IMPL_STAGING`).
+    `command`: a stage that is no pytest run: the Python's arguments instead (`python -m ckptspec.bench.sweep run
+    ...`, `sweep_stage`), to which the runner adds `--out <stage>.json --table-out <stage>.md --budget-s B` (B:
+    the stage's budget less COMMAND_MARGIN_S, so that it stops itself and writes what it has before the runner's
+    SIGINT), and, without a GPU or with --dry-run, `dry_args` instead of measuring (the sweep's `--plan-only`).
     """
 
     name: str
@@ -83,6 +87,9 @@ class Stage:
     together: bool = False  # starts with the call's other `together` stages, at once (see runner.run_stages)
     releases_optional: bool = False  # runs without a release this Python cannot install (its peers then skip)
     env: tuple[tuple[str, str], ...] = ()  # environment variables the stage's pytest gets besides the runner's
+    command: tuple[str, ...] = ()  # not pytest: these arguments of the Python (see above)
+    rest: bool = False  # under a call's deadline, its budget is what the deadline leaves (budget_s in call_seconds)
+    dry_args: tuple[str, ...] = ("--plan-only",)  # appended to `command` without a GPU or with --dry-run
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -142,6 +149,54 @@ def _full_stage(release: str) -> Stage:
         without_gpu="collect",
         s3=True,
     )
+
+
+# The sweeps on the GPU (issue 60 item 7): what the CPU sweeps measure (docs/benchmarks.md, "Cost at scale"), with
+# the trainer's tensors on the GPU: the size 64 MiB to 16 GiB and the ranks 1 to the GPUs present, for impl (and its
+# overlapped staging), a synchronous dcp.save, DCP's thread async_save, its pinned and its staged configurations,
+# and the benchmark releases of NVRx and Megatron-Core (a release this Python cannot install is skipped, saying
+# why). The sweep leaves out what the machine's memory, disk or GPUs cannot hold (--fit-memory), sizes its rounds
+# from a first measurement to fit the stage's budget (at least 3; what the budget cuts is the largest points' last
+# rounds) and writes every point measured, each figure with its interval (ckptspec/bench/sweep.py).
+SWEEP_PEERS = (
+    "impl",
+    "impl-overlapped=impl:CKPTSPEC_IMPL_STAGING=overlapped",
+    "dcp.save=sync_dcp_adapter:PYTHONPATH=docs/examples",
+    "dcp-thread",
+    "dcp-pinned=ckptspec.bench.dcp_side:CKPTSPEC_DCP_STAGING=pinned",
+    "dcp-staged=ckptspec.bench.dcp_side:CKPTSPEC_DCP_STAGING=staged",
+    *(f"{r.name}={r.target}" for r in release_list.benchmark_peers()),
+)
+SWEEP_SIZES_MIB = (64, 256, 1024, 4096, 16384)
+SWEEP_RANKS = (1, 2, 4, 8)
+SWEEP_TENSORS = 33  # as the stored CPU sweeps
+SWEEP_MAX_ROUNDS = 20
+COMMAND_MARGIN_S = 30  # of a command stage's budget: closing the last sides and writing the results
+
+
+def sweep_stage(name: str, budget_s: int, axis: str, values: tuple[int, ...], *extra: str) -> Stage:
+    """A sweep of every SWEEP_PEERS peer over `axis`, tensors on the GPU, rounds sized to the budget."""
+    args: tuple[str, ...] = (
+        "-m",
+        "ckptspec.bench.sweep",
+        "run",
+        "--axis",
+        axis,
+        "--values",
+        ",".join(map(str, values)),
+    )
+    args += ("--tensors", str(SWEEP_TENSORS), "--device", "cuda", "--fit-memory", "--no-count")
+    args += ("--rounds", str(SWEEP_MAX_ROUNDS), "--min-rounds", "3", *extra)
+    args += tuple(a for peer in SWEEP_PEERS for a in ("--peer", peer))
+    return Stage(name, budget_s, "impl", (), BENCH_RELEASES, record="sweep", releases_optional=True, command=args)
+
+
+SWEEP_STAGES: tuple[Stage, ...] = (
+    # 1 GiB per rank; with one GPU a single point, which is no sweep: it says so in seconds and measures nothing,
+    # and the size sweep after it takes the time left (`rest`).
+    sweep_stage("sweep-ranks", 90, "ranks", SWEEP_RANKS, "--size-mib", "1024", "--min-points", "2"),
+    replace(sweep_stage("sweep-size", 330, "size", SWEEP_SIZES_MIB), rest=True),
+)
 
 
 # The lease's stages (one device call of a 15-minute lease, LEASE_CALL), in order and within LEASE_DEADLINE_S: the
@@ -219,6 +274,7 @@ STAGES: tuple[Stage, ...] = (
     ),
     *(_full_stage(release) for release in RELEASES),
     *LEASE_STAGES,
+    *SWEEP_STAGES,
 )
 BY_NAME = {stage.name: stage for stage in STAGES}
 
@@ -229,8 +285,11 @@ CALLS: tuple[tuple[str, ...], ...] = (
     ("impl-full",),
     *((f"{release}-full",) for release in RELEASES),
     tuple(stage.name for stage in LEASE_STAGES),
+    tuple(stage.name for stage in SWEEP_STAGES),
 )
-LEASE_CALL = len(CALLS)  # the whole GPU half that fits a 15-minute lease: one call, started at once
+LEASE_CALL = 8  # the whole GPU half that fits a 15-minute lease: one call, started at once
+SWEEP_CALL = 9  # the GPU sweeps, sized for a 15-minute lease of their own: the call to run first when one is lent
+LEASE_SIZED = (LEASE_CALL, SWEEP_CALL)  # calls whose deadline is LEASE_DEADLINE_S, not CALL_LIMIT_S
 
 
 def call_stages(number: int) -> list[Stage]:

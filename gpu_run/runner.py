@@ -12,6 +12,12 @@ Contract of `run_stages`:
   every test skipped for lack of a GPU, or for a capability its target lacks) and otherwise collects its tests,
   within at least DRY_BUDGET_S (a slow machine's collection, not the GPU run, is what it waits for then); a dry
   run on a machine with a GPU collects every stage.
+- A stage with a `command` (the GPU sweeps) runs `python <command> --out <stage>.json --table-out <stage>.md
+  --budget-s B` (B: its budget less plan.COMMAND_MARGIN_S; the command stops itself and writes what it has), and
+  without a GPU or with `dry_run` the same with the stage's `dry_args` (`--plan-only`: what it would run, every
+  peer's adapter loaded or named as skipped), which must exit 0. Its counts are the points it measured, left out
+  and cut, and the peers it skipped. A stage marked `rest` runs, under a call's deadline, for what the deadline
+  leaves.
 - `summary.json` and `summary.md` in `out` say, per stage, its status, time, budget and test counts; the return
   value is the number of problems (a set-up failure, a pytest error, an unexpected skip), not failing tests, which
   are verdicts recorded in the JSON.
@@ -96,9 +102,22 @@ def _end_leftovers(proc: subprocess.Popen) -> None:
 
 
 def stage_command(
-    python: str, stage: plan.Stage, out: Path, gpu_mode: bool, collect_only: bool, work: Path | None = None
+    python: str,
+    stage: plan.Stage,
+    out: Path,
+    gpu_mode: bool,
+    collect_only: bool,
+    work: Path | None = None,
+    budget_s: float | None = None,
 ) -> list[str]:
-    """The pytest command line of a stage; without a GPU in one process (-n 0), where nothing runs to share out."""
+    """The pytest command line of a stage; without a GPU in one process (-n 0), where nothing runs to share out.
+    A `command` stage's line: its command with where to write, its own budget, and `dry_args` without a GPU."""
+    if stage.command:
+        budget = stage.budget_s if budget_s is None else budget_s
+        own = max(budget - plan.COMMAND_MARGIN_S, 1.0)
+        written = ["--out", str(out / f"{stage.name}.json"), "--table-out", str(out / f"{stage.name}.md")]
+        dry = list(stage.dry_args) if collect_only or not gpu_mode else []
+        return [python, *stage.command, *written, "--budget-s", f"{own:.0f}", *dry]
     args = list(stage.args)
     if not gpu_mode and "-n" in args:
         args[args.index("-n") + 1] = "0"
@@ -107,6 +126,29 @@ def stage_command(
     command = [python, "-m", "pytest", *args, "--impl", stage.target]
     command += ["--basetemp", str(work / f"tmp-{stage.name}")] if work is not None else []
     return command + (["--collect-only"] if collect_only else [record, str(out / f"{stage.name}.json")])
+
+
+def _command_counts(path: Path) -> dict[str, int]:
+    """A sweep's counts from its JSON: points measured, cut by the budget, left out; peers skipped."""
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    points = run.get("points", [])
+    counts = {
+        "points": len(points),
+        "cut": sum(1 for p in points if p.get("cut")),
+        "left out": len(run.get("left_out", [])),
+        "peers skipped": len(run.get("skipped", {})),
+    }
+    return {k: v for k, v in counts.items() if v or k == "points"}
+
+
+def _judge_command(log: str, rc: int, dry: bool) -> tuple[str, bool]:
+    if rc != 0:
+        last = next((line for line in reversed(log.strip().splitlines()) if line.strip()), "")
+        return f"error: exit {rc}: {last[-200:]}", True
+    return ("planned (no GPU: not run)", False) if dry else ("measured", False)
 
 
 def _judge(stage: plan.Stage, log: str, rc: int, gpu_mode: bool, collect_only: bool) -> tuple[str, bool]:
@@ -151,7 +193,9 @@ def run_stage(
         **dict(stage.env),
     }
     log_path = out / f"{stage.name}.log"
-    command = stage_command(python, stage, out, gpu_mode, collect_only, work)
+    if stage.command:
+        collect_only = collect or not gpu_mode
+    command = stage_command(python, stage, out, gpu_mode, collect_only, work, budget)
     start = time.monotonic()
     timed_out = False
     with open(log_path, "w") as log:
@@ -171,9 +215,14 @@ def run_stage(
     text = log_path.read_text(errors="replace")
     if timed_out:
         status, problem = f"budget exceeded: interrupted after {budget:.0f} s (partial results)", False
+    elif stage.command:
+        status, problem = _judge_command(text, rc, collect_only)
     else:
         status, problem = _judge(stage, text, rc, gpu_mode, collect_only)
-    return Result(stage.name, status, problem, seconds, stage.budget_s, rc, _counts(text))
+    counts = _command_counts(out / f"{stage.name}.json") if stage.command else _counts(text)
+    if stage.command and status == "measured" and not counts.get("points"):
+        status = "measured nothing (every point left out, or no peer could start: see the log)"
+    return Result(stage.name, status, problem, seconds, stage.budget_s, rc, counts)
 
 
 def _check_target(python: str, stage: plan.Stage, work: Path, checked: dict) -> str | None:
@@ -242,7 +291,7 @@ def run_stages(
         if reason:
             return lambda: Result(stage.name, reason, reason.startswith("set-up"), budget_s=stage.budget_s)
         budget: float = stage.budget_s if gpu_mode else max(stage.budget_s, DRY_BUDGET_S)
-        budget = budget if left is None else min(budget, left - GRACE_S)
+        budget = budget if left is None else (left - GRACE_S if stage.rest else min(budget, left - GRACE_S))
         # A dry run on a machine with a GPU collects only: its GPU-only tests would run there, not skip.
         collect = dry_run and bool(summary["machine"]["gpu"])
         return lambda: run_stage(python, stage, work, out, budget, gpu_mode, collect)

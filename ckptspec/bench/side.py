@@ -1,6 +1,6 @@
 """A measured saver in a process of its own, saving when its driver says so (ckptspec/bench/sides.py).
 
-    python side.py --impl ADAPTER --scratch DIR --size-mib 32 --tensors 64 [--world 1] [--threads 1]
+    python side.py --impl ADAPTER --scratch DIR --size-mib 32 --tensors 64 [--world 1] [--threads 1] [--device cpu]
 
 Run by path, never imported: a side may run in another checkout or another interpreter, where `ckptspec` (and the
 user's library) are that side's own. So this file uses only what every ckptspec release since 0.3.0 has:
@@ -9,6 +9,12 @@ user's library) are that side's own. So this file uses only what every ckptspec 
 With `--world N` this process is rank 0 of a gloo group of N; it starts ranks 1..N-1 (this file again, with
 `--rank`), hands each request on to them, and answers for all: every rank saves its own `--size-mib` (its keys
 named by its rank, so a save writes N times the bytes).
+
+`--device cuda` puts every rank's tensors on the GPU, rank r on cuda:r (so N ranks need N GPUs), and makes the group
+"cpu:gloo,cuda:nccl": DCP's async_save refuses a group without a CPU backend, the savers' own collectives on CPU
+objects go over gloo, and NCCL carries what a library reduces on the GPU (NVRx's and Megatron-Core's finalize).
+Without a GPU (or with fewer GPUs than ranks) the side refuses at start, replying an error that says so (no
+traceback). `--device cpu`, the default, is what every CPU run measured: gloo, CPU tensors.
 
 Protocol: one JSON request per line on stdin, one JSON reply per line on the file descriptor the driver reads (the
 process's original stdout; everything the library prints goes to stderr). Requests:
@@ -41,18 +47,47 @@ from datetime import timedelta
 MARK = "/ckptspec-side-mark-"
 
 
-def _state_dict(size_mib: float, tensors: int, rank: int) -> dict:
+class Refused(Exception):
+    """The side cannot run as asked (no GPU for --device cuda): replied as an error, without a traceback."""
+
+
+def device_problem(device: str, world: int) -> str | None:
+    """Why `device` cannot hold `world` ranks here (one GPU per rank with cuda), or None."""
+    if device == "cpu":
+        return None
     import torch
 
-    generator = torch.Generator().manual_seed(rank)
+    if not torch.cuda.is_available():
+        return f"--device cuda: no CUDA device here (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    if world > torch.cuda.device_count():
+        return f"--device cuda with {world} ranks needs {world} GPUs (one per rank), found {torch.cuda.device_count()}"
+    return None
+
+
+def _state_dict(size_mib: float, tensors: int, rank: int, device: str = "cpu") -> dict:
+    import torch
+
     per_tensor = max(1, int(size_mib * (1 << 20)) // 4 // tensors)
-    model = {f"r{rank}.t{i:05d}": torch.randn(per_tensor, generator=generator) for i in range(tensors)}
+    if device == "cpu":
+        generator = torch.Generator().manual_seed(rank)
+        model = {f"r{rank}.t{i:05d}": torch.randn(per_tensor, generator=generator) for i in range(tensors)}
+    else:  # drawn on the GPU itself: 16 GiB drawn on the CPU and copied would take longer than the saves
+        generator = torch.Generator(device=device).manual_seed(rank)
+        model = {
+            f"r{rank}.t{i:05d}": torch.randn(per_tensor, generator=generator, device=device) for i in range(tensors)
+        }
+        torch.cuda.synchronize(device)
     return {"model": model, "step": 1000}
 
 
 def _update(state: dict) -> None:
     for t in state["model"].values():
         t.neg_()
+    first = next(iter(state["model"].values()), None)
+    if first is not None and first.is_cuda:  # the update's time is its kernels' (they run after the snapshot's copies)
+        import torch
+
+        torch.cuda.current_stream(first.device).synchronize()
 
 
 def _holds_before_update(fmt, path: str, state: dict) -> bool:
@@ -103,6 +138,7 @@ def main() -> int:
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="the trainer's torch threads")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state dict's tensors live")
     args = parser.parse_args()
     replies = os.dup(1)
     os.dup2(2, 1)  # the library's own prints must not reach the driver's channel
@@ -128,6 +164,10 @@ def main() -> int:
                 command = [sys.executable, __file__, *sys.argv[1:], "--rank", str(rank)]
                 others.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE))
         import torch
+
+        refused = device_problem(args.device, args.world)  # before anything else is imported: at once
+        if refused:
+            raise Refused(refused)
         import torch.distributed as dist
 
         torch.set_num_threads(args.threads)  # a loaded small machine stalls parallel kernels on descheduled threads
@@ -135,14 +175,22 @@ def main() -> int:
         from ckptspec.spec.harness.surface.loading import checkpoint_format
         from ckptspec.spec.harness.surface.saver_api import protocol_saver
 
+        device = "cpu" if args.device == "cpu" else f"cuda:{args.rank}"
+        backend = "gloo"
+        if args.device == "cuda":
+            torch.cuda.set_device(args.rank)
+            backend = "cpu:gloo,cuda:nccl"
         store = dist.FileStore(os.path.join(args.scratch, "store"), args.world)
         timeout = timedelta(seconds=300)
-        dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=args.rank, world_size=args.world, timeout=timeout)
         target = load_target(args.impl)
         fmt = checkpoint_format(target)
         saver = protocol_saver(target, persistent=True)
-        state = _state_dict(args.size_mib, args.tensors, args.rank)
+        state = _state_dict(args.size_mib, args.tensors, args.rank, device)
         ready = {"ready": True, "target": target.name, "version": target.version, "torch": torch.__version__}
+        ready.update(device=args.device, backend=backend)
+        if args.device == "cuda":
+            ready["gpu"] = torch.cuda.get_device_name(args.rank)
         from_others()
         reply({**ready, "world": args.world})
         for n, line in enumerate(sys.stdin):
@@ -163,6 +211,9 @@ def main() -> int:
             mine = _save(saver, fmt, state, request, args.rank)
             reply({**mine, "ranks": [mine, *from_others()]})
         reply({"error": "the driver closed the request channel without a close request"})
+        return 1
+    except Refused as exc:
+        reply({"error": str(exc)})
         return 1
     except BaseException as exc:  # the driver shows this and stops; the traceback goes to stderr
         traceback.print_exc()

@@ -6,6 +6,8 @@ another interpreter (an installed release), or a commit of a git checkout unpack
 its last lines of stderr) and always ends its whole process group. `count_saves` runs a side under strace and
 counts, per steady save, the system calls of its process tree by group (SYSCALLS) and the files and bytes of its
 checkpoint: numbers that do not move between runs of the same code. `machine` says where the rounds ran.
+`device` ("cpu" or "cuda", side.py's `--device`) is where every side's tensors live; `device_problem` is the
+driver's own check of it, so that `--device cuda` on a machine without a GPU stops before any side starts.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from pathlib import Path
 
 __all__ = [
     "COUNTED_SAVES",
+    "DEVICES",
     "MARK",
     "SYSCALLS",
     "GateError",
     "Side",
     "SideSpec",
     "count_saves",
+    "device_problem",
     "from_commit",
     "machine",
     "per_request",
@@ -43,6 +47,7 @@ __all__ = [
 ]
 
 SIDE = Path(__file__).with_name("side.py")
+DEVICES = ("cpu", "cuda")
 COUNTED_SAVES = 2
 REQUEST_TIMEOUT_S = 300.0
 SYSCALLS = {
@@ -56,6 +61,24 @@ SYSCALLS = {
 
 class GateError(Exception):
     """The comparison could not be made (a side failed to start or answer); str() says which side and why."""
+
+
+def device_problem(device: str, world: int = 1) -> str | None:
+    """Why the sides cannot put `world` ranks' tensors on `device` here (cuda: one GPU per rank), or None. Checked
+    with this interpreter's torch; without torch here the sides' own check (side.py) answers instead."""
+    if device not in DEVICES:
+        return f"--device {device!r}: one of {', '.join(DEVICES)}"
+    if device == "cpu":
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return f"--device cuda: no CUDA device here (torch {torch.__version__}: torch.cuda.is_available() is False)"
+    if world > torch.cuda.device_count():
+        return f"--device cuda with {world} ranks needs {world} GPUs (one per rank), found {torch.cuda.device_count()}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -123,7 +146,11 @@ class Side:
         wrap: list[str] | None = None,
         world: int = 1,
         threads: int = 1,
+        device: str = "cpu",
+        wait: bool = True,
     ):
+        """Start the side; with `wait` (default) return once it is ready, else the caller calls await_ready() (so
+        that several sides start at once)."""
         self.spec = spec
         scratch.mkdir(parents=True, exist_ok=True)
         self.scratch = scratch
@@ -143,6 +170,7 @@ class Side:
             str(world),
             "--threads",
             str(threads),
+            *(("--device", device) if device != "cpu" else ()),  # a side of an older checkout knows no --device
         ]
         self.process = subprocess.Popen(
             [*(wrap or []), *command],
@@ -153,7 +181,19 @@ class Side:
             start_new_session=True,  # its own process group: the driver ends the side and every worker it started
         )
         self._buffer = b""
-        self.ready = self._read("start", REQUEST_TIMEOUT_S)
+        self.ready: dict = {}
+        if wait:
+            self.await_ready()
+
+    def await_ready(self) -> dict:
+        """The side's first reply (side.py: ready, its target and version); GateError if it cannot start, the side
+        then ended and reaped."""
+        try:
+            self.ready = self._read("start", REQUEST_TIMEOUT_S)
+        except GateError:
+            self.close()
+            raise
+        return self.ready
 
     def request(self, message: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
         assert self.process.stdin is not None
@@ -210,13 +250,13 @@ class Side:
 
 @contextmanager
 def started(
-    specs: list[SideSpec], scratch: Path, size_mib: float, tensors: int, world: int = 1
+    specs: list[SideSpec], scratch: Path, size_mib: float, tensors: int, world: int = 1, device: str = "cpu"
 ) -> Iterator[list[Side]]:
     """Every side of `specs` started (each in scratch/<label>), closed and reaped on the way out."""
     running: list[Side] = []
     try:
         for spec in specs:  # one by one: a side that fails to start still has the others closed
-            running.append(Side(spec, scratch / spec.label, size_mib, tensors, world=world))  # noqa: PERF401
+            running.append(Side(spec, scratch / spec.label, size_mib, tensors, world=world, device=device))  # noqa: PERF401
         yield running
     finally:
         for side in running:
@@ -269,11 +309,13 @@ def per_request(trace: str) -> list[dict[str, int]]:
     return segments
 
 
-def _counted_run(spec: SideSpec, saves: int, size_mib: float, tensors: int, scratch: Path) -> tuple[list, dict]:
+def _counted_run(
+    spec: SideSpec, saves: int, size_mib: float, tensors: int, scratch: Path, device: str = "cpu"
+) -> tuple[list, dict]:
     out = scratch / "strace.txt"
     traced = sorted({name for names in SYSCALLS.values() for name in names} | {"access", "faccessat", "faccessat2"})
     wrap = ["strace", "-f", "-qq", "-o", str(out), "-e", "trace=" + ",".join(traced)]
-    side = Side(spec, scratch, size_mib, tensors, wrap=wrap)
+    side = Side(spec, scratch, size_mib, tensors, wrap=wrap, device=device)
     on_disk: dict[str, int] = {}
     try:
         for i in range(saves):
@@ -290,13 +332,13 @@ def _counted_run(spec: SideSpec, saves: int, size_mib: float, tensors: int, scra
     return segments, on_disk
 
 
-def count_saves(spec: SideSpec, size_mib: float, tensors: int, scratch: Path) -> dict[str, float]:
+def count_saves(spec: SideSpec, size_mib: float, tensors: int, scratch: Path, device: str = "cpu") -> dict[str, float]:
     """Per steady save of `spec`'s saver (the mean over COUNTED_SAVES saves after the first): system calls by group
     (SYSCALLS) of the side's whole process tree, and the files and bytes its checkpoint holds. Needs strace;
     GateError without it."""
     if shutil.which("strace") is None:
         raise GateError("counted costs need strace (apt-get install strace); not measured")
-    segments, on_disk = _counted_run(spec, 1 + COUNTED_SAVES, size_mib, tensors, scratch)
+    segments, on_disk = _counted_run(spec, 1 + COUNTED_SAVES, size_mib, tensors, scratch, device)
     steady = segments[1:]
     counted: dict[str, float] = {
         group: sum(seg.get(n, 0) for seg in steady for n in names) / len(steady) for group, names in SYSCALLS.items()

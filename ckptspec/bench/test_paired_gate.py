@@ -3,6 +3,7 @@ counted costs are pinned in harness_tests/test_paired_gate_counts.py (it starts 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -123,3 +124,22 @@ def test_the_side_is_a_file_that_imports_nothing_of_the_driver():
     source = Path(SIDE).read_text()
     assert "ckptspec.bench" not in source.replace("ckptspec/bench", "")
     assert Paired(1.0, 0.9, 1.1, 3).text() == "1.000x [0.900, 1.100]"
+
+
+def test_cuda_sides_are_refused_cleanly_without_a_gpu(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert cli.main(["compare", "--against", sys.executable, "--device", "cuda", "--no-count"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: no CUDA device here" in err
+    assert "Traceback" not in err
+    # A side checks too (another interpreter's, which the driver cannot ask), replying one line without a traceback
+    # (side.py's Refused); its check is loaded here from the file, as starting a side would take seconds.
+    loader = importlib.util.spec_from_file_location("ckptspec_side_probe", SIDE)
+    assert loader is not None
+    assert loader.loader is not None
+    side = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(side)
+    assert side.device_problem("cuda", 1).startswith("--device cuda: no CUDA device here")
+    assert side.device_problem("cpu", 4) is None

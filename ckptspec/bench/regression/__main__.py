@@ -7,6 +7,7 @@
     python -m ckptspec.bench.regression compare --against REF [--impl ADAPTER] [--baseline-impl ADAPTER] [--repo DIR]
                                                      [--pairs 20] [--size-mib 32] [--tensors 64] [--threshold 1.1]
                                                      [--baseline-env N=V] [--current-env N=V] [--no-count]
+                                                     [--device cpu|cuda]
                                                      [--json-out FILE] [--summary FILE]
     python -m ckptspec.bench.regression trend HISTORY --out trend.png
     python -m ckptspec.bench.regression scale BASELINE FACTOR --out PATH
@@ -114,6 +115,8 @@ def compare_paired(args) -> int:
         return _fail(f"threshold {args.threshold!r} is not a number (a factor such as 1.1)")
     if not threshold > 1 or args.pairs < 2 or args.tensors < 1 or not args.size_mib > 0:
         return _fail("--threshold must be above 1, --pairs at least 2, --tensors at least 1, --size-mib above 0")
+    if refused := sides.device_problem(args.device):
+        return _fail(refused)
     impl = args.impl or "impl"
     try:
         envs = [_assignments(args.baseline_env), _assignments(args.current_env)]
@@ -123,13 +126,15 @@ def compare_paired(args) -> int:
         try:
             base = sides.side_spec("A", args.against, args.baseline_impl or impl, args.repo, tmp, envs[0])
             current = sides.side_spec("B", None, impl, args.repo, tmp, envs[1])
-            result = paired_gate.measure(base, current, args.pairs, args.size_mib, args.tensors, tmp / "timed")
+            result = paired_gate.measure(
+                base, current, args.pairs, args.size_mib, args.tensors, tmp / "timed", args.device
+            )
             if args.no_count:
                 result.counted_note = "counted costs not measured (--no-count)"
             else:
                 try:
                     result.counted = {
-                        key: sides.count_saves(spec, args.size_mib, args.tensors, tmp / f"count-{key}")
+                        key: sides.count_saves(spec, args.size_mib, args.tensors, tmp / f"count-{key}", args.device)
                         for key, spec in (("A", base), ("B", current))
                     }
                 except sides.GateError as exc:
@@ -255,6 +260,12 @@ def parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--size-mib", type=float, default=32, help="with --against: state dict size (default 32)")
     cmp_.add_argument("--tensors", type=int, default=64, help="with --against: tensors it holds (default 64)")
     cmp_.add_argument("--no-count", action="store_true", help="with --against: skip the counted costs (strace)")
+    cmp_.add_argument(
+        "--device",
+        choices=sides.DEVICES,
+        default="cpu",
+        help="with --against: where both sides' tensors live (cuda: cuda:0; refused without a GPU)",
+    )
     cmp_.add_argument("--json-out", type=Path, help="with --against: write every round and count as JSON here")
     cmp_.add_argument("--history", type=Path, help="append this run's figures to this JSON-lines file")
     cmp_.add_argument("--commit", help="the commit the history names (default: the git commit of this checkout)")

@@ -68,20 +68,26 @@ def _save(side: Side, directory: Path, verify: bool) -> dict:
 
 
 def measure(
-    baseline: SideSpec, current: SideSpec, pairs: int, size_mib: float, tensors: int, scratch: Path
+    baseline: SideSpec,
+    current: SideSpec,
+    pairs: int,
+    size_mib: float,
+    tensors: int,
+    scratch: Path,
+    device: str = "cpu",
 ) -> PairedResult:
     """Both sides started, one first save each, then `pairs` interleaved pairs; the first and last saves of each
-    side are read back (outside the timed rounds)."""
+    side are read back (outside the timed rounds). `device`: where both sides' tensors live (side.py)."""
     result = PairedResult(
         baseline={"impl": baseline.impl, "python": baseline.python, "pythonpath": list(baseline.pythonpath)},
         current={"impl": current.impl, "python": current.python},
-        settings={"pairs": pairs, "size_mib": size_mib, "tensors": tensors},
+        settings={"pairs": pairs, "size_mib": size_mib, "tensors": tensors, "device": device},
         machine=machine(),
     )
     for record, spec in ((result.baseline, baseline), (result.current, current)):
         record["env"] = {k: v for k, v in spec.environ().items() if k.startswith("CKPTSPEC_") and k != "CKPTSPEC_IMPL"}
     load_start = os.getloadavg()
-    with started([baseline, current], scratch, size_mib, tensors) as (a, b):
+    with started([baseline, current], scratch, size_mib, tensors, device=device) as (a, b):
         result.baseline["ready"], result.current["ready"] = a.ready, b.ready
         sides = {"A": a, "B": b}
         for key, side in sides.items():
@@ -149,7 +155,8 @@ def render(result: PairedResult, threshold: float) -> str:
     """The Markdown table, where the rounds ran, and the verdict line."""
     s = result.settings
     head = (
-        f"Paired comparison: {s['pairs']} interleaved pairs, {s['size_mib']:g} MiB in {s['tensors']} tensors; "
+        f"Paired comparison: {s['pairs']} interleaved pairs, {s['size_mib']:g} MiB in {s['tensors']} tensors"
+        f"{' on the GPU' if s.get('device') == 'cuda' else ''}; "
         f"baseline {result.baseline['impl']} ({_where(result.baseline)}), current {result.current['impl']}; "
         f"ratio = median of current / baseline over the pairs [bootstrap 90% interval]; "
         f"load average {result.load['start'][0]:.2f} -> {result.load['end'][0]:.2f}"
