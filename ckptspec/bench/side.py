@@ -1,6 +1,6 @@
 """A measured saver in a process of its own, saving when its driver says so (ckptspec/bench/sides.py).
 
-    python side.py --impl ADAPTER --scratch DIR --size-mib 32 --tensors 64 [--world 1] [--threads 1] [--device cpu]
+    python side.py --impl ADAPTER --scratch DIR --size-mib 32 --tensors 64 [--world 1] [--threads 1] [--phases] [--device cpu]
 
 Run by path, never imported: a side may run in another checkout or another interpreter, where `ckptspec` (and the
 user's library) are that side's own. So this file uses only what every ckptspec release since 0.3.0 has:
@@ -43,8 +43,10 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from typing import Any
 
 MARK = "/ckptspec-side-mark-"
+PHASES_ENV = "CKPTSPEC_IMPL_PHASES"  # ckptspec/impl/phases.py (a side never imports impl itself)
 
 
 class Refused(Exception):
@@ -110,6 +112,22 @@ def _file_times(path: str, wall_start: float) -> dict:
     }
 
 
+def _marks_since(wall_start: float) -> dict:
+    """impl's phase marks made since `wall_start` (with --phases): name -> [first, last] in seconds from it."""
+    path = os.environ.get(PHASES_ENV)
+    if not path or not os.path.exists(path):
+        return {}
+    marks: dict = {}
+    with open(path) as f:
+        for line in f:
+            name, at, _ = line.rstrip("\n").split("\t")
+            t = float(at) - wall_start
+            if t >= 0:
+                first, last = marks.get(name, (t, t))
+                marks[name] = [min(first, t), max(last, t)]
+    return marks
+
+
 def _save(saver, fmt, state: dict, request: dict, rank: int) -> dict:
     wall = time.time()
     t0 = time.perf_counter()
@@ -121,9 +139,18 @@ def _save(saver, fmt, state: dict, request: dict, rank: int) -> dict:
     t_update = time.perf_counter() - t2
     handle.wait()
     t3 = time.perf_counter()
-    result = {"rank": rank, "start": t1 - t0, "stall": t2 - t0, "committed": t3 - t0, "update": t_update}
+    result: dict[str, Any] = {
+        "rank": rank,
+        "start": t1 - t0,
+        "stall": t2 - t0,
+        "committed": t3 - t0,
+        "update": t_update,
+    }
     if rank == 0:
         result.update(_file_times(request["path"], wall))
+        marks = _marks_since(wall)
+        if marks:
+            result["marks"] = marks
     if request.get("verify"):
         result["snapshot"] = _holds_before_update(fmt, request["path"], state)
     return result
@@ -139,7 +166,10 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="the trainer's torch threads")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state dict's tensors live")
+    parser.add_argument("--phases", action="store_true", help="report impl's phase marks (CKPTSPEC_IMPL_PHASES)")
     args = parser.parse_args()
+    if args.phases:  # before the target is imported: impl reads it then, and its worker inherits it
+        os.environ[PHASES_ENV] = os.path.join(args.scratch, f"phases-{args.rank}.tsv")
     replies = os.dup(1)
     os.dup2(2, 1)  # the library's own prints must not reach the driver's channel
     sys.stdout = sys.stderr

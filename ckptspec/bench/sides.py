@@ -148,6 +148,7 @@ class Side:
         threads: int = 1,
         device: str = "cpu",
         wait: bool = True,
+        phases: bool = False,
     ):
         """Start the side; with `wait` (default) return once it is ready, else the caller calls await_ready() (so
         that several sides start at once)."""
@@ -171,6 +172,7 @@ class Side:
             "--threads",
             str(threads),
             *(("--device", device) if device != "cpu" else ()),  # a side of an older checkout knows no --device
+            *(("--phases",) if phases else ()),  # impl's phase marks: timing only (they are writes a count would see)
         ]
         self.process = subprocess.Popen(
             [*(wrap or []), *command],

@@ -174,6 +174,7 @@ def measure_point(
                         world=point["world"],
                         device=device,
                         wait=False,
+                        phases=True,
                     )
                 except OSError as exc:
                     out[peer.label]["error"] = f"start: {exc}"
@@ -476,11 +477,52 @@ def table(run: dict) -> str:
                     ],
                     fits,
                 ),
+                *_impl_marks(run),
                 *_notes(run),
             ]
         )
         + "\n"
     )
+
+
+# impl's phase marks (ckptspec/impl/phases.py) a sweep's table shows, each at its first occurrence in a save, or
+# its last where several threads or files make it and the last is what the phase waits for.
+IMPL_MARKS = (
+    ("planned", "first"),
+    ("handed over", "first"),
+    ("snapshot", "first"),
+    ("first byte", "first"),
+    ("last byte", "last"),
+    ("durable", "last"),
+    ("finalize", "first"),
+    ("committed", "first"),
+)
+
+
+def _impl_marks(run: dict) -> list[str]:
+    """Where impl's time goes: for each peer whose saves carry impl's phase marks, the median time of each mark
+    from start(), per point (an empty list where no peer has them)."""
+    rows = []
+    for point in run["points"]:
+        for label, data in point["peers"].items():
+            saves = [s for s in data.get("rounds", []) if s.get("marks")]
+            if not saves:
+                continue
+            cells = []
+            for name, which in IMPL_MARKS:
+                times = [s["marks"][name][0 if which == "first" else 1] for s in saves if name in s["marks"]]
+                cells.append(_ms(statistics.median(times)) if times else "-")
+            rows.append([f"{point['value']:g}", f"`{label}`", *cells])
+    if not rows:
+        return []
+    head = [AXES[run["axis"]], "peer", *(name for name, _ in IMPL_MARKS)]
+    return [
+        "",
+        "Where impl's time goes (its phase marks, ckptspec/impl/phases.py): each mark's median time from start(), "
+        "in ms.",
+        "",
+        *md_table(head, rows),
+    ]
 
 
 def _short(text: str) -> str:

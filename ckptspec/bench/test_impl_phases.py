@@ -55,7 +55,7 @@ def test_a_save_leaves_every_mark_in_order(tmp_path):
     marks = tmp_path / "marks.tsv"
     _save(tmp_path, str(marks))
     rows = [line.split("\t") for line in marks.read_text().splitlines()]
-    first = {}
+    first: dict[str, tuple[float, int]] = {}
     for name, at, pid in rows:
         first.setdefault(name, (float(at), int(pid)))
     expected = {"plan", "planned", "handed over", "copies", "snapshot", "first byte", "last byte", "durable"}

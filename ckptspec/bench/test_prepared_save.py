@@ -226,14 +226,14 @@ def test_the_request_pickler_pickles_a_repeated_item_once(monkeypatch):
     items = planner.create_local_plan().items
     copies = [pickle.loads(pickle.dumps(i)) for i in items]  # equal items, other objects
     pickled: list[WriteItem] = []
-    real = callers.pickle.dumps
+    real = pickle.dumps
 
     def counting(obj: Any, *args: Any) -> bytes:
         if isinstance(obj, WriteItem):
             pickled.append(obj)
         return real(obj, *args)
 
-    monkeypatch.setattr(callers.pickle, "dumps", counting)
+    monkeypatch.setattr(pickle, "dumps", counting)  # the module callers pickles with
     request = _MODULES.core.AsyncRequest(print, (0, [(i, None) for i in items]), [])
     requests = callers.RequestPickler()
     first = requests.dumps(request)

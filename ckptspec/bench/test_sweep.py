@@ -93,6 +93,21 @@ def test_other_ranks_wait_is_their_slowest_and_a_wrong_snapshot_shows():
     assert "**NO**" in text
 
 
+def test_impls_phase_marks_give_the_median_of_each_marks_first_or_last_time():
+    run = _run("size", {64: 1.0})
+    saves = []
+    for k in range(3):
+        save = _save(1.0)
+        save["marks"] = {"planned": [0.001 * (k + 1), 0.5], "last byte": [0.2, 0.3 + 0.1 * k]}
+        saves.append(save)
+    run["points"][0]["peers"]["impl"]["rounds"] = saves
+    text = table(run)
+    assert "Where impl's time goes" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 64 | `impl` | 2 |"))
+    assert "| 400 |" in row, row  # last byte: the median of its last occurrences (300, 400, 500 ms)
+    assert "Where impl's time goes" not in table(_run("size", {64: 1.0})), "a run without marks has no such table"
+
+
 def test_each_peers_counted_costs_go_beside_its_growth():
     run = _run("size", {64: 0.1, 256: 0.4})
     run["counted_at"] = 64
@@ -200,7 +215,7 @@ class _FakeSide:
 
     started: ClassVar[list[str]] = []
 
-    def __init__(self, spec, scratch, size_mib, tensors, world=1, device="cpu", wait=True):
+    def __init__(self, spec, scratch, size_mib, tensors, world=1, device="cpu", wait=True, phases=False):
         self.spec, self.ready, self.saves = spec, {}, 0
         _FakeSide.started.append(spec.label)
 
