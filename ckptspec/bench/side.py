@@ -6,6 +6,10 @@ Run by path, never imported: a side may run in another checkout or another inter
 user's library) are that side's own. So this file uses only what every ckptspec release since 0.3.0 has:
 `load_target`, `protocol_saver`, `checkpoint_format`.
 
+The state dict: `--tensors` equal float32 tensors of `--size-mib` in all, or with CKPTSPEC_SIDE_LAYOUT=transformer
+(a peer's variable) a scaled-down transformer of about those bytes, `--tensors` // 36 layers of 12 weights and
+biases, each with Adam's two moments, plus Adam's step and the RNG state.
+
 With `--world N` this process is rank 0 of a gloo group of N; it starts ranks 1..N-1 (this file again, with
 `--rank`), hands each request on to them, and answers for all: every rank saves its own `--size-mib` (its keys
 named by its rank, so a save writes N times the bytes).
@@ -47,6 +51,7 @@ from typing import Any
 
 MARK = "/ckptspec-side-mark-"
 PHASES_ENV = "CKPTSPEC_IMPL_PHASES"  # ckptspec/impl/phases.py (a side never imports impl itself)
+LAYOUT_ENV = "CKPTSPEC_SIDE_LAYOUT"  # "flat" (default): `--tensors` equal tensors; "transformer": _transformer
 
 
 class Refused(Exception):
@@ -66,9 +71,48 @@ def device_problem(device: str, world: int) -> str | None:
     return None
 
 
+# A transformer layer as a state dict holds it: 12 weights and biases, each with Adam's two moments.
+_LAYER = (
+    ("ln1.weight", (1,)),
+    ("ln1.bias", (1,)),
+    ("attn.qkv.weight", (3, 1)),
+    ("attn.qkv.bias", (3,)),
+    ("attn.out.weight", (1, 1)),
+    ("attn.out.bias", (1,)),
+    ("ln2.weight", (1,)),
+    ("ln2.bias", (1,)),
+    ("mlp.up.weight", (4, 1)),
+    ("mlp.up.bias", (4,)),
+    ("mlp.down.weight", (1, 4)),
+    ("mlp.down.bias", (1,)),
+)
+PER_LAYER = 3 * len(_LAYER)  # each weight, its exp_avg and its exp_avg_sq
+
+
+def _transformer(size_mib: float, tensors: int, rank: int, device: str) -> dict:
+    """A scaled-down transformer's model and Adam state: `tensors` // PER_LAYER layers (at least 1) of width h such
+    that the bytes are about `size_mib`, plus Adam's step and the RNG state."""
+    import torch
+
+    layers = max(1, tensors // PER_LAYER)
+    # the weights hold 12 h**2 elements per layer (qkv 3, out 1, up 4, down 4); the biases and norms only ~13 h
+    h = max(1, int((size_mib * (1 << 20) / 4 / 3 / layers / 12) ** 0.5))
+    generator = torch.Generator(device=device).manual_seed(rank)
+    model: dict = {}
+    for layer in range(layers):
+        for name, shape in _LAYER:
+            dims = tuple(d * h for d in shape)
+            key = f"r{rank}.layers.{layer}.{name}"
+            for suffix in ("", ".exp_avg", ".exp_avg_sq"):
+                model[key + suffix] = torch.randn(dims, generator=generator, device=device)
+    return {"model": model, "step": 1000, "adam_step": layers, "rng": torch.get_rng_state()}
+
+
 def _state_dict(size_mib: float, tensors: int, rank: int, device: str = "cpu") -> dict:
     import torch
 
+    if os.environ.get(LAYOUT_ENV, "flat") == "transformer":
+        return _transformer(size_mib, tensors, rank, device)
     per_tensor = max(1, int(size_mib * (1 << 20)) // 4 // tensors)
     if device == "cpu":
         generator = torch.Generator().manual_seed(rank)

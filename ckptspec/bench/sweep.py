@@ -836,6 +836,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "run":
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         return run_sweep(args)
     if args.command == "plot":
         plot(json.loads(args.run.read_text()), args.out)

@@ -249,3 +249,24 @@ def test_a_point_runs_its_groups_in_turn_drops_a_failing_peer_and_stops_at_the_d
     assert late["cut"]
     assert all(not d["rounds"] for d in late["peers"].values())
     assert _FakeSide.started == ["a", "b", "c"], "no group starts once the deadline has passed"
+
+
+def test_the_transformer_layout_holds_layers_with_adam_state_of_about_the_bytes_asked(monkeypatch):
+    import importlib.util
+
+    from ckptspec.bench.sides import SIDE
+
+    spec = importlib.util.spec_from_file_location("ckptspec_bench_side", SIDE)
+    assert spec is not None
+    assert spec.loader is not None
+    side = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(side)
+    monkeypatch.setenv(side.LAYOUT_ENV, "transformer")
+    state = side._state_dict(4, 3 * side.PER_LAYER, 0)
+    model = state["model"]
+    assert len(model) == 3 * side.PER_LAYER, "three layers of weights, each with exp_avg and exp_avg_sq"
+    assert {"r0.layers.2.mlp.down.weight.exp_avg_sq", "r0.layers.0.attn.qkv.weight"} <= set(model)
+    assert 0.8 * 4 * 2**20 <= sum(t.nbytes for t in model.values()) <= 1.2 * 4 * 2**20
+    assert {"step", "adam_step", "rng"} <= set(state)
+    monkeypatch.delenv(side.LAYOUT_ENV)
+    assert len(side._state_dict(4, 7, 0)["model"]) == 7, "the flat layout: the tensors asked"
