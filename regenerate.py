@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ckptspec.bench import paired_summary, sweep
+from ckptspec.bench import impl_goals, paired_summary, sweep
 from ckptspec.bench import summary as benchmark_summary
 from ckptspec.faults import matrix
 from ckptspec.report import findings, glance, releases, report, repro_reports
@@ -104,6 +104,7 @@ BLOCKS: dict[str, tuple[str, Callable[[list[str]], object], list[str]]] = {
     "benchmarks": (BENCHMARKS, benchmark_summary.main, [f"ckptspec/bench/results/{name}" for name in BENCHMARK_RUNS]),
     "benchmarks-paired": (BENCHMARKS, paired_summary.main, [*PAIRED_RUNS, "--block", "paired"]),
     "benchmarks-sweep": (BENCHMARKS, sweep.main, ["table", *SWEEP_RUNS, "--block", "sweep"]),
+    "benchmarks-goals": (BENCHMARKS, impl_goals.main, []),
     "benchmarks-gate": (BENCHMARKS_CI, paired_summary.main, [*GATE_RUNS, "--block", "gate"]),
     "mutation": (DESIGN, mutation_summary.main, []),
     "benchmarks-gpu": (BENCHMARKS, benchmark_summary.main, [*GPU_BENCHMARK_RUNS, "--block", "gpu"]),
