@@ -11,7 +11,7 @@ from ckptspec.bench.impl_goals import goal_lines
 def _save(stall: float, planned: float | None = None) -> dict:
     save: dict = {"stall": stall, "committed": 2 * stall}
     if planned is not None:
-        save["marks"] = {"planned": [planned, planned]}
+        save["marks"] = {"plan": [0.001, 0.001], "planned": [0.001 + planned, 0.001 + planned]}
     return save
 
 
