@@ -16,10 +16,10 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from torch.distributed.checkpoint import DefaultSavePlanner, FileSystemReader
-from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint import DefaultSavePlanner
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ckptspec.spec.drivers import saving
 from ckptspec.spec.harness import load_target
 from ckptspec.spec.harness.surface.recipe import plan_async_save, recipe_modules
 
@@ -72,18 +72,7 @@ def _files(path: str) -> dict[str, bytes]:
 
 
 def _loaded(path: str, like: dict[str, Any]) -> dict[str, Any]:
-    def template(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            return torch.zeros_like(obj)
-        if isinstance(obj, dict):
-            return {k: template(v) for k, v in obj.items()}
-        if isinstance(obj, list):
-            return [template(v) for v in obj]
-        return None
-
-    target = template(like)
-    dcp_load(target, storage_reader=FileSystemReader(path), no_dist=True)
-    return target
+    return saving.load(like, path)  # stock dcp.load, this process only
 
 
 def test_a_repeated_save_is_prepared_and_writes_the_files_a_full_plan_writes(tmp_path, monkeypatch):
