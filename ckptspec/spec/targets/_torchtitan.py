@@ -80,7 +80,9 @@ def titan_manager_class() -> Any:
     else `components/checkpoint.py` (0.2.2)."""
     try:
         from torchtitan.components.checkpointer.dcp import CheckpointManager
-    except ModuleNotFoundError:
+    except ModuleNotFoundError as exc:
+        if exc.name != "torchtitan.components.checkpointer":
+            raise  # torchtitan itself, or one of its imports, is missing: not a question of the release
         from torchtitan.components.checkpoint import CheckpointManager
     return CheckpointManager
 
