@@ -1,5 +1,5 @@
-"""MG-FAIL-1 on deepspeed 0.19.8: a full disk while `save_checkpoint` rewrites the `latest` tag file leaves a job
-that cannot resume, although the previous checkpoint is intact.
+"""MG-FAIL-1 on deepspeed 0.19.8 (and 0.18.3): a full disk while `save_checkpoint` rewrites the `latest` tag file
+leaves a job that cannot resume, although the previous checkpoint is intact.
 
     python findings/repro/deepspeed-0.19.8/MG-FAIL-1.py deepspeed
 
@@ -8,11 +8,12 @@ afterwards loads the new checkpoint if the save reported success, and otherwise 
 Optional. Save a file 'latest' pointing to the latest saved checkpoint", and `load_checkpoint`: "tag: Checkpoint
 tag used as a unique identifier for checkpoint, if not provided will attempt to load tag in 'latest' file".
 
-Mechanism (deepspeed/runtime/engine.py:4957-4962, `save_checkpoint`): global rank 0 publishes the tag with
-`with open(os.path.join(save_dir, 'latest'), 'w') as fd: fd.write(tag)`. Opening with 'w' truncates the file
-first; there is no temporary file, rename or fsync. A write that fails after the truncation (ENOSPC, EDQUOT, EIO)
-raises out of save_checkpoint, and leaves `latest` empty; `load_checkpoint(save_dir)` then reads the empty tag and fails in
-`check_ckpt_list` (runtime/state_dict_factory.py:168, a bare `assert len(self.ckpt_list) > 0`).
+Mechanism (deepspeed/runtime/engine.py:4957-4962 in 0.19.8, 3685-3689 in 0.18.3, `save_checkpoint`): global rank 0
+publishes the tag with `with open(os.path.join(save_dir, 'latest'), 'w') as fd: fd.write(tag)`. Opening with 'w'
+truncates the file first; there is no temporary file, rename or fsync. A write that fails after the truncation
+(ENOSPC, EDQUOT, EIO) raises out of save_checkpoint, and leaves `latest` empty; `load_checkpoint(save_dir)` then
+reads the empty tag and fails in `check_ckpt_list` (runtime/state_dict_factory.py:168, a bare `assert
+len(self.ckpt_list) > 0`).
 
 One process, a world of one rank (gloo, DS_ACCELERATOR=cpu on a machine without CUDA): global_step1 and
 global_step2 are saved; in the save of global_step3 the write of `latest` fails with ENOSPC, as on a full disk (the

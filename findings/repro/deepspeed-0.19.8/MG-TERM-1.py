@@ -1,5 +1,5 @@
-"""MG-TERM-1 on deepspeed 0.19.8: a job preempted (SIGTERM) while `save_checkpoint` rewrites the `latest` tag file
-cannot resume, although the previous checkpoint is intact.
+"""MG-TERM-1 on deepspeed 0.19.8 (and 0.18.3): a job preempted (SIGTERM) while `save_checkpoint` rewrites the
+`latest` tag file cannot resume, although the previous checkpoint is intact.
 
     python findings/repro/deepspeed-0.19.8/MG-TERM-1.py deepspeed
 
@@ -8,11 +8,12 @@ committed, resume afterwards loads the previous committed checkpoint, exactly. S
 Optional. Save a file 'latest' pointing to the latest saved checkpoint", and `load_checkpoint`: "tag: Checkpoint
 tag used as a unique identifier for checkpoint, if not provided will attempt to load tag in 'latest' file".
 
-Mechanism (deepspeed/runtime/engine.py:4957-4962, `save_checkpoint`): global rank 0 publishes the tag with
-`with open(os.path.join(save_dir, 'latest'), 'w') as fd: fd.write(tag)`. Opening with 'w' truncates the file
-first; there is no temporary file, rename or fsync. A SIGTERM (a scheduler's preemption; DeepSpeed installs no
-handler) between the truncation and the write leaves `latest` empty; `load_checkpoint(save_dir)` then reads the empty tag and fails in
-`check_ckpt_list` (runtime/state_dict_factory.py:168, a bare `assert len(self.ckpt_list) > 0`).
+Mechanism (deepspeed/runtime/engine.py:4957-4962 in 0.19.8, 3685-3689 in 0.18.3, `save_checkpoint`): global rank 0
+publishes the tag with `with open(os.path.join(save_dir, 'latest'), 'w') as fd: fd.write(tag)`. Opening with 'w'
+truncates the file first; there is no temporary file, rename or fsync. A SIGTERM (a scheduler's preemption; DeepSpeed
+installs no handler) between the truncation and the write leaves `latest` empty; `load_checkpoint(save_dir)` then
+reads the empty tag and fails in `check_ckpt_list` (runtime/state_dict_factory.py:168, a bare `assert
+len(self.ckpt_list) > 0`).
 
 One process, a world of one rank (gloo, DS_ACCELERATOR=cpu on a machine without CUDA): global_step1 and
 global_step2 are saved; the save of global_step3 is ended by SIGTERM right after `latest` was opened for writing,
