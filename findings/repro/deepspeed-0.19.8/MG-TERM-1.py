@@ -24,6 +24,7 @@ could not run.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import multiprocessing as mp
 import os
@@ -74,9 +75,11 @@ def _save(engine, save_dir: str, tag: str, step: int) -> None:
         engine._commit_decoupled_checkpoint()
 
 
-def _save_then_die(save_dir: str, port: int) -> None:
+def _save_then_die(save_dir: str, port: int, writer_pid) -> None:
     warnings.filterwarnings("ignore")
     engine = _engine(port)
+    if engine.checkpoint_engine.is_decoupled() and engine.checkpoint_engine.ckpt_process is not None:
+        writer_pid.value = engine.checkpoint_engine.ckpt_process.pid  # for the parent, once this process ended
     for step in (1, 2):
         _save(engine, save_dir, f"global_step{step}", step)
     real_open = builtins.open
@@ -89,6 +92,20 @@ def _save_then_die(save_dir: str, port: int) -> None:
 
     builtins.open = open_then_die
     _save(engine, save_dir, "global_step3", 3)
+
+
+def _end_orphaned_writer(pid: int) -> None:
+    """The decoupled engine's writer process of the trainer that ended: nothing told it to exit (only the engine's
+    cleanup(), from destroy() or its __del__, puts the EXIT_EVENT it waits for, decoupled_checkpoint_engine.py:62-64),
+    so it waits in save_queue.get() for ever (line 48), holding this script's output open; ended here."""
+    if not pid:
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return
+    print("the ended trainer's checkpoint writer process (DeepSpeed's decoupled engine) is still running: ended here")
+    os.kill(pid, signal.SIGKILL)
 
 
 def _free_port() -> int:
@@ -104,9 +121,12 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     save_dir = tempfile.mkdtemp(prefix="ds-mg-term-1-")
     try:
-        child = mp.get_context("spawn").Process(target=_save_then_die, args=(save_dir, _free_port()))
+        context = mp.get_context("spawn")
+        writer_pid = context.Value("i", 0)
+        child = context.Process(target=_save_then_die, args=(save_dir, _free_port(), writer_pid))
         child.start()
         child.join(600)
+        _end_orphaned_writer(writer_pid.value)
         if child.exitcode != -signal.SIGTERM:
             print(f"the saving process ended with {child.exitcode}, not by SIGTERM in the save of global_step3")
             return 2
@@ -116,6 +136,10 @@ def main() -> int:
             f"ended by SIGTERM while writing `latest`; save_dir holds {sorted(os.listdir(save_dir))}; latest = {pointer!r}"
         )
         engine = _engine(_free_port())
+        # destroy() ends the decoupled engine's writer: a non-daemonic process that interpreter exit would otherwise
+        # join for ever (multiprocessing's exit hook runs before the engine is collected). Registered after
+        # multiprocessing's hook, so it runs first.
+        atexit.register(engine.destroy)
         _, kept = engine.load_checkpoint(save_dir, tag="global_step2")
         print(f"load_checkpoint(save_dir, tag='global_step2') -> step {kept and kept.get('step')} (intact)")
         try:
