@@ -183,12 +183,9 @@ RELEASES: tuple[Release, ...] = (
         "deepspeed",
         _WITH_MANAGER,
         False,
-        unjudged=(
-            'the decoupled checkpoint engine (`{"checkpoint": {"writer": {"decoupled": true}}}`, DeepSpeed\'s '
-            "asynchronous save): `ckptspec judge deepspeed-decoupled` runs it, but its stored results are not "
-            "published yet, since its reproducers of MG-CRASH-1 and MG-TERM-1 did not finish within 300 s"
-        ),
     ),
+    # The decoupled engine, DeepSpeed's documented asynchronous save, as a target of its own (as DCP's are).
+    Release("deepspeed-decoupled", "0.19.8", "3.11", "deepspeed", _WITH_MANAGER, False),
     Release("olmo-core", "3.0.0", "3.11", "ai2-olmo-core", PROTOCOL_AREAS, False),
     Release("olmo-core", "2.6.0", "3.11", "ai2-olmo-core", PROTOCOL_AREAS, False),  # the last 2.x
     Release("transformers", "5.23.0", "3.11", "transformers", _MANAGER_ONLY, False),
