@@ -150,7 +150,8 @@ def _install_release(session: nox.Session, release: releases.Release) -> None:
         # A constraints file holds torch at the release's pin while pip resolves the release's own dependencies.
         constraints = Path(session.create_tmp()) / "torch-constraints.txt"
         constraints.write_text(torch + "\n")
-        session.install("-c", str(constraints), release.requirement)
+        # `needs` beside it: what its imports need that its wheel does not declare (torchtitan 0.2.2's triton).
+        session.install("-c", str(constraints), release.requirement, *release.needs)
     # The report names the version the run imported; refuse to label a run with a release it did not test.
     imported = session.run(
         "python",

@@ -56,7 +56,8 @@ class Release:
     """One judged release of a target.
 
     `needs`: what its checkpointing modules import beyond torch, numpy and this project's dependencies (installed
-    beside its wheel where that wheel is installed without dependencies: on a GPU machine, and NVRx 0.7.0 in nox).
+    beside its wheel where that wheel is installed without dependencies: on a GPU machine, and NVRx 0.7.0 in nox;
+    and in nox beside a release whose wheel does not declare them: torchtitan 0.2.2's triton).
     `wheel_only`: pip options that fetch its wheel for another platform tag, where pip refuses it on this machine
     (NVRx 0.7.0's manylinux_2_39 wheel on glibc 2.36): installed without dependencies, then `needs`.
     `gpu`: whether the GPU run (gpu_run) judges it: a library release from its wheel, a DCP configuration on the
@@ -105,6 +106,13 @@ _MANAGER_ONLY = ("manager",)  # a checkpoint manager without a save of its own t
 _NVRX_070_WHEEL = ("--only-binary=:all:", "--python-version", "3.12", "--platform", "manylinux_2_39_x86_64")
 
 
+_TITAN_PINNED = (
+    'async_mode="async_with_pinned_mem", the mode a GPU user runs (pinned, non-blocking staging through '
+    'torch\'s DefaultStager, then a checkpoint process): judged is async_mode="async" only, since the pinned '
+    "mode refuses to run without an accelerator; none of these verdicts speaks for it"
+)
+
+
 def _dcp(torch: str, python: str) -> list[Release]:
     """The three configurations of `dcp.async_save` on one torch release."""
     return [
@@ -142,23 +150,32 @@ RELEASES: tuple[Release, ...] = (
     # Protocol-layer targets, written against the adapter contract only. Lightning 2.5.3: the last release before
     # the clone of #21079. torchtitan's async_mode "async" ("async_with_pinned_mem" needs an accelerator). Their
     # wheels and dependencies are not in the set a GPU stage installs yet.
-    Release(
-        "torchtitan",
-        "0.3.0",
-        "3.11",
-        "torchtitan",
-        _WITH_MANAGER,
-        False,
-        unjudged=(
-            'async_mode="async_with_pinned_mem", the mode a GPU user runs (pinned, non-blocking staging through '
-            'torch\'s DefaultStager, then a checkpoint process): judged is async_mode="async" only, since the pinned '
-            "mode refuses to run without an accelerator; none of these verdicts speaks for it"
-        ),
-    ),
+    Release("torchtitan", "0.3.0", "3.11", "torchtitan", _WITH_MANAGER, False, unjudged=_TITAN_PINNED),
+    # 0.2.2: its manager at torchtitan/components/checkpoint.py (0.3.0 moved it to components/checkpointer/dcp.py);
+    # `import torchtitan` imports triton (components/quantization -> models/moe/kernels.py:8), which its wheel does
+    # not declare (torch's CUDA wheels bring it): a CPU-only environment installs it beside (`needs`).
+    Release("torchtitan", "0.2.2", "3.11", "torchtitan", _WITH_MANAGER, False, ("triton",), unjudged=_TITAN_PINNED),
     Release("lightning", "2.6.6", "3.11", "pytorch-lightning", _WITH_MANAGER, False),
     Release("lightning", "2.5.3", "3.11", "pytorch-lightning", _WITH_MANAGER, False),
     # Issue 63's libraries, each as a user runs it by default and, where that is another target, in the
     # asynchronous configuration its documents recommend (a target per configuration, as for DCP). CPU runs only.
+    # DeepSpeed 0.18.3: the release before the decoupled engine's hang fix (PR 7742, issue 7741).
+    Release(
+        "deepspeed",
+        "0.18.3",
+        "3.11",
+        "deepspeed",
+        _WITH_MANAGER,
+        False,
+        unjudged=(
+            'the decoupled checkpoint engine (`{"checkpoint": {"writer": {"decoupled": true}}}`, DeepSpeed\'s '
+            "asynchronous save): in 0.18.3 it cannot be built: DecoupledCheckpointEngine.__init__ calls "
+            "`mp.get_start_methods(allow_None=False)` (runtime/checkpoint_engine/decoupled_checkpoint_engine.py:71), "
+            "a function torch.multiprocessing does not have, so `deepspeed.initialize` raises AttributeError for "
+            "every config that asks for it (engine.py:1181-1186, _configure_checkpointing); 0.19.8 replaced the call "
+            "(PR 7742). None of these verdicts speaks for it"
+        ),
+    ),
     Release(
         "deepspeed",
         "0.19.8",
@@ -166,13 +183,11 @@ RELEASES: tuple[Release, ...] = (
         "deepspeed",
         _WITH_MANAGER,
         False,
-        unjudged=(
-            'the decoupled checkpoint engine (`{"checkpoint": {"writer": {"decoupled": true}}}`, DeepSpeed\'s '
-            "asynchronous save): `ckptspec judge deepspeed-decoupled` runs it, but its stored results are not "
-            "published yet, since its reproducers of MG-CRASH-1 and MG-TERM-1 did not finish within 300 s"
-        ),
     ),
+    # The decoupled engine, DeepSpeed's documented asynchronous save, as a target of its own (as DCP's are).
+    Release("deepspeed-decoupled", "0.19.8", "3.11", "deepspeed", _WITH_MANAGER, False),
     Release("olmo-core", "3.0.0", "3.11", "ai2-olmo-core", PROTOCOL_AREAS, False),
+    Release("olmo-core", "2.6.0", "3.11", "ai2-olmo-core", PROTOCOL_AREAS, False),  # the last 2.x
     Release("transformers", "5.23.0", "3.11", "transformers", _MANAGER_ONLY, False),
     Release(
         "torch-checkpointing-buffered",

@@ -12,11 +12,12 @@ rank is a model-parallel rank of its own and each data-parallel group has one me
 required training states in the client code" (save_checkpoint's docstring), merged by `_save_checkpoint` into that
 rank's model-states dict and returned by `load_checkpoint`. Model nn.Linear(2, 2), ZeRO stage 0, SGD.
 
-The two configurations:
+The two configurations, one builder (`build_engine(writer)`, the writer config each adapter names as `WRITER`):
 
-- "default": `TorchCheckpointEngine` (no "checkpoint" section): save_checkpoint writes synchronously and writes
-  `latest` before it returns; the commit in wait() has nothing to do.
-- "decoupled": `{"checkpoint": {"writer": {"decoupled": true}}}`, the documented switch and nothing else.
+- default (`WRITER = None`): `TorchCheckpointEngine` (no "checkpoint" section): save_checkpoint writes synchronously
+  and writes `latest` before it returns; the commit in wait() has nothing to do.
+- decoupled (`WRITER = DECOUPLED`): `{"checkpoint": {"writer": {"decoupled": true}}}`, the documented switch, with
+  `"type": "python"` on a machine without CUDA (`engine_config`).
   `DecoupledCheckpointEngine` starts one writer process per writing rank (torch.multiprocessing) and `save()` puts
   `(state_dict, path)` on an `mp.SimpleQueue` (decoupled_checkpoint_engine.py:157-166); `save_checkpoint` then
   returns without writing `latest`. The commit is `engine._commit_decoupled_checkpoint()` (engine.py:4968-4982),
@@ -42,10 +43,18 @@ from ckptspec.spec.harness.surface.formats import CheckpointFormat
 from ckptspec.spec.harness.surface.manager_api import CheckpointManager
 from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
 
-__all__ = ["FORMAT", "DeepSpeedManager", "DeepSpeedSaver", "ModelStatesFiles", "set_up"]
+__all__ = [
+    "DECOUPLED",
+    "FORMAT",
+    "DeepSpeedManager",
+    "DeepSpeedSaver",
+    "ModelStatesFiles",
+    "build_engine",
+    "engine_config",
+    "set_up",
+]
 
 POINTER = "latest"
-CONFIGURATIONS = ("default", "decoupled")
 
 
 def model_file(rank: int) -> str:
@@ -113,25 +122,33 @@ class _EveryRankItsOwnShard:
         return [self.rank]
 
 
-def _config(kind: str) -> dict[str, Any]:
+# The documented switch to the decoupled engine (runtime/checkpoint_engine/README.md).
+DECOUPLED: dict[str, Any] = {"decoupled": True}
+
+
+def engine_config(writer: dict[str, Any] | None) -> dict[str, Any]:
+    """The engine's config: ZeRO stage 0, SGD, and `{"checkpoint": {"writer": writer}}` where a writer config is given
+    (None: no "checkpoint" section, the synchronous TorchCheckpointEngine). A decoupled writer without a "type" gets
+    the python writer on a machine without CUDA: the default writer, "fast", pins its I/O buffer (writer_factory.py:80),
+    which raises "Cannot access accelerator device when none is available" without one."""
     config: dict[str, Any] = {"train_batch_size": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
-    if kind == "decoupled":
-        # The default writer, "fast", pins its I/O buffer (writer_factory.py:80), which raises "Cannot access
-        # accelerator device when none is available" without one: a CPU-only job must name the python writer.
-        writer: dict[str, Any] = {"decoupled": True}
-        if not torch.cuda.is_available():
+    if writer is not None:
+        writer = dict(writer)
+        if writer.get("decoupled") and "type" not in writer and not torch.cuda.is_available():
             writer["type"] = "python"
         config["checkpoint"] = {"writer": writer}
     return config
 
 
-def _engine(kind: str) -> Any:
+def build_engine(writer: dict[str, Any] | None) -> Any:
+    """The one engine builder of both targets: `deepspeed.initialize` over nn.Linear(2, 2) with the mpu below and
+    `engine_config(writer)`."""
     import deepspeed
 
     set_up()
     model = torch.nn.Linear(2, 2)
     engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=_config(kind), mpu=_EveryRankItsOwnShard()
+        model=model, model_parameters=model.parameters(), config=engine_config(writer), mpu=_EveryRankItsOwnShard()
     )
     return engine
 
@@ -205,8 +222,8 @@ class _DeepSpeedHandle(SaveHandle):
 class DeepSpeedSaver(Saver):
     """One DeepSpeedEngine, kept across saves; a checkpoint at `path` is `save_dir=dirname(path)`, `tag=basename`."""
 
-    def __init__(self, kind: str):
-        self.engine = _engine(kind)
+    def __init__(self, writer: dict[str, Any] | None):
+        self.engine = build_engine(writer)
         self.saves = 0
 
     def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
@@ -233,10 +250,10 @@ class DeepSpeedManager(CheckpointManager):
     - Retention: DeepSpeed has none; `keep` is not applied (every tag is kept).
     """
 
-    def __init__(self, root: str, keep: int, kind: str):
+    def __init__(self, root: str, keep: int, writer: dict[str, Any] | None):
         self.root, self.keep = root, keep  # keep is not applied: DeepSpeed has no retention (no manager_retention)
         self.pointer = os.path.join(root, POINTER)
-        self.engine = _engine(kind)
+        self.engine = build_engine(writer)
 
     def save(self, step: int, state_dict: dict[str, Any]) -> None:
         _commit(self.engine)

@@ -7,7 +7,7 @@ The test's state dict is the train module's state (`state_dict_to_save()`), save
 (`train/rank<r>.pt`, torch.save) there and renames it onto `<path>` (all before it returns), then starts
 `async_save_state_dict`, torch's `dcp.async_save` with OLMo's `RemoteFileSystemWriter` on the checkpointer's group,
 and adds a done callback that writes `<path>/.metadata.json` on rank 0 whatever the future's outcome
-(checkpoint.py:190-195).
+(checkpoint.py:190-195 in 3.0.0, 174-179 in 2.6.0).
 
 The format (FORMAT) is DCP's below `model_and_optim/` with OLMo's completeness rule (`Checkpointer.dir_is_checkpoint`:
 `train/rank0.pt`, `model_and_optim/.metadata` and `.metadata.json` all present), read back with dcp.load and OLMo's

@@ -1,6 +1,17 @@
-"""torchtitan's `CheckpointManager` (torchtitan 0.3.0, `torchtitan/components/checkpointer/dcp.py`) behind the
-protocol layer: `TitanSaver(mode)` for either async mode; the adapter `torchtitan` uses async_mode "async". Written
-against the documented adapter contract (ckptspec.spec.harness.surface.contract), as an outside author would.
+"""torchtitan's `CheckpointManager` behind the protocol layer: `TitanSaver(mode)` for either async mode; the adapter
+`torchtitan` uses async_mode "async". Written against the documented adapter contract
+(ckptspec.spec.harness.surface.contract), as an outside author would.
+
+Two releases, one adapter; what differs is read from the installed package, not from its version:
+
+- where the manager lives: `torchtitan/components/checkpointer/dcp.py` in 0.3.0 (its `components/checkpoint.py`
+  is a shim re-exporting it), `torchtitan/components/checkpoint.py` in 0.2.2 (`titan_manager_class()`);
+- how it is configured: 0.3.0's manager carries its own `CheckpointManager.Config` and takes it first; 0.2.2's
+  takes the job config's `torchtitan.config.Checkpoint` as `checkpoint_config` (components/checkpoint.py:184-194)
+  (`build_manager()`, branching on the class having a `Config`);
+- how a save is awaited: 0.3.0's `maybe_wait_for_saving()` ("Block until the last asynchronous save completes");
+  0.2.2 has no public wait: its `save()` starts with `_async_wait()` (components/checkpoint.py:508, 828-842), the
+  wait for the previous save's future, and the adapter calls that (`wait_for_saving()`), the one private call.
 
 "async_with_pinned_mem" is not a target here: torchtitan builds its DefaultStager with `use_pinned_memory=True`
 and `use_non_blocking_copy=True` whatever the device, and torch 2.13's DefaultStager refuses that without an
@@ -18,7 +29,7 @@ The five calls, as torchtitan's trainer makes them (`torchtitan/trainer.py`):
 - start(state, path): `save(step)` with a step one higher than the last, `interval=1` (every step is saved); save()
   first waits for the previous save (`maybe_wait_for_saving`), then dispatches this one and returns.
 - staged(): `maybe_wait_for_staging()`, which the trainer calls right before `optimizers.step()`.
-- wait(): `maybe_wait_for_saving()`.
+- wait(): `maybe_wait_for_saving()` (0.2.2: `_async_wait()`, what its save() calls first).
 - abort(): none (the default raises NotImplementedError); torchtitan documents no way to stop a save.
 - close(): `close()` ("Release background threads and other resources.").
 
@@ -64,6 +75,49 @@ class _Counter:
         self.steps = state_dict["steps"]
 
 
+def titan_manager_class() -> Any:
+    """torchtitan's CheckpointManager where the installed release keeps it: `components/checkpointer/dcp.py` (0.3.0),
+    else `components/checkpoint.py` (0.2.2)."""
+    try:
+        from torchtitan.components.checkpointer.dcp import CheckpointManager
+    except ModuleNotFoundError as exc:
+        if exc.name != "torchtitan.components.checkpointer":
+            raise  # torchtitan itself, or one of its imports, is missing: not a question of the release
+        from torchtitan.components.checkpoint import CheckpointManager
+    return CheckpointManager
+
+
+def build_manager(cls: Any, states: dict[str, Any], **config: Any) -> Any:
+    """`cls` (a CheckpointManager or a subclass) built as torchtitan's trainer builds it, with `config` as its
+    checkpoint configuration (enable, folder, interval, async_mode, keep_latest_k) and the stand-ins of the module's
+    docstring: the class's own `Config` where it has one (0.3.0), else the job config's `Checkpoint` section passed as
+    `checkpoint_config` (0.2.2)."""
+    import torch
+
+    parts = {
+        "dataloader": None,
+        "model_parts": [torch.nn.Linear(2, 2)],
+        "optimizers": _Counter(),
+        "lr_schedulers": _Counter(),
+        "states": states,
+        "sd_adapter": None,
+    }
+    if hasattr(cls, "Config"):
+        return cls(cls.Config(**config), **parts)
+    from torchtitan.config import Checkpoint
+
+    return cls(checkpoint_config=Checkpoint(**config), **parts)
+
+
+def wait_for_saving(manager: Any) -> None:
+    """The wait for the last save: `maybe_wait_for_saving()` (0.3.0), else `_async_wait()` (0.2.2, what its save()
+    calls first: `self.save_future.result()`, then `self.save_future = None`)."""
+    wait = getattr(manager, "maybe_wait_for_saving", None)
+    if wait is None:
+        wait = manager._async_wait
+    wait()
+
+
 class _TitanHandle(SaveHandle):
     def __init__(self, saver: TitanSaver, step: int):
         self.saver, self.step = saver, step
@@ -74,17 +128,14 @@ class _TitanHandle(SaveHandle):
 
     def wait(self) -> None:
         if self.saver.step == self.step:
-            self.saver.manager.maybe_wait_for_saving()
+            wait_for_saving(self.saver.manager)
 
 
 class TitanSaver(Saver):
     """One CheckpointManager with async_mode `mode`, kept across saves as the trainer keeps it."""
 
     def __init__(self, mode: str):
-        import torch
-        from torchtitan.components.checkpointer.dcp import CheckpointManager
-
-        class _AtPath(CheckpointManager):
+        class _AtPath(titan_manager_class()):  # type: ignore[misc]
             target = ""
 
             def _create_checkpoint_id(self, step: int, folder: str = "") -> str:
@@ -92,16 +143,7 @@ class TitanSaver(Saver):
 
         self.states: dict[str, Any] = {}
         self.components = set()
-        config = CheckpointManager.Config(enable=True, folder="unused", interval=1, async_mode=mode)
-        self.manager = _AtPath(
-            config,
-            dataloader=None,
-            model_parts=[torch.nn.Linear(2, 2)],
-            optimizers=_Counter(),
-            lr_schedulers=_Counter(),
-            states=self.states,
-            sd_adapter=None,
-        )
+        self.manager = build_manager(_AtPath, self.states, enable=True, folder="unused", interval=1, async_mode=mode)
         self.components = set(self.states)  # model, optimizer, dataloader, lr_scheduler
         self.step = 0
 
@@ -125,7 +167,8 @@ class TitanManager(CheckpointManager):
 
     - save(step, state): `save(step)` with `state` in the manager's `states`; it waits for the previous save, starts
       `dcp.async_save` and queues retention (`_purge_stale_checkpoints`) before returning.
-    - wait(): `maybe_wait_for_saving()`. Retention runs on torchtitan's purge thread; close() joins it.
+    - wait(): `maybe_wait_for_saving()` (0.2.2: `_async_wait()`). Retention runs on torchtitan's purge thread;
+      close() joins it.
     - latest(): `_find_load_step()` (-1 is None), what `load(step=-1)` loads; resume(template): that step, then
       `load(step=-1)` into `template`'s keys; load(step, template): `load(step)`.
     - keep=1 is refused by torchtitan's config (ValueError: 'We need to maintain at least 2 checkpoint replicas').
@@ -135,20 +178,16 @@ class TitanManager(CheckpointManager):
     order: str | None = None  # the forced retention order (RETENTION_ORDERS), None: the race as it falls
 
     def __init__(self, root: str, keep: int):
-        import torch
-        from torchtitan.components.checkpointer.dcp import CheckpointManager as Titan
-
         self.root = root
         self.states: dict[str, Any] = {}
-        config = Titan.Config(enable=True, folder=root, interval=1, async_mode="async", keep_latest_k=keep)
-        self.manager = Titan(
-            config,
-            dataloader=None,
-            model_parts=[torch.nn.Linear(2, 2)],
-            optimizers=_Counter(),
-            lr_schedulers=_Counter(),
-            states=self.states,
-            sd_adapter=None,
+        self.manager = build_manager(
+            titan_manager_class(),
+            self.states,
+            enable=True,
+            folder=root,
+            interval=1,
+            async_mode="async",
+            keep_latest_k=keep,
         )
         self.components = set(self.states)
 
@@ -171,7 +210,7 @@ class TitanManager(CheckpointManager):
         return True
 
     def wait(self) -> None:
-        self.manager.maybe_wait_for_saving()
+        wait_for_saving(self.manager)
 
     def latest(self) -> int | None:
         step = self.manager._find_load_step()
@@ -202,7 +241,7 @@ class TitanManager(CheckpointManager):
 
     def close(self) -> None:
         try:
-            self.manager.maybe_wait_for_saving()
+            wait_for_saving(self.manager)
         finally:
             self.manager.close()  # joins the purge thread, even after a failed save (which wait re-raises)
 
@@ -217,6 +256,8 @@ def _ordered(manager: Any, location: str, order: str) -> Iterator[None]:
     (`FileSystemWriter.prepare_local_plan`, torch/distributed/checkpoint/filesystem.py:652); meanwhile the trainer's
     thread runs a garbage collection and then `_purge_stale_checkpoints()` (dcp.py:466), which lists the folders
     (dcp.py:829-837) and queues all but the newest k for deletion: the new folder counts only if it is already there.
+    torchtitan 0.2.2 runs the same sequence in save() itself (components/checkpoint.py:530-543: dcp_save, a garbage
+    collection, `_purge_stale_checkpoints()`, which lists the folders at 856).
     Forced by holding one side, nothing else changed: "retention-first" holds the writer's creation of `location`
     until the purge has listed; "location-first" holds the purge until `location` exists (or the save ended
     without it). Either hold gives up after _HOLD seconds."""

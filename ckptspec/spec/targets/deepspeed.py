@@ -45,7 +45,8 @@ PACKAGES = ("deepspeed",)
 # No manager_retention: DeepSpeed keeps every tag. manager_ranks: each rank writes its own model-states file.
 CAPABILITIES = frozenset({"protocol", "manager", "manager_pointer", "manager_ranks"})
 EXPECTATIONS = str(Path(__file__).with_name("deepspeed.expectations.toml"))
-KIND = "default"
+# The engine's writer config (_deepspeed.build_engine): None, no "checkpoint" section, the synchronous engine.
+WRITER: dict[str, Any] | None = None
 
 
 def install() -> None:
@@ -55,9 +56,9 @@ def install() -> None:
 
 def protocol_saver(**options: Any) -> DeepSpeedSaver:
     """One engine per saver; DeepSpeed has one kind of writer per engine, so every option is ignored."""
-    return DeepSpeedSaver(KIND)
+    return DeepSpeedSaver(WRITER)
 
 
 def checkpoint_manager(root: str, keep: int) -> DeepSpeedManager:
     """DeepSpeed's tags below `root`; `keep` is not applied (DeepSpeed has no retention: every tag is kept)."""
-    return DeepSpeedManager(root, keep, KIND)
+    return DeepSpeedManager(root, keep, WRITER)

@@ -1,10 +1,13 @@
 """Adapter for DeepSpeed's decoupled checkpoint engine (target `deepspeed-decoupled`; deepspeed 0.19.8; 0.18.3, the
-release before the decoupled engine's hang fix, PR 7742), the asynchronous save DeepSpeed documents:
-`{"checkpoint": {"writer": {"decoupled": true}}}` in the engine's config ("data_parallel" keeps its default; on a
-machine without CUDA "type": "python", since the default "fast" writer pins its I/O buffer, writer_factory.py:80,
-and raises "Cannot access accelerator device when none is available" without one). Written against the documented adapter contract
-(ckptspec.spec.harness.surface.contract), as an outside author would; the engine, the format and both layers are
-in ckptspec.spec.targets._deepspeed, the default configuration is the target `deepspeed`.
+release before the decoupled engine's hang fix, PR 7742, cannot build it: its DecoupledCheckpointEngine.__init__
+calls `torch.multiprocessing.get_start_methods`, which does not exist, decoupled_checkpoint_engine.py:71), the
+asynchronous save DeepSpeed documents: `{"checkpoint": {"writer": {"decoupled": true}}}` in the engine's config
+("data_parallel" keeps its default; on a machine without CUDA "type": "python", since the default "fast" writer pins
+its I/O buffer, writer_factory.py:80, and raises "Cannot access accelerator device when none is available" without
+one). Written against the documented adapter contract (ckptspec.spec.harness.surface.contract), as an outside author
+would; the engine, the format and both layers are in ckptspec.spec.targets._deepspeed, the default configuration is
+the target `deepspeed`, whose adapter this one shares but for the writer config it hands the one engine builder
+(`WRITER`) and its expectations.
 
 DeepSpeed's engine README promises the commit: "When all the files for a tag are ready, deepspeed engine will call
 `commit()` to tell the checkpoint engine current checkpoint is complete" (deepspeed/runtime/checkpoint_engine/
@@ -26,7 +29,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckptspec.spec.targets._deepspeed import FORMAT, DeepSpeedManager, DeepSpeedSaver, set_up
+from ckptspec.spec.targets._deepspeed import DECOUPLED, DeepSpeedManager, DeepSpeedSaver
+from ckptspec.spec.targets.deepspeed import (
+    CAPABILITIES,
+    DISTRIBUTION,
+    FORMAT,
+    INSTALL,
+    MODULES,
+    PACKAGES,
+    install,
+)
 
 __all__ = [
     "CAPABILITIES",
@@ -43,26 +55,16 @@ __all__ = [
 ]
 
 NAME = "deepspeed-decoupled"
-DISTRIBUTION = "deepspeed"
-INSTALL = 'pip install "torch==2.13.0" -e ".[test,deepspeed]"'
-MODULES: dict[str, str] = {}
-PACKAGES = ("deepspeed",)
-# No manager_retention: DeepSpeed keeps every tag. manager_ranks: each rank writes its own model-states file.
-CAPABILITIES = frozenset({"protocol", "manager", "manager_pointer", "manager_ranks"})
 EXPECTATIONS = str(Path(__file__).with_name("deepspeed-decoupled.expectations.toml"))
-KIND = "decoupled"
-
-
-def install() -> None:
-    """DS_ACCELERATOR=cpu without CUDA; CROSS_SIZE/CROSS_RANK as the deepspeed launcher sets them."""
-    set_up()
+# The engine's writer config (_deepspeed.build_engine): `{"decoupled": true}` ("type": "python" added without CUDA).
+WRITER: dict[str, Any] | None = DECOUPLED
 
 
 def protocol_saver(**options: Any) -> DeepSpeedSaver:
     """One engine per saver; DeepSpeed has one kind of writer per engine, so every option is ignored."""
-    return DeepSpeedSaver(KIND)
+    return DeepSpeedSaver(WRITER)
 
 
 def checkpoint_manager(root: str, keep: int) -> DeepSpeedManager:
     """DeepSpeed's tags below `root`; `keep` is not applied (DeepSpeed has no retention: every tag is kept)."""
-    return DeepSpeedManager(root, keep, KIND)
+    return DeepSpeedManager(root, keep, WRITER)

@@ -24,6 +24,12 @@ callback's `save_async=None` becomes True (`backend_supports_cpu()`) and it make
 `dist.new_group(timeout=timedelta(minutes=30))` (callbacks/checkpointer.py:221-232); the saver does the same. The
 Checkpointer's work_dir is the folder the checkpoint is saved in, as `TrainerConfig.build` makes it the local
 save_folder (train/config.py:176-181).
+
+The same adapter runs 2.6.0, the last 2.x: its save path is 3.0.0's without the `save_state_dict_direct` branch
+that 3.0.0 added for train modules that save themselves (train/checkpoint.py:121-143 in 3.0.0), which a train module
+without that method never takes; callbacks/checkpointer.py and distributed/checkpoint/filesystem.py are the same
+files in both, and 2.6.0's TrainerConfig.build makes the work_dir the same way (train/config.py:165-170). Line
+numbers in these docstrings are 3.0.0's.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Adapter for torchtitan 0.3.0's CheckpointManager with async_mode "async" (target `torchtitan`; see
-ckptspec.spec.targets._torchtitan): `dcp.async_save` on the manager's own gloo group, one save in flight; through the
-protocol layer (a checkpoint at the test's path) and the manager layer (its own step-<N> folders and retention).
+"""Adapter for torchtitan's CheckpointManager (0.3.0; 0.2.2, where it lives at another module path) with async_mode
+"async" (target `torchtitan`; see ckptspec.spec.targets._torchtitan): `dcp.async_save` on the manager's own gloo
+group, one save in flight; through the protocol layer (a checkpoint at the test's path) and the manager layer (its
+own step-<N> folders and retention).
 
 Unjudged: async_mode "async_with_pinned_mem", the mode a GPU user runs (pinned, non-blocking staging through torch's
 DefaultStager). It refuses to run without an accelerator, so none of this target's verdicts, all measured on CPU,

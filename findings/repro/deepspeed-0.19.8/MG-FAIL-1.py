@@ -1,5 +1,5 @@
-"""MG-FAIL-1 on deepspeed 0.19.8: a full disk while `save_checkpoint` rewrites the `latest` tag file leaves a job
-that cannot resume, although the previous checkpoint is intact.
+"""MG-FAIL-1 on deepspeed 0.19.8 (and 0.18.3): a full disk while `save_checkpoint` rewrites the `latest` tag file
+leaves a job that cannot resume, although the previous checkpoint is intact.
 
     python findings/repro/deepspeed-0.19.8/MG-FAIL-1.py deepspeed
 
@@ -8,11 +8,12 @@ afterwards loads the new checkpoint if the save reported success, and otherwise 
 Optional. Save a file 'latest' pointing to the latest saved checkpoint", and `load_checkpoint`: "tag: Checkpoint
 tag used as a unique identifier for checkpoint, if not provided will attempt to load tag in 'latest' file".
 
-Mechanism (deepspeed/runtime/engine.py:4957-4962, `save_checkpoint`): global rank 0 publishes the tag with
-`with open(os.path.join(save_dir, 'latest'), 'w') as fd: fd.write(tag)`. Opening with 'w' truncates the file
-first; there is no temporary file, rename or fsync. A write that fails after the truncation (ENOSPC, EDQUOT, EIO)
-raises out of save_checkpoint, and leaves `latest` empty; `load_checkpoint(save_dir)` then reads the empty tag and fails in
-`check_ckpt_list` (runtime/state_dict_factory.py:168, a bare `assert len(self.ckpt_list) > 0`).
+Mechanism (deepspeed/runtime/engine.py:4957-4962 in 0.19.8, 3685-3689 in 0.18.3, `save_checkpoint`): global rank 0
+publishes the tag with `with open(os.path.join(save_dir, 'latest'), 'w') as fd: fd.write(tag)`. Opening with 'w'
+truncates the file first; there is no temporary file, rename or fsync. A write that fails after the truncation
+(ENOSPC, EDQUOT, EIO) raises out of save_checkpoint, and leaves `latest` empty; `load_checkpoint(save_dir)` then
+reads the empty tag and fails in `check_ckpt_list` (runtime/state_dict_factory.py:168, a bare `assert
+len(self.ckpt_list) > 0`).
 
 One process, a world of one rank (gloo, DS_ACCELERATOR=cpu on a machine without CUDA): global_step1 and
 global_step2 are saved; in the save of global_step3 the write of `latest` fails with ENOSPC, as on a full disk (the
@@ -23,10 +24,12 @@ could not run.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -94,9 +97,11 @@ class _FullDisk:
         return getattr(self.handle, name)
 
 
-def _save_with_full_disk(save_dir: str, port: int) -> None:
+def _save_with_full_disk(save_dir: str, port: int, writer_pid) -> None:
     warnings.filterwarnings("ignore")
     engine = _engine(port)
+    if engine.checkpoint_engine.is_decoupled() and engine.checkpoint_engine.ckpt_process is not None:
+        writer_pid.value = engine.checkpoint_engine.ckpt_process.pid  # for the parent, once this process ended
     for step in (1, 2):
         _save(engine, save_dir, f"global_step{step}", step)
     real_open = builtins.open
@@ -116,6 +121,20 @@ def _save_with_full_disk(save_dir: str, port: int) -> None:
     os._exit(0)
 
 
+def _end_orphaned_writer(pid: int) -> None:
+    """The decoupled engine's writer process of the trainer that ended: nothing told it to exit (only the engine's
+    cleanup(), from destroy() or its __del__, puts the EXIT_EVENT it waits for, decoupled_checkpoint_engine.py:62-64),
+    so it waits in save_queue.get() for ever (line 48), holding this script's output open; ended here."""
+    if not pid:
+        return
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return
+    print("the ended trainer's checkpoint writer process (DeepSpeed's decoupled engine) is still running: ended here")
+    os.kill(pid, signal.SIGKILL)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -129,9 +148,12 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     save_dir = tempfile.mkdtemp(prefix="ds-mg-fail-1-")
     try:
-        child = mp.get_context("spawn").Process(target=_save_with_full_disk, args=(save_dir, _free_port()))
+        context = mp.get_context("spawn")
+        writer_pid = context.Value("i", 0)
+        child = context.Process(target=_save_with_full_disk, args=(save_dir, _free_port(), writer_pid))
         child.start()
         child.join(600)
+        _end_orphaned_writer(writer_pid.value)
         if child.exitcode != 3:
             print(f"the saving process ended with {child.exitcode}: the failing write of `latest` was not reached")
             return 2
@@ -139,6 +161,10 @@ def main() -> int:
             pointer = f.read()
         print(f"after the failed save: save_dir holds {sorted(os.listdir(save_dir))}; latest = {pointer!r}")
         engine = _engine(_free_port())
+        # destroy() ends the decoupled engine's writer: a non-daemonic process that interpreter exit would otherwise
+        # join for ever (multiprocessing's exit hook runs before the engine is collected). Registered after
+        # multiprocessing's hook, so it runs first.
+        atexit.register(engine.destroy)
         _, kept = engine.load_checkpoint(save_dir, tag="global_step2")
         print(f"load_checkpoint(save_dir, tag='global_step2') -> step {kept and kept.get('step')} (intact)")
         try:

@@ -1,0 +1,1 @@
+../deepspeed-0.19.8/MG-CRASH-1.py

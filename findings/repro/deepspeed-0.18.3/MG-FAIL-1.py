@@ -1,0 +1,1 @@
+../deepspeed-0.19.8/MG-FAIL-1.py

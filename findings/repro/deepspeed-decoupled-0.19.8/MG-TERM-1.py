@@ -1,0 +1,1 @@
+../deepspeed-0.19.8/MG-TERM-1.py
