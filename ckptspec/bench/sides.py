@@ -12,6 +12,8 @@ driver's own check of it, so that `--device cuda` on a machine without a GPU sto
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import os
 import re
@@ -27,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 __all__ = [
     "COUNTED_SAVES",
@@ -71,14 +74,21 @@ def device_problem(device: str, world: int = 1) -> str | None:
     if device == "cpu":
         return None
     try:
-        import torch
+        import torch  # noqa: F401
     except ImportError:
         return None
-    if not torch.cuda.is_available():
-        return f"--device cuda: no CUDA device here (torch {torch.__version__}: torch.cuda.is_available() is False)"
-    if world > torch.cuda.device_count():
-        return f"--device cuda with {world} ranks needs {world} GPUs (one per rank), found {torch.cuda.device_count()}"
-    return None
+    return _side_module().device_problem(device, world)  # the sides' own check, written once (side.py)
+
+
+@functools.cache
+def _side_module() -> ModuleType:
+    """side.py as a module (it is run by path, so the driver loads it by path too)."""
+    spec = importlib.util.spec_from_file_location("ckptspec_bench_side", SIDE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)

@@ -252,15 +252,9 @@ def test_a_point_runs_its_groups_in_turn_drops_a_failing_peer_and_stops_at_the_d
 
 
 def test_the_transformer_layout_holds_layers_with_adam_state_of_about_the_bytes_asked(monkeypatch):
-    import importlib.util
+    from ckptspec.bench.sides import _side_module
 
-    from ckptspec.bench.sides import SIDE
-
-    spec = importlib.util.spec_from_file_location("ckptspec_bench_side", SIDE)
-    assert spec is not None
-    assert spec.loader is not None
-    side = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(side)
+    side = _side_module()  # side.py, loaded by path as the driver loads it
     monkeypatch.setenv(side.LAYOUT_ENV, "transformer")
     state = side._state_dict(4, 3 * side.PER_LAYER, 0)
     model = state["model"]
