@@ -19,7 +19,7 @@ from typing import Any
 
 from ckptspec.bench.dcp_stager import KeptStager, staging_options
 from ckptspec.spec.harness.surface.saver_api import SaveHandle, Saver
-from ckptspec.spec.targets._dcp import _DcpHandle
+from ckptspec.spec.targets._dcp import DcpHandle
 
 __all__ = [
     "CAPABILITIES",
@@ -59,7 +59,7 @@ class StagerSaver(Saver):
         import torch.distributed.checkpoint as dcp
 
         result = dcp.async_save(state_dict, checkpoint_id=path, async_stager=self.stager.for_save())
-        return _DcpHandle(result)
+        return DcpHandle(result)
 
     def close(self) -> None:
         self.stager.close()

@@ -54,7 +54,7 @@ PHASES_ENV = "CKPTSPEC_IMPL_PHASES"  # ckptspec/impl/phases.py (a side never imp
 LAYOUT_ENV = "CKPTSPEC_SIDE_LAYOUT"  # "flat" (default): `--tensors` equal tensors; "transformer": _transformer
 
 
-class Refused(Exception):
+class SideRefused(Exception):
     """The side cannot run as asked (no GPU for --device cuda): replied as an error, without a traceback."""
 
 
@@ -241,7 +241,7 @@ def main() -> int:
 
         refused = device_problem(args.device, args.world)  # before anything else is imported: at once
         if refused:
-            raise Refused(refused)
+            raise SideRefused(refused)
         import torch.distributed as dist
 
         torch.set_num_threads(args.threads)  # a loaded small machine stalls parallel kernels on descheduled threads
@@ -286,7 +286,7 @@ def main() -> int:
             reply({**mine, "ranks": [mine, *from_others()]})
         reply({"error": "the driver closed the request channel without a close request"})
         return 1
-    except Refused as exc:
+    except SideRefused as exc:
         reply({"error": str(exc)})
         return 1
     except BaseException as exc:  # the driver shows this and stops; the traceback goes to stderr

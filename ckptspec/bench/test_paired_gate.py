@@ -135,7 +135,7 @@ def test_cuda_sides_are_refused_cleanly_without_a_gpu(tmp_path, capsys):
     assert "--device cuda: no CUDA device here" in err
     assert "Traceback" not in err
     # A side checks too (another interpreter's, which the driver cannot ask), replying one line without a traceback
-    # (side.py's Refused); its check is loaded here from the file, as starting a side would take seconds.
+    # (side.py's SideRefused); its check is loaded here from the file, as starting a side would take seconds.
     loader = importlib.util.spec_from_file_location("ckptspec_side_probe", SIDE)
     assert loader is not None
     assert loader.loader is not None

@@ -29,7 +29,7 @@ CAPABILITIES = frozenset({"protocol"})
 NCCL_BACKEND = "cpu:gloo,cuda:nccl"
 
 
-class _DcpHandle(SaveHandle):
+class DcpHandle(SaveHandle):
     def __init__(self, result: Any):
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
@@ -65,7 +65,7 @@ class DcpSaver(Saver):
                     use_pinned_memory=gpu, use_shared_memory=True, use_async_staging=True, use_non_blocking_copy=gpu
                 )
             )
-        self.handles: list[_DcpHandle] = []
+        self.handles: list[DcpHandle] = []
 
     def start(self, state_dict: dict[str, Any], path: str) -> SaveHandle:
         import torch.distributed.checkpoint as dcp
@@ -73,7 +73,7 @@ class DcpSaver(Saver):
         result = dcp.async_save(
             state_dict, checkpoint_id=path, async_checkpointer_type=self.type, async_stager=self.stager
         )
-        handle = _DcpHandle(result)
+        handle = DcpHandle(result)
         self.handles.append(handle)
         return handle
 
