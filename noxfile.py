@@ -125,6 +125,16 @@ def mutation(session: nox.Session) -> None:
 RELEASE_IDS = [nox.param(r.python, r.name, id=r.name) for r in releases.RELEASES]
 
 
+def _release_env(session: nox.Session) -> dict[str, str]:
+    """The environment of a release's pytest run: derandomized hypothesis, and torch's JIT extension builds (DeepSpeed
+    compiles its ops on first use) kept in this session's own venv: under the shared ~/.cache/torch_extensions a build
+    killed midway leaves a lock that every later process of every venv waits on for ever."""
+    return {
+        "HYPOTHESIS_PROFILE": "ci",
+        "TORCH_EXTENSIONS_DIR": str(Path(session.virtualenv.location) / "torch_extensions"),
+    }
+
+
 def _install_release(session: nox.Session, release: releases.Release) -> None:
     """The project with the release's torch, then the release; fails unless that release is what its target imports."""
     torch = f"torch=={release.torch}"
@@ -203,7 +213,7 @@ def spec(session: nox.Session, name: str) -> None:
         release.target,
         *record,
         *args,
-        env={"HYPOTHESIS_PROFILE": "ci"},
+        env=_release_env(session),
     )
 
 
@@ -229,7 +239,7 @@ def record(session: nox.Session, name: str) -> None:
         "--conformance-json",
         str(stored),
         *session.posargs,
-        env={"HYPOTHESIS_PROFILE": "ci"},
+        env=_release_env(session),
         success_codes=[0, 1],  # failures are verdicts; the run is stored either way
     )
     session.run("python", "regenerate.py")

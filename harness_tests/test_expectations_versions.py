@@ -84,7 +84,7 @@ def test_an_entry_keeps_its_specifier(tmp_path):
         ('since = "0.4"', "needs the fields test, clause, reason and optionally intermittent, level, match"),
         ('raises = "not a name"', "raises 'not a name' is not an exception class name"),
         ('match = "(unclosed"', "match '(unclosed' is not a regular expression"),
-        ('verdict = "fine"', "verdict 'fine' is not one of api-changed, decision, documented-otherwise"),
+        ('verdict = "fine"', "verdict 'fine' is not one of api-changed, blocked, decision, documented-otherwise"),
         ('tensor_device = "gpu"', "tensor_device 'gpu' is not 'cpu' or 'cuda'"),
         ('severity = "bad"', "severity 'bad' is not one of data-loss, hang, leak, wrong-error, cosmetic"),
     ],

@@ -3,7 +3,7 @@
 A reproducer `findings/repro/<target>-<release>/<clause>.py PACKAGE` exits 1 on the release it was written for
 (verified there by hand, through the release's nox environment: see docs/findings) and must exit 0 on impl, which
 CI checks here for every reproducer file (a symlink shares its file with an earlier release and runs once).
-A reproducer of a library without NVRx's module paths (LIBRARIES: Lightning, torchtitan, DeepSpeed, transformers) takes that library's package, has no
+A reproducer of a library without NVRx's module paths (LIBRARIES: Lightning, torchtitan, DeepSpeed, transformers, torch_checkpointing) takes that library's package, has no
 impl to hold on, and may import the library; CI checks its form, and it is verified by hand in the release's
 environment.
 """
@@ -32,6 +32,7 @@ LIBRARIES = {
     "torchtitan": {"torchtitan"},
     "deepspeed": {"deepspeed"},
     "transformers": {"transformers"},
+    "torch-checkpointing": {"torch_checkpointing"},
 }
 
 

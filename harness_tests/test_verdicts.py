@@ -84,6 +84,8 @@ def test_the_count_says_how_many_judging_tests_agree(rs):
         ([_record("xfail", verdict="decision")], "D-1", "stricter than documented"),
         ([_record("xfail", verdict="decision"), _record("xfail")], "D-1", "breaks its documentation (1 of 2 tests)"),
         ([_record("xfail", verdict="implied")], "D-1", "misses an implied rule"),
+        ([_record("xfail", verdict="blocked")], "D-1", "not judged (its tests fail on another clause)"),
+        ([_record("xfail", verdict="blocked"), _record("passed")], "D-1", "passes (1 of 2 tests)"),
         ([_record("xfail", verdict="implied"), _record("xfail")], "D-1", "breaks its documentation (1 of 2 tests)"),
         ([_record("xpass", intermittent="failed 1 of 3 runs")], "D-1", "fails 1 of 3 runs"),
         ([_record("skipped", message=GPU_SKIP)], "D-1", "not run here (GPU)"),

@@ -189,22 +189,10 @@ RELEASES: tuple[Release, ...] = (
     Release("olmo-core", "3.0.0", "3.11", "ai2-olmo-core", PROTOCOL_AREAS, False),
     Release("olmo-core", "2.6.0", "3.11", "ai2-olmo-core", PROTOCOL_AREAS, False),  # the last 2.x
     Release("transformers", "5.23.0", "3.11", "transformers", _MANAGER_ONLY, False),
-    Release(
-        "torch-checkpointing-buffered",
-        "0.1.1",
-        "3.11",
-        "torch-checkpointing",
-        PROTOCOL_AREAS,
-        False,
-        unjudged=(
-            "the default configuration (`LocalFileSystemStorageConfig()`, `use_direct_io=True`): on ext4 every save "
-            "fails with `OSError: [Errno 22] Invalid argument`, from the unaligned final flush of a buffered file "
-            "object opened with O_DIRECT (storage/filesystem.py:76, 117-119), so each protocol test would fail on "
-            "that one error rather than on its clause; no clause states yet that a default configuration saves on "
-            "a local file system (`ckptspec judge torch-checkpointing` runs it); judged here with "
-            "`use_direct_io=False`"
-        ),
-    ),
+    # The default configuration (O_DIRECT storage): every save fails on ext4, its P-DEFAULT-1 break; the other
+    # protocol clauses read "not judged" there (entries `blocked`) and are judged on the buffered configuration.
+    Release("torch-checkpointing", "0.1.1", "3.11", "torch-checkpointing", PROTOCOL_AREAS, False),
+    Release("torch-checkpointing-buffered", "0.1.1", "3.11", "torch-checkpointing", PROTOCOL_AREAS, False),
 )
 
 

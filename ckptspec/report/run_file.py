@@ -54,7 +54,7 @@ class EntryRecord:
     """The expectations entry an expected failure (xfail, xpass) was judged by, as the run recorded it."""
 
     clauses: tuple[str, ...]  # the clauses the entry charges (a subset of those the test cites)
-    verdict: str | None = None  # "api-changed", "documented-otherwise", "decision", "implied", or None
+    verdict: str | None = None  # "api-changed", "blocked", "documented-otherwise", "decision", "implied", or None
     intermittent: str | None = None  # "failed k of n runs", for a non-strict entry
     severity: str | None = None  # the entry's severity for this target, where it differs from the clause's
 

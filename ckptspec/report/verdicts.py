@@ -11,6 +11,7 @@ Each test that cites a clause judges it, or not:
         verdict documented-otherwise                       -> not applicable (documented otherwise)
         verdict decision                                   -> stricter than documented (for this target)
         verdict implied                                    -> misses an implied rule (for this target)
+        verdict blocked                                    -> not judged (its tests fail on another clause)
     xfail whose entry names other clauses                  -> nothing: that test broke another clause
     failed / error: the target could not be set up         -> not judged (could not set up)
         (an ImportError: the library, or what the adapter imports of it, cannot be imported here)
@@ -74,6 +75,7 @@ _ENTRY_VERDICTS = {
     "documented-otherwise": DOCUMENTED_OTHERWISE,
     "decision": BROKEN_WORDS["decision"],
     "implied": BROKEN_WORDS["implied"],
+    "blocked": NOT_JUDGED,  # every save fails on another clause's mechanism first (the entry's reason names it)
 }
 # Precedence of the words a clause's tests may say (a capability's skip word is matched by its prefix).
 NO_MODULE = "not applicable (no such module)"

@@ -26,7 +26,11 @@ The file (named by the adapter's EXPECTATIONS) is TOML:
                                                  tensors only: the clause is the spec's decision here) or
                                                  "implied" (this target's documents do not state what the
                                                  clause's documented source promises, and its own code or
-                                                 messages imply it: the reason quotes them)
+                                                 messages imply it: the reason quotes them) or "blocked"
+                                                 (every save of this target fails on another clause's
+                                                 mechanism before the test reaches its own: the clause is
+                                                 not judged; the reason names that clause and its
+                                                 mechanism, and `match` its error)
     versions = "<0.5"                            optional: only for these releases of the target (a
                                                  `packaging` specifier set, matched against the version
                                                  actually imported; an entry without it applies to all)
@@ -91,7 +95,7 @@ __all__ = [
 ]
 
 # An entry's `verdict`: what its failure means when it is not the target breaking the clause.
-VERDICTS = frozenset({"api-changed", "documented-otherwise", "decision", "implied"})
+VERDICTS = frozenset({"api-changed", "blocked", "documented-otherwise", "decision", "implied"})
 _REQUIRED = {"test", "clause", "reason"}
 _OPTIONAL = {"versions", "level", "intermittent", "raises", "match", "verdict", "tensor_device", "severity"}
 
