@@ -6,7 +6,7 @@ What transformers offers: no asynchronous save (the Trainer saves synchronously,
 manager every fine-tuning user runs: `TrainingArguments(save_strategy, save_steps, save_total_limit)` ("Maximum
 number of checkpoints to keep. Deletes older checkpoints in `output_dir`", training_args.py), resume through
 `train(resume_from_checkpoint=True)`, which takes `trainer_utils.get_last_checkpoint(output_dir)`, and a save on
-SIGTERM (`enable_jit_checkpoint`). There is no protocol saver: the five protocol calls have no per-save handle to
+SIGTERM (`TrainingArguments(enable_jit_checkpoint=True)`, capability "manager_sigterm_save"). There is no protocol saver: the five protocol calls have no per-save handle to
 map to (capability "protocol" is not declared).
 
 The manager calls: a `Trainer` over a one-layer model, `TrainingArguments(output_dir=root, save_strategy="steps",
@@ -26,16 +26,38 @@ save_steps=1, save_total_limit=keep or None, use_cpu=True, report_to=[])`, and a
   train() resumes `global_step`), the state through `_load_optimizer_and_scheduler`.
 - pointer: None (resume scans). Retention: save_total_limit, whose deletions happen in the save itself.
 
+The save on SIGTERM (MG-TERM-2): with `enable_jit_checkpoint=True` the Trainer's constructor adds a
+`JITCheckpointCallback` (trainer.py:588-592), whose `set_trainer` installs a SIGTERM handler (signal.signal,
+trainer_jit_checkpoint.py:27-29). The handler saves nothing: it starts a `threading.Timer(kill_wait=3)` that then
+sets `is_checkpoint_requested` (trainer_jit_checkpoint.py:31-40); the training loop's next callback hook among
+on_step_begin, on_pre_optimizer_step, on_step_end and on_epoch_end (trainer_jit_checkpoint.py:99-119) sets
+`control.should_training_stop` and runs `execute_jit_checkpoint`: a `checkpoint-is-incomplete.txt` sentinel, then the
+same `_save_checkpoint` as a save step, of `checkpoint-<state.global_step>`, then the sentinel removed
+(trainer_jit_checkpoint.py:42-76). The loop then ends (trainer.py:1963-1966, 1673) and train() returns.
+
+- enable_save_on_sigterm(): a new Trainer, made as above with `enable_jit_checkpoint=True` and `disable_tqdm=True`
+  (the progress bar is made by train(), which the adapter does not run; PrinterCallback needs none), its
+  `state.max_steps` set beyond any test's step (train() sets it from the run's length, TrainerState.compute_steps;
+  DefaultFlowCallback.on_step_end stops the loop at it).
+- advance(step, state): what `Trainer._run_epoch` runs for one step that is not a save step (trainer.py:1887-1949),
+  without forward and backward: `callback_handler.on_step_begin`, `on_pre_optimizer_step` (the state still the
+  previous step's), then the optimizer step (the stand-in optimizer's state becomes `state`, `state.global_step =
+  step`), `on_optimizer_step`, `on_step_end`; it returns `control.should_training_stop`, on which the loop breaks
+  (trainer.py:1963). A save made by on_step_begin or on_pre_optimizer_step is of the previous step, whose state the
+  stand-in optimizer still holds, as the model does in the loop. `_maybe_log_save_evaluate` is not run: no save is
+  due at these steps (the save steps are save()).
+
 The configuration judged: one, the Trainer's defaults with a save every step and `save_total_limit` the test's
 `keep`; there is no configuration variable, since transformers has no asynchronous save to recommend.
-`enable_jit_checkpoint` changes only when a save is made (on SIGTERM, at the next callback hook), which the manager
-calls do not exercise; it is left at its default (off).
+`enable_jit_checkpoint` is left at its default (off) except after enable_save_on_sigterm(): it changes only what
+happens on SIGTERM, which only MG-TERM-2's test sends with it on (MG-TERM-1's trainer has it off, as by default).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +69,7 @@ INSTALL = 'pip install "torch==2.13.0" -e ".[test,transformers]"'
 MODULES: dict[str, str] = {}
 PACKAGES = ("transformers", "accelerate")
 # No manager_ranks: optimizer.pt is written by the process that should_save (rank 0) alone.
-CAPABILITIES = frozenset({"manager", "manager_retention"})
+CAPABILITIES = frozenset({"manager", "manager_retention", "manager_sigterm_save"})
 EXPECTATIONS = str(Path(__file__).with_name("transformers.expectations.toml"))
 
 
@@ -76,22 +98,42 @@ class TrainerManager(CheckpointManager):
     pointer = None
 
     def __init__(self, root: str, keep: int):
+        self.root, self.keep = root, keep
+        self.trainer = self._trainer()
+
+    def _trainer(self, **options: Any) -> Any:
+        """A Trainer over a new one-layer model and stand-in optimizer, with `options` added to its arguments."""
         import torch
         from transformers import Trainer, TrainingArguments
 
-        self.root = root
         args = TrainingArguments(
-            output_dir=root,
+            output_dir=self.root,
             save_strategy="steps",
             save_steps=1,
-            save_total_limit=keep or None,
+            save_total_limit=self.keep or None,
             use_cpu=True,
             report_to=[],
+            **options,
         )
         model = torch.nn.Linear(2, 2)
         self.optimizer = _optimizer(model.parameters())
         scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
-        self.trainer = Trainer(model=model, args=args, optimizers=(self.optimizer, scheduler))
+        return Trainer(model=model, args=args, optimizers=(self.optimizer, scheduler))
+
+    def enable_save_on_sigterm(self) -> None:
+        self.trainer = self._trainer(enable_jit_checkpoint=True, disable_tqdm=True)
+        self.trainer.state.max_steps = sys.maxsize
+
+    def advance(self, step: int, state_dict: dict[str, Any]) -> bool:
+        trainer = self.trainer
+        hooks, args = trainer.callback_handler, trainer.args
+        trainer.control = hooks.on_step_begin(args, trainer.state, trainer.control)
+        trainer.control = hooks.on_pre_optimizer_step(args, trainer.state, trainer.control)
+        self.optimizer.ckptspec = state_dict  # the optimizer step
+        trainer.state.global_step = step
+        trainer.control = hooks.on_optimizer_step(args, trainer.state, trainer.control)
+        trainer.control = hooks.on_step_end(args, trainer.state, trainer.control)
+        return bool(trainer.control.should_training_stop)
 
     def save(self, step: int, state_dict: dict[str, Any]) -> None:
         self.optimizer.ckptspec = state_dict

@@ -1,11 +1,13 @@
-"""SIGTERM while a save is held at one of its persistence points: how a scheduler preempts a trainer mid-save.
+"""SIGTERM to a trainer at a chosen point: how a scheduler preempts it, mid-save or between saves.
 
 `terminated(tmp, name, fn, *args, log=LOG)` forks fn(*args) in a process with its own session and a world-1
 process group (as crash_points.in_child does); fn installs a faultfs plan writing `log` whose fault is a "hang".
 Once the log shows that point reached (the save is held there, mid-flight), the parent sends the child SIGTERM, and
-waits for it to end; whatever is left of its session is then SIGKILLed and the child reaped, so no worker it started
-outlives the test. Every wait is bounded: the hang must be reached within REACH seconds, the child end within
-TERM_BOUND seconds of the SIGTERM (else it is SIGKILLed, and the outcome says so).
+waits for it to end. With `ready=PATH` in place of `log`, the point is reached once fn has created the file PATH
+(the trainer between saves, where the test wants the signal). Once the child ended, whatever is left of its session
+is SIGKILLed and the child reaped, so no worker it started outlives the test. Every wait is bounded: the point must
+be reached within REACH seconds, the child end within TERM_BOUND seconds of the SIGTERM (else it is SIGKILLed, and
+the outcome says so).
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ def _child(tmp: str, name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -
         os._exit(code)
 
 
-def _held(log: str) -> bool:
-    return os.path.exists(log) and bool(faultfs.fired(log, "hang"))
+def _held(log: str | None, ready: str | None) -> bool:
+    """Whether the child reached the point: its hang fired in `log`, or it created the file `ready`."""
+    if ready is not None:
+        return os.path.exists(ready)
+    return log is not None and os.path.exists(log) and bool(faultfs.fired(log, "hang"))
 
 
 def _ending(status: int) -> str:
@@ -74,20 +79,25 @@ def _wait(pid: int, until: float) -> int | None:
         time.sleep(0.01)
 
 
-def terminated(tmp: str, name: str, fn: Callable[..., Any], *args: Any, log: str) -> Terminated:
-    """Run fn(*args) in a forked child; SIGTERM it once `log` shows its hang reached (see the module docstring)."""
+def terminated(
+    tmp: str, name: str, fn: Callable[..., Any], *args: Any, log: str | None = None, ready: str | None = None
+) -> Terminated:
+    """Run fn(*args) in a forked child; SIGTERM it once `log` shows its hang reached, or once it created the file
+    `ready` (exactly one of the two; see the module docstring)."""
+    if (log is None) == (ready is None):
+        raise ValueError("terminated() takes exactly one of log= and ready=")
     pid = os.fork()
     if pid == 0:
         _child(tmp, name, fn, args)
     status: int | None = None
     try:
         deadline = time.monotonic() + REACH
-        while not _held(log) and time.monotonic() < deadline:
+        while not _held(log, ready) and time.monotonic() < deadline:
             status = _wait(pid, 0.0)
             if status is not None:
                 return Terminated(False, _ending(status), 0.0)  # it ended without reaching the point
             time.sleep(0.01)
-        reached, start = _held(log), time.monotonic()
+        reached, start = _held(log, ready), time.monotonic()
         os.kill(pid, signal.SIGTERM)
         status = _wait(pid, start + TERM_BOUND)
         ended_by = "SIGKILL after the bound" if status is None else _ending(status)

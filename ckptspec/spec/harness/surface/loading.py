@@ -83,6 +83,7 @@ CAPABILITY_DOCS = {
     "manager_retention": "a manager that honours its retention setting `keep` (0: retain all; k: the k newest)",
     "manager_pointer": "a manager that publishes a pointer (tracker) file naming its latest checkpoint",
     "manager_ranks": "a manager whose save and resume are one job's over every rank (each rank its own state)",
+    "manager_sigterm_save": "a manager that offers a save on SIGTERM: enable_save_on_sigterm(), then advance(step, state) between saves (manager_api.py)",
 }
 
 

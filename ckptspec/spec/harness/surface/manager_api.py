@@ -23,6 +23,11 @@ reference manager alike:
     manager.retention_order(o)   optional: where the manager's retention of a save races with that save's writer
                                  creating the new checkpoint's location, force the order `o` for the saves that
                                  follow (RETENTION_ORDERS); False (the default): nothing races, nothing forced
+    manager.enable_save_on_sigterm()  capability "manager_sigterm_save": turn on the library's save on SIGTERM as its
+                                 documentation tells a user to; called once, on a new manager, before its first save
+    manager.advance(step, state) the training loop finished `step` (no save due at it) and its state is now `state`:
+                                 what the library's loop runs at a step runs; True when the manager asks the loop to
+                                 stop (it saved on SIGTERM, the trainer is to end); False (the default): go on
 
 latest() and resume() are called on a new manager over the same root (as a restarted job makes one): they must
 not rely on anything the saving manager kept in memory. Bounds are the caller's (asserts.bounded).
@@ -91,6 +96,21 @@ class CheckpointManager(abc.ABC):
         False (the default) where they never race, so there is nothing to force."""
         if order not in RETENTION_ORDERS:
             raise ValueError(f"unknown retention order {order!r}; one of {', '.join(RETENTION_ORDERS)}")
+        return False
+
+    def enable_save_on_sigterm(self) -> None:
+        """With capability `manager_sigterm_save`: turn on the library's save on SIGTERM, set as its documentation
+        tells a user to; called once, on a new manager, before its first save() or advance(). From then on a SIGTERM
+        to this process makes the manager save, as a checkpoint that resume() loads, the state of the step the
+        training loop had reached at the signal (its last advance()) or of a later one, and then end the trainer:
+        advance() returns True, or the process ends by itself. The default raises MissingCapability."""
+        raise MissingCapability(f"{type(self).__name__} offers no save on SIGTERM (capability manager_sigterm_save)")
+
+    def advance(self, step: int, state_dict: dict[str, Any]) -> bool:
+        """The training loop finished `step` (steps strictly increase, past every saved one) with no save due at it,
+        and its state is now `state_dict`: run what the library's training loop runs around a step, as its loop
+        does. True when the manager asks the loop to stop (it saved on SIGTERM; the trainer is to end); the default,
+        for a manager that nothing happens to between saves, returns False."""
         return False
 
 
