@@ -58,7 +58,9 @@ def test_every_break_has_its_report_and_captured_output(release, clause):
 
 def test_every_reported_break_has_a_title():
     titles = tomllib.loads((REPO_ROOT / repro_reports.TITLES).read_text())
-    untitled = [(r, c) for r, c in BREAKS if c not in titles.get(r, {}) and c not in titles.get(r.split("-")[0], {})]
+    untitled = [
+        (r, c) for r, c in BREAKS if c not in titles.get(r, {}) and c not in titles.get(r.rsplit("-", 1)[0], {})
+    ]
     assert not untitled, untitled
 
 

@@ -1,7 +1,7 @@
 """P-DEFAULT-1 on torch_checkpointing 0.1.1: with its default storage, a save into a directory on an ext4 disk
 fails with EINVAL, so the library as installed writes no checkpoint there.
 
-    python findings/repro/torch-checkpointing-0.1.1/P-DEFAULT-1.py torch_checkpointing [DIRECTORY]
+    python findings/repro/torch-checkpointing-0.1.1/P-DEFAULT-1.py torch_checkpointing
 
 Clause (documented, data-loss): in the configuration a library runs by default (changed only where its documents
 tell a user of this machine to change it), a save into a new directory of the machine's local file system, of tensors
@@ -17,8 +17,8 @@ not a multiple of the block size fails with OSError: [Errno 22] Invalid argument
 I/O (:81-95) catches only an open() that fails, as on tmpfs, where the save succeeds.
 
 One process saves {"w": a byte tensor of 4097 bytes} with the default CheckpointManager into a new directory below
-DIRECTORY (default: the current directory, which must be on a disk such as ext4 or xfs, not tmpfs), waits on the
-save's future and loads it back. Prints what it saw; exits 1 where the clause is broken, 0 where it holds, 2 when it
+the current directory (run it from a directory on a disk such as ext4 or xfs, not tmpfs; the directory is removed
+at the end), waits on the save's future and loads it back. Prints what it saw; exits 1 where the clause is broken, 0 where it holds, 2 when it
 could not run.
 """
 
@@ -52,13 +52,12 @@ def _manager():
 
 
 def main() -> int:
-    if sys.argv[1:2] != ["torch_checkpointing"] or len(sys.argv) > 3:
-        print(f"usage: {sys.argv[0]} torch_checkpointing [DIRECTORY]", file=sys.stderr)
+    if sys.argv[1:] != ["torch_checkpointing"]:
+        print(f"usage: {sys.argv[0]} torch_checkpointing", file=sys.stderr)
         return 2
     import torch
 
-    parent = os.path.abspath(sys.argv[2] if len(sys.argv) == 3 else ".")
-    tmp = tempfile.mkdtemp(prefix="p-default-1-", dir=parent)
+    tmp = tempfile.mkdtemp(prefix="p-default-1-", dir=os.getcwd())
     path = os.path.join(tmp, "step-1")
     print(f"saving into a new directory on {_file_system(tmp)}")
     state = {"w": (torch.arange(4097) % 251).to(torch.uint8)}
