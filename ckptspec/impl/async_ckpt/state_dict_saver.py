@@ -53,9 +53,10 @@ from torch.distributed.checkpoint.utils import _DistWrapper
 
 from ..phases import mark
 from ..utils import all_reduce, dist_ready
+from .filesystem_async import FileSystemWriterAsync, ResultRow, results_of
 
 if TYPE_CHECKING:
-    from .filesystem_async import FileSystemWriterAsync, WriteTemplate
+    from .filesystem_async import WriteTemplate
 
 __all__ = [
     "CheckpointMetadataCache",
@@ -315,8 +316,16 @@ def save_state_dict_async_finalize(
             raise RuntimeError("the coordinator has no metadata to commit (pass the plan step's return value)")
         storage_writer.finish(global_metadata, all_results)
 
+    def commit_rows(all_rows: list[list[ResultRow]]) -> None:
+        commit([results_of(rows) for rows in all_rows])
+
     mark("finalize")
-    dist_wrapper.all_reduce("write", storage_writer.retrieve_write_results, commit)
+    if type(storage_writer).retrieve_write_results is FileSystemWriterAsync.retrieve_write_results:
+        # Each rank's results travel as plain rows (pickled and unpickled about 10x faster than the objects),
+        # rebuilt on the coordinator alone; a writer that overrides retrieve_write_results is asked for objects.
+        dist_wrapper.all_reduce("write", storage_writer.retrieve_write_rows, commit_rows)
+    else:
+        dist_wrapper.all_reduce("write", storage_writer.retrieve_write_results, commit)
     mark("finalized")
 
 
