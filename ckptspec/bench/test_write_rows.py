@@ -61,7 +61,7 @@ def test_the_results_travel_as_plain_values_and_metadata_records_them(tmp_path, 
     rebuilt = _IMPL.module("async_ckpt.filesystem_async").results_of(rows[0])
     assert {r.index: r.storage_data for r in rebuilt} == metadata.storage_data
     assert [r.index.index for r in rebuilt] == [row[2] for row in rows[0]]  # the hint, which index equality ignores
-    loaded = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}, "step": 0}
+    loaded: dict[str, Any] = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}, "step": 0}
     dcp.load(loaded, checkpoint_id=path)
     assert all(torch.equal(loaded["model"][k], v) for k, v in state["model"].items())
     assert loaded["step"] == 3
