@@ -139,7 +139,8 @@ def summary(
     ]
     stricter = [cid for cid, v in judged.items() if v.word == _STRICTER or (v.intermittent and cid in decision)]
     weak = [cid for cid, v in judged.items() if v.word == verdicts.WEAK_ONLY]
-    counted = {*kept, *not_set_up, *failed, *broken, *stricter, *weak}
+    blocked = [cid for cid, v in judged.items() if v.word == verdicts.NOT_JUDGED]
+    counted = {*kept, *not_set_up, *failed, *broken, *stricter, *weak, *blocked}
     rest = [cid for cid in judged if cid not in counted]
     lines = [f"\n{run.label}: {len(judged)} clauses have tests in this run ({wall_s:.0f} s)."]
     causes = sorted({r.setup_failure for r in run.tests.values() if r.setup_failure})
@@ -159,6 +160,11 @@ def summary(
     lines.append(f"Every test passed for {len(kept)} clauses.")
     if weak:
         lines.append(f"Met at the weak level only: {len(weak)} clauses ({', '.join(weak)}).")
+    if blocked:
+        lines.append(
+            f"Not judged: {len(blocked)} clauses, whose tests fail first on another clause's break (the findings "
+            "page names it)."
+        )
     if rest:
         lines.append(
             f"Not applicable to it, not run here or skipped: {len(rest)} clauses (the findings page says which)."

@@ -74,7 +74,7 @@ class _Cells(HTMLParser):
 
 def _section(page: str, cid: str) -> str | None:
     """The section of a findings page that lists `cid`, and how: "breaks <sev>: <verdict>", "stricter <sev>", "weak",
-    "otherwise <verdict>", or None."""
+    "otherwise <verdict>", "not judged", or None."""
     anchor = f'<a id="clause-{cid.lower()}"></a>'
     if anchor not in page:
         return None
@@ -85,6 +85,8 @@ def _section(page: str, cid: str) -> str | None:
         return f"stricter {m[1]}"
     if after.startswith(f"{cid}: misses the strict clause"):
         return "weak"
+    if after.startswith(f"{cid}: {verdicts.NOT_JUDGED}"):
+        return "not judged"
     if m := re.match(rf"{re.escape(cid)}: (.*)", after):
         return f"otherwise {m[1]}"
     return f"unknown: {after[:80]}"
@@ -103,6 +105,8 @@ def _expected(run: Run, cid: str, verdict: verdicts.Verdict) -> str | None:
         return "weak"
     if verdict.word in (verdicts.API_CHANGED, verdicts.DOCUMENTED_OTHERWISE):
         return f"otherwise {verdict}"
+    if verdict.word == verdicts.NOT_JUDGED:
+        return "not judged"
     return None
 
 

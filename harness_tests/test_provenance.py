@@ -85,3 +85,13 @@ def test_the_report_of_a_version_without_a_recorded_run_says_so_and_charges_its_
     recorded = summary(run, registry, rules, recorded=True, wall_s=1)
     assert "This release has a recorded run here" in recorded
     assert "What to do:" in recorded
+
+
+def test_the_report_counts_the_clauses_another_clauses_break_leaves_unjudged():
+    """torch_checkpointing's default configuration: every save fails (P-DEFAULT-1), its other clauses' entries are
+    `blocked`, and the report says they were not judged rather than counting them as skipped."""
+    run = load_run(ROOT / "conformance" / "all" / "torch-checkpointing-0.1.1.json")
+    registry = clause_registry.load()
+    text = summary(run, registry, advice.load(registry), recorded=True, wall_s=1)
+    assert "P-DEFAULT-1:" in text
+    assert "Not judged: " in text

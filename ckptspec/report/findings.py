@@ -66,6 +66,15 @@ def mechanisms(run: Run, clause_id: str) -> list[str]:
     return list(dict.fromkeys(reason for reason in reasons if reason))
 
 
+def _failing_first(run: Run, clause_id: str) -> str:
+    """Why `clause_id` is not judged: the clauses its tests' entries charge instead, or its own entries' reasons
+    (verdict `blocked`: each names the clause whose break every save meets first)."""
+    others = sorted(
+        {c for r in run.citing(clause_id) if r.outcome in ("xfail", "xpass") for c in r.charged if c != clause_id}
+    )
+    return "; ".join(mechanisms(run, clause_id)) or ", ".join(others)
+
+
 def shared_mechanism(run: Run, clause_id: str) -> str | None:
     """The clause whose mechanism every expectations entry charged with `clause_id` in `run` names as its own (each
     reason opens "<CLAUSE>'s mechanism:"), where the run charges that clause too: one mechanism, one verdict and one
@@ -280,6 +289,10 @@ def page(
     ]
     lines += ["", f"## Judged by the release's own documents or changed API ({len(otherwise)})", ""]
     lines += [f"- {_anchored(cid)}{cid}: {judged[cid]}" for cid in otherwise]
+    blocked = [cid for cid, v in judged.items() if v.word == verdicts.NOT_JUDGED]
+    if blocked:  # a section only where it has clauses: the other pages stay as they were
+        lines += ["", f"## Not judged: their tests fail on another clause ({len(blocked)})", ""]
+        lines += [f"- {_anchored(cid)}{cid}: {judged[cid]}: {_failing_first(run, cid)}" for cid in blocked]
     lines += [
         "",
         "## Sources",

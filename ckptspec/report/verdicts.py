@@ -42,6 +42,7 @@ __all__ = [
     "BROKEN_WORDS",
     "LEGEND",
     "NOT_COVERED",
+    "NOT_JUDGED",
     "NOT_SET_UP",
     "PASSES",
     "SOME_RUNS",
