@@ -175,6 +175,34 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def test_a_grad_requiring_tensor_is_written_detached_when_prepared(tmp_path):
+    """The prepared path detaches only where the fingerprint says a tensor requires grad; it must still do so."""
+    cache = _SDS.CheckpointMetadataCache()
+    state = _state(2)
+    state["model"]["w"] = torch.nn.Parameter(state["model"]["w"])
+    _save(state, str(tmp_path / "full"), cache)
+    planned = plan_async_save(
+        _MODULES, state, str(tmp_path / "prepared"), plan_kwargs={"enable_cache": True, "metadata_cache": cache}
+    )
+    assert cache.get_metadata_caching_status()[0], "the repeated save was planned in full"
+    written = [t for bucket in planned.writer.write_buckets for _, t in bucket.data[1]]
+    assert written, "the prepared save hands the writer no tensor"
+    assert not any(t.requires_grad for t in written), "a prepared save hands the writer a tensor requiring grad"
+    planned.request().execute_sync()
+    torch.testing.assert_close(_loaded(str(tmp_path / "prepared"), state)["model"]["w"], state["model"]["w"].detach())
+
+
+def test_a_tensor_of_another_layout_in_a_container_of_tensors_plans_in_full(tmp_path, monkeypatch):
+    cache = _SDS.CheckpointMetadataCache()
+    state = {"model": {"w": torch.randn(4, 4), "b": torch.randn(4)}}
+    _save(state, str(tmp_path / "a"), cache)
+    state["model"]["b"] = torch.randn(4).to_sparse()  # same shape, dtype and device: only the layout differs
+    full_plans = _planned_in_full(monkeypatch)
+    with pytest.raises(CheckpointException, match=r"[Ss]parse"):  # torch cannot write one, planned in full either
+        _save(state, str(tmp_path / "b"), cache)
+    assert full_plans[0] == 1, "a sparse tensor was taken for the dense one of the previous save (prepared)"
+
+
 def test_a_subclassed_planner_is_never_prepared(tmp_path):
     cache = _SDS.CheckpointMetadataCache()
     _CountingPlanner.local_plans = 0

@@ -41,6 +41,7 @@ import logging
 import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import fields
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -336,6 +337,7 @@ class _Prepared(NamedTuple):
     fingerprint: list[tuple[Any, ...]]
     planner_settings: tuple[Any, ...]
     template: WriteTemplate
+    requires_grad: bool  # whether a tensor requires grad (the fingerprint holds it, so it holds for the next save)
 
 
 class _Unprepared(Exception):
@@ -343,58 +345,85 @@ class _Unprepared(Exception):
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_ALL_PLAIN = frozenset(_PLAIN_TENSORS)
+# What the plan and .metadata depend on per tensor, read by one C call per tensor (a Python loop asking the five
+# attributes costs 3x more: a state dict is mostly tensors, 10,000 a save).
+_TENSOR_PRINT = attrgetter("shape", "dtype", "device", "requires_grad", "layout")
+_LAYOUT = itemgetter(4)  # of a tensor print
+_STRIDED = {torch.strided}
 
 
 class _Walk(NamedTuple):
     values: list[Any]  # every value of the state dict, containers included, depth first
-    prints: list[tuple[Any, ...]]  # per value: its key, type and, for a tensor, what the plan depends on
+    prints: list[tuple[Any, ...]]  # per container of tensors only, one print; per other value its own
     paths: list[tuple[Any, ...]]  # per value: its path as torch's traversal makes it
 
 
 def _walk(state_dict: dict[str, Any], expected: list[tuple[Any, ...]] | None = None) -> _Walk | None:
     """The state dict's values and fingerprint. With ``expected`` (a previous walk's prints), the values only,
     compared as they are met: None at the first difference (nothing kept per value, no paths made: the repeated
-    save's cost). None also where the prepared path does not apply (a DTensor, a ShardedTensor, ...)."""
+    save's cost). None also where the prepared path does not apply (a DTensor, a ShardedTensor, ...).
+
+    A container whose values are all plain tensors (a module's parameters, an optimizer state's moments) has one
+    print: its keys, their types and each tensor's shape, dtype, device, ``requires_grad`` and layout (and, on a
+    machine with CUDA, whether a CPU tensor is pinned); any other value has its own: key, type and, for a tensor,
+    the same properties."""
     values: list[Any] = []
     prints: list[tuple[Any, ...]] = []
     paths: list[tuple[Any, ...]] = []
-    pinned = torch.cuda.is_available()  # without CUDA no tensor is pinned (asking costs about 1 us a tensor)
-    plain = _PLAIN_TENSORS
+    cuda = torch.cuda.is_available()  # without CUDA no tensor is pinned (asking costs about 1 us a tensor)
+    met = 0  # prints met so far
 
-    def note(path: tuple[Any, ...] | None, print_: tuple[Any, ...]) -> None:
+    def note(print_: tuple[Any, ...]) -> None:
+        nonlocal met
         if expected is None:
             prints.append(print_)
-            paths.append(path)  # type: ignore[arg-type]  # always a path when nothing is expected
-        elif len(values) > len(expected) or expected[len(values) - 1] != print_:
+        elif met >= len(expected) or expected[met] != print_:
             raise _Unprepared
+        met += 1
 
-    def visit(path: tuple[Any, ...] | None, children: Any) -> None:
-        # One loop per container, a tensor handled inline: a state dict is mostly tensors (10,000 a save).
-        for key, value in children:
+    def tensor_print(t: torch.Tensor) -> tuple[Any, ...]:
+        shape, dtype, device, requires_grad, layout = _TENSOR_PRINT(t)
+        if layout is not torch.strided:
+            raise _Unprepared
+        return (shape, dtype, device, requires_grad, cuda and device.type == "cpu" and t.is_pinned())
+
+    def visit(path: tuple[Any, ...] | None, keys: list[Any], children: list[Any]) -> None:
+        kinds = list(map(type, children))
+        if kinds and _ALL_PLAIN.issuperset(kinds):  # tensors only: one print, each tensor read in one C call
+            props = list(map(_TENSOR_PRINT, children))
+            if set(map(_LAYOUT, props)) != _STRIDED:
+                raise _Unprepared
+            if cuda:
+                props = [(*p, t.device.type == "cpu" and t.is_pinned()) for p, t in zip(props, children, strict=True)]
+            note(("tensors", keys, kinds, props))
+            values.extend(children)
+            if path is not None:
+                paths.extend((*path, key) for key in keys)
+            return
+        for key, value, kind in zip(keys, children, kinds, strict=True):
             values.append(value)
-            kind = type(value)
             at = None if path is None else (*path, key)
-            if kind in plain:
-                if value.layout is not torch.strided:
-                    raise _Unprepared
-                cpu_pinned = pinned and value.device.type == "cpu" and value.is_pinned()
-                note(at, (key, kind, value.shape, value.dtype, value.device, value.requires_grad, cpu_pinned))
+            if path is not None:
+                paths.append(at)  # type: ignore[arg-type]  # a path whenever the walk makes paths
+            if kind in _ALL_PLAIN:
+                note((key, kind, *tensor_print(value)))
             elif isinstance(value, torch.Tensor) or hasattr(value, "__create_write_items__"):
                 raise _Unprepared  # a DTensor, a ShardedTensor, or an object planning its own items
             elif isinstance(value, Mapping):
-                note(at, (key, kind, len(value)))
-                visit(at, ((str(k), v) for k, v in value.items()))
+                note((key, kind, len(value)))
+                visit(at, [str(k) for k in value], list(value.values()))
             elif kind is list or kind is tuple:
-                note(at, (key, kind, len(value)))
-                visit(at, enumerate(value))
+                note((key, kind, len(value)))
+                visit(at, list(range(len(value))), list(value))
             else:
-                note(at, (key, kind))
+                note((key, kind))
 
     try:
-        visit(() if expected is None else None, ((str(k), v) for k, v in state_dict.items()))
+        visit(() if expected is None else None, [str(k) for k in state_dict], list(state_dict.values()))
     except _Unprepared:
         return None
-    if expected is not None and len(values) != len(expected):
+    if expected is not None and met != len(expected):
         return None
     return _Walk(values, prints, paths)
 
@@ -420,7 +449,9 @@ def _prepared_buckets(
         return None
     try:
         writer.prepare_local_plan(cache.cached_local_plan)  # refuses a file or an existing checkpoint
-        return writer.prepared_buckets(prepared.template, walk.values, planner.transform_object)
+        return writer.prepared_buckets(
+            prepared.template, walk.values, planner.transform_object, detach=prepared.requires_grad
+        )
     except Exception:
         return None  # the full path raises it on every rank
 
@@ -454,4 +485,5 @@ def _prepare_next(
         template = writer.write_template(locate)
     except (_Unprepared, KeyError):
         return None
-    return _Prepared(walk.prints, planner_settings, template)
+    requires_grad = any(type(v) in _ALL_PLAIN and v.requires_grad for v in walk.values)
+    return _Prepared(walk.prints, planner_settings, template, requires_grad)
