@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
-from ..utils import all_reduce, dist_ready, picklable_error
+from ..utils import all_reduce, dist_ready, paused_gc, picklable_error
 from .callers import AsyncCaller, PersistentAsyncCaller, TemporalAsyncCaller
 from .overlap import OverlappedAsyncCaller
 from .request import AsyncRequest, raise_failure
@@ -136,6 +136,7 @@ class AsyncCallsQueue:
         self._closed = False
         _track_open(self)
 
+    @paused_gc()
     def schedule_async_request(self, async_request: AsyncRequest) -> int:
         """Start ``async_request`` in the background; return its queue index. On all ranks."""
         request = _as_async_request(async_request)

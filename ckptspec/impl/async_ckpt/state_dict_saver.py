@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.checkpoint.utils import _DistWrapper
 
 from ..phases import mark
-from ..utils import all_reduce, dist_ready
+from ..utils import all_reduce, dist_ready, paused_gc
 from .filesystem_async import FileSystemWriterAsync, ResultRow, results_of
 
 if TYPE_CHECKING:
@@ -151,6 +151,7 @@ def get_metadata_caching_status() -> tuple[bool, bool] | None:
     return _checkpoint_metadata_cache.get_metadata_caching_status()
 
 
+@paused_gc()
 def save_state_dict_async_plan(
     state_dict: dict[str, Any],
     storage_writer: FileSystemWriterAsync,
@@ -303,6 +304,7 @@ def _all_ranks_agree(flag: bool, dist_wrapper: _DistWrapper) -> bool:
     return bool(all_reduce([int(flag)], dist.ReduceOp.MIN, group=dist_wrapper.group)[0])
 
 
+@paused_gc()
 def save_state_dict_async_finalize(
     storage_writer: FileSystemWriterAsync, global_metadata: Metadata | None, dist_wrapper: _DistWrapper
 ) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch.multiprocessing  # noqa: F401  (torch's tensor reductions, for what the worker sends back)
 
+from ..utils import paused_gc
 from .request import AsyncRequest, run_guarded
 from .staging import unstage, wait_all_landed
 
@@ -108,6 +109,7 @@ def _recv_or_none(conn: connection.Connection) -> Any:
         return None
 
 
+@paused_gc()
 def _decode_request(
     conn: connection.Connection, idx: int, wants_ack: bool, body: bytes, slab_size: int | None
 ) -> _Request:
@@ -130,6 +132,7 @@ def _decode_request(
             os.close(fd)
 
 
+@paused_gc()
 def _serve_request(
     conn: connection.Connection, idx: int, wants_ack: bool, request: AsyncRequest | None, err: BaseException | None
 ) -> None:
