@@ -60,7 +60,9 @@ class ChecksumStream:
 
     A write of at least ``OVERLAP_BYTES`` (a tensor's data) is checksummed on a helper thread while this thread
     writes it: zlib and the file write both release the GIL, so the write costs the slower of the two, not their
-    sum. The checksum is complete when ``write`` returns, so no buffer is read after its write.
+    sum. The checksum is complete when ``write`` returns, so no buffer is read after its write. Writes smaller than
+    ``GATHER_BELOW`` are gathered (copied) and reach ``stream`` together, at the latest at the next larger write,
+    ``tell``, ``flush`` or ``take``: a caller that writes to ``stream`` itself calls ``take`` or ``flush`` first.
 
     ``read_back(offset, nbytes)``, when given, reads back bytes this stream wrote (counted from its first byte);
     with it, ``zip_records()`` hashes each byte once (module docstring). The descriptor is checked against the
@@ -81,6 +83,7 @@ class ChecksumStream:
         self._read_back = read_back
         self._zip = False
         self._pending: tuple[int, int, int] | None = None  # (CRC32 before the payload, its offset, its length)
+        self._gathered = bytearray()  # small writes not yet passed on (written, hashed) to the stream
 
     @contextlib.contextmanager
     def zip_records(self) -> Iterator[None]:
@@ -93,9 +96,22 @@ class ChecksumStream:
             self._settle(None)
 
     def write(self, data: Any) -> int:
+        # A write under GATHER_BELOW (torch's zip writer makes some 40 per tensor: headers, names, a small pickle) is
+        # gathered and passed on with its neighbours, written and hashed in one call: a state dict of 10,000 small
+        # tensors spent 0.5 s of its 2.2 s write in this method. Not while a payload's CRC32 awaits its descriptor.
+        kind = type(data)
+        if self._pending is None and (kind is bytes or (kind is memoryview and data.c_contiguous)):
+            size = len(data) if kind is bytes else data.nbytes
+            if size < GATHER_BELOW:
+                self._gathered += data
+                self._total += size
+                if len(self._gathered) >= GATHER_BYTES:
+                    self._pass_on_gathered()
+                return size
         view = memoryview(data).cast("B")
         if self._pending is not None:
             self._settle(view)
+        self._pass_on_gathered()  # the bytes before this one, first
         if not self._enabled:
             n = self._stream.write(view)
         elif view.nbytes < OVERLAP_BYTES:
@@ -113,6 +129,13 @@ class ChecksumStream:
             self._crc = crc
         self._total += view.nbytes
         return n
+
+    def _pass_on_gathered(self) -> None:
+        if self._gathered:
+            self._stream.write(self._gathered)
+            if self._enabled:
+                self._crc = zlib.crc32(self._gathered, self._crc)
+            self._gathered = bytearray()
 
     def _settle(self, descriptor: memoryview | None) -> None:
         """Account for the payload written last: by the CRC32 in ``descriptor``, if it is that payload's zip
@@ -132,9 +155,10 @@ class ChecksumStream:
         self._crc = crc32_combine(before, payload_crc, length)
 
     def tell(self) -> int:
-        return self._stream.tell()
+        return self._stream.tell() + len(self._gathered)
 
     def flush(self) -> None:
+        self._pass_on_gathered()
         self._stream.flush()
 
     @property
@@ -143,8 +167,10 @@ class ChecksumStream:
         return self._total
 
     def take(self) -> int:
-        """The CRC32 of the bytes written since the previous take (or the start)."""
+        """The CRC32 of the bytes written since the previous take (or the start); every byte written so far is in
+        the stream when it returns."""
         self._settle(None)
+        self._pass_on_gathered()
         value, self._crc = self._crc, 0
         return value
 
@@ -213,6 +239,8 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
 
 
 OVERLAP_BYTES = 1 << 20
+GATHER_BELOW = 64 << 10  # ChecksumStream gathers the writes smaller than this ...
+GATHER_BYTES = 1 << 20  # ... and passes them on once they hold this much (or at a larger write, tell, flush, take)
 _helper_pool: tuple[int, ThreadPoolExecutor] | None = None
 
 

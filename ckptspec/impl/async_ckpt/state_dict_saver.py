@@ -9,8 +9,8 @@ Planning takes one of four paths, all of which call ``planner.finish_plan`` and 
 
 * prepared (``enable_cache=True``, a repeated save): each rank compares a fingerprint of its state dict with the
   one of its previous save planned in full (per value: its path and type; per tensor: its shape, dtype, device,
-  ``requires_grad`` and, on a machine with CUDA, whether a CPU tensor is pinned: what the plan and the metadata
-  depend on). Where it holds on every rank (one integer all-reduce, the only collective), the cached plan and
+  ``requires_grad``, layout and, on a machine with CUDA, whether a CPU tensor is pinned: what the plan and the
+  metadata depend on). Where it holds on every rank (one integer all-reduce, the only collective), the cached plan and
   metadata are reused and the writer's buckets are filled from the previous save's template: no planner set-up,
   no local plan, no plan comparison; each value is taken from this state dict (a tensor as it is now, a
   non-tensor pickled anew). It holds only for plain tensors (``torch.Tensor``, ``nn.Parameter``; not DTensor or
