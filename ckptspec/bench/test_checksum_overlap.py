@@ -57,7 +57,7 @@ class _CountingFile(io.BytesIO):
         super().__init__()
         self.writes = 0
 
-    def write(self, data) -> int:  # type: ignore[override]
+    def write(self, data) -> int:
         self.writes += 1
         return super().write(data)
 
