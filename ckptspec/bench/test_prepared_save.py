@@ -232,7 +232,8 @@ def test_a_value_that_cannot_be_pickled_fails_as_when_planned_in_full(tmp_path):
 
 def test_the_request_pickler_pickles_a_repeated_item_once(monkeypatch):
     """The worker's requests (callers.RequestPickler): the same plan item in the next request is not pickled
-    again; another object is, even if equal; what arrives equals what was sent."""
+    again, nor unpickled again by the worker; another object is pickled anew, even if equal; what arrives equals
+    what was sent."""
     from torch.distributed.checkpoint.planner import WriteItem
 
     from ckptspec.impl.async_ckpt import callers
@@ -257,8 +258,19 @@ def test_the_request_pickler_pickles_a_repeated_item_once(monkeypatch):
     assert len(pickled) == len(items)
     again = requests.dumps(request)
     assert len(pickled) == len(items), "items already sent were pickled again"
-    assert again == first
     requests.dumps(_MODULES.core.AsyncRequest(print, (0, [(i, None) for i in copies]), []))
     assert len(pickled) == 2 * len(items), "equal but other objects must be pickled anew"
-    arrived = pickle.loads(again)
+    monkeypatch.undo()
+    unpickled: list[bytes] = []
+    real_loads = pickle.loads
+
+    def counting_loads(data: bytes, *args: Any, **kwargs: Any) -> Any:
+        unpickled.append(data)
+        return real_loads(data, *args, **kwargs)
+
+    arrived_first = real_loads(first)  # the worker's side, in order
+    monkeypatch.setattr(pickle, "loads", counting_loads)  # the module callers unpickles items with
+    arrived = real_loads(again)
     assert [i for i, _ in arrived.async_fn_args[1]] == items
+    assert not unpickled, f"the worker unpickled again {len(unpickled)} items it had from the previous request"
+    assert all(a is b for (a, _), (b, _) in zip(arrived.async_fn_args[1], arrived_first.async_fn_args[1], strict=True))
