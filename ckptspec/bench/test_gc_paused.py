@@ -108,3 +108,33 @@ def test_paused_blocks_nest_across_threads_and_restore_what_they_found():
         assert not gc.isenabled(), "a block turned on collection that was off before it"
     finally:
         gc.enable()
+
+
+def test_a_block_entered_from_inside_another_blocks_steps_leaves_collection_right(monkeypatch):
+    """A signal handler that saves (a save on SIGTERM) runs in the thread it interrupts, maybe in the middle of
+    paused_gc's own steps: a block entered there neither waits for the lock the thread holds nor leaves collection
+    off. Simulated by entering a block from inside the first block's call to gc.disable."""
+    real_disable = gc.disable
+    nested: list[str] = []
+
+    def disable_with_a_handler_inside() -> None:
+        if not nested:
+            nested.append("entered")
+            with paused_gc():
+                nested.append("inside")
+        real_disable()
+
+    monkeypatch.setattr(gc, "disable", disable_with_a_handler_inside)
+    outcome: list[bool] = []
+
+    def run() -> None:
+        with paused_gc():
+            outcome.append(gc.isenabled())
+        outcome.append(gc.isenabled())
+
+    thread = threading.Thread(target=run, daemon=True)  # daemon: a deadlocked one must not hold the run open
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "a block entered while the thread held paused_gc's lock waited for it (deadlock)"
+    assert nested == ["entered", "inside"]
+    assert outcome == [False, True], f"collection (on, after) was {outcome}, expected off inside and on after"

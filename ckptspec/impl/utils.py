@@ -75,7 +75,9 @@ def wrap_for_async(fn: Callable[..., object]) -> Callable[..., None]:
     return wrapped
 
 
-_gc_lock = threading.Lock()
+# Reentrant: a signal handler that saves (a save on SIGTERM) runs in the thread it interrupts, maybe while that
+# thread holds the lock.
+_gc_lock = threading.RLock()
 _gc_pausers = 0  # blocks inside paused_gc, in every thread
 _gc_was_enabled = False  # whether the first of them found collection on
 
@@ -84,7 +86,7 @@ def _new_gc_lock() -> None:
     # A child forked while another thread held the lock would wait for it forever. The child keeps the count: one
     # forked inside a paused block (a temporal caller's writer) runs with collection off, as NVRx's writer does.
     global _gc_lock
-    _gc_lock = threading.Lock()
+    _gc_lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_new_gc_lock)
@@ -102,17 +104,20 @@ def paused_gc() -> Iterator[None]:
     collected as usual afterwards. NVRx's writer and torch's ``get_state_dict`` pause it for the same reason.
     """
     global _gc_pausers, _gc_was_enabled
+    # The steps are ordered so that a block entered between any two of them (a signal handler's) leaves the state
+    # right: the flag is read before collection is turned off, and the outer block's flag is kept in a local.
     with _gc_lock:
         if _gc_pausers == 0:
             _gc_was_enabled = gc.isenabled()
-            gc.disable()
         _gc_pausers += 1
+        gc.disable()
     try:
         yield
     finally:
         with _gc_lock:
+            enable = _gc_was_enabled
             _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
+            if _gc_pausers == 0 and enable:
                 gc.enable()
 
 
