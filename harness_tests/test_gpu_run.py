@@ -215,7 +215,7 @@ def test_the_sweep_call_measures_every_peer_on_the_gpu_within_a_lease():
     from ckptspec.bench import sweep
 
     stages = plan.call_stages(plan.SWEEP_CALL)
-    assert [s.name for s in stages] == ["sweep-ranks", "sweep-size"]
+    assert [s.name for s in stages] == ["sweep-ranks", "sweep-ranks-cpu", "sweep-size"]
     assert plan.call_seconds(stages) <= plan.LEASE_DEADLINE_S <= plan.CALL_LIMIT_S
     labels = [sweep.parse_peer(peer).label for peer in plan.SWEEP_PEERS]
     assert len(labels) == len(set(labels))
@@ -223,7 +223,10 @@ def test_the_sweep_call_measures_every_peer_on_the_gpu_within_a_lease():
     assert {"impl", "impl-overlapped", "dcp.save", "dcp-thread", "dcp-pinned", "dcp-staged"} | releases_named == set(
         labels
     )
-    size = stages[1]
+    ranks_cpu = runner.stage_command("python3", stages[1], Path("/out"), gpu_mode=True, collect_only=False)
+    assert ranks_cpu[ranks_cpu.index("--device") + 1] == "cpu", "impl's rank goal is a CPU one (issue 62)"
+    assert ranks_cpu[ranks_cpu.index("--values") + 1] == "1,2,4"
+    size = stages[2]
     assert size.rest, "the size sweep takes what the ranks sweep leaves"
     assert size.releases == plan.BENCH_RELEASES
     assert size.releases_optional, "a release this Python cannot install skips its peer, not the stage"

@@ -48,9 +48,24 @@ def _peer_rounds(run: dict, label: str) -> list[tuple[float, list[dict]]]:
     ]
 
 
+# A repeated save's planning steps (ckptspec/impl/phases.py), each from the mark before it, as the goal line splits it.
+PLANNING_STEPS = (
+    ("fingerprint", "fingerprinted"),
+    ("buckets", "buckets"),
+    ("agreement", "agreed"),
+    ("the rest", "planned"),
+)
+
+
+def _between(saves: list[dict], start: str, end: str) -> float | None:
+    """The median time from the mark `start` to the mark `end` (first occurrences), None where no save has both."""
+    spans = [s["marks"][end][0] - s["marks"][start][0] for s in saves if {start, end} <= set(s.get("marks", {}))]
+    return statistics.median(spans) if spans else None
+
+
 def _planning(tensors_goal: float, limit_ms: float) -> Callable[[Path], tuple[bool, str] | None]:
     """Repeated-save planning (impl's marks `plan` to `planned`: save_state_dict_async_plan) at the sweep point
-    nearest `tensors_goal`."""
+    nearest `tensors_goal`, split into its steps where the saves carry their marks (PLANNING_STEPS)."""
 
     def check(results: Path) -> tuple[bool, str] | None:
         run = _load(results, "sweeps/tensors-cpu.json")
@@ -61,7 +76,17 @@ def _planning(tensors_goal: float, limit_ms: float) -> Callable[[Path], tuple[bo
             return None
         value, saves = min(points, key=lambda p: abs(p[0] - tensors_goal))
         ms = 1e3 * statistics.median(s["marks"]["planned"][0] - s["marks"]["plan"][0] for s in saves)
-        return ms <= limit_ms, f"{ms:.2g} ms at {value:g} tensors ({len(saves)} saves, `impl-cached`)"
+        text = f"{ms:.2g} ms at {value:g} tensors ({len(saves)} saves, `impl-cached`)"
+        steps, before = [], "plan"
+        for name, mark in PLANNING_STEPS:
+            span = _between(saves, before, mark)
+            if span is None:
+                break
+            steps.append(f"{name} {1e3 * span:.2g}")
+            before = mark
+        else:
+            text += f"; the steps (median ms): {', '.join(steps)}"
+        return ms <= limit_ms, text
 
     return check
 
@@ -74,7 +99,12 @@ def _stall_per_gib_flat(results: Path) -> tuple[bool, str] | None:
     per_gib = [(v, statistics.median(s["stall"] for s in r) / (v / GiB)) for v, r in points]
     spread = max(p for _, p in per_gib) / min(p for _, p in per_gib) - 1
     text = ", ".join(f"{1e3 * p:.0f} ms at {v:g} MiB" for v, p in per_gib)
-    return spread <= 0.10, f"stall per GiB {text}: {100 * spread:.0f}% apart"
+    text = f"stall per GiB {text}: {100 * spread:.0f}% apart"
+    copies = [(v, c) for v, r in points if (c := _between(r, "copies", "snapshot")) is not None]
+    if len(copies) == len(points):  # where the time goes: the copy into the slab, per GiB
+        per_gib_copy = ", ".join(f"{1e3 * c / (v / GiB):.0f}" for v, c in copies)
+        text += f"; of it the copy (marks `copies` to `snapshot`) {per_gib_copy} ms per GiB"
+    return spread <= 0.10, text
 
 
 def _ranks_flat(results: Path) -> tuple[bool, str] | None:
@@ -85,10 +115,15 @@ def _ranks_flat(results: Path) -> tuple[bool, str] | None:
     stalls = {v: statistics.median(s["stall"] for s in r) for v, r in points}
     low, high = min(stalls), max(stalls)
     ratio = stalls[high] / stalls[low]
-    return (
-        ratio <= 1.10,
-        f"stall {1e3 * stalls[low]:.0f} ms with {low:g} rank(s), {1e3 * stalls[high]:.0f} ms with {high:g}",
-    )
+    text = f"stall {1e3 * stalls[low]:.0f} ms with {low:g} rank(s), {1e3 * stalls[high]:.0f} ms with {high:g}"
+    copies = {v: _between(r, "copies", "snapshot") for v, r in points}
+    copy_low, copy_high = copies[low], copies[high]
+    if copy_low is not None and copy_high is not None:  # where the time goes: each rank's copy into its slab
+        text += f"; of it the copy {1e3 * copy_low:.0f} ms and {1e3 * copy_high:.0f} ms"
+    cores = (run or {}).get("machine", {}).get("cores")
+    if cores:
+        text += f" ({cores} cores)"
+    return ratio <= 1.10, text
 
 
 GOALS: tuple[tuple[str, Callable[[Path], tuple[bool, str] | None]], ...] = (

@@ -53,3 +53,21 @@ def test_each_goal_is_judged_by_its_own_limit(tmp_path):
 def test_a_missing_run_or_peer_is_not_measured(tmp_path):
     _write(tmp_path, "sweeps/tensors-cpu.json", _sweep("impl", {16: [_save(0.01, 0.0004)]}))  # no impl-cached
     assert all("not measured" in line and line.startswith("- [ ]") for line in goal_lines(tmp_path))
+
+
+def test_a_goal_line_says_where_the_time_goes_when_the_saves_carry_their_marks(tmp_path):
+    """The planning line splits planning into its steps (impl's marks fingerprinted, buckets, agreed); the stall
+    line gives the copy's share per GiB (marks copies to snapshot); a save without those marks gives no split."""
+    steps = {"plan": 0.0, "fingerprinted": 0.009, "buckets": 0.012, "agreed": 0.0125, "planned": 0.015}
+    prepared = {"stall": 0.2, "committed": 1.0, "marks": {k: [v, v] for k, v in steps.items()}}
+    _write(tmp_path, "sweeps/tensors-cpu.json", _sweep("impl-cached", {10000: [prepared] * 3, 16: [_save(0.01, 4e-4)]}))
+    copy = {"copies": [0.001, 0.001], "snapshot": [0.101, 0.101]}
+    sizes = {
+        v: [{"stall": 0.11 * v / 1024, "marks": {k: [t * v / 1024 for t in c] for k, c in copy.items()}}]
+        for v in (256, 1024)
+    }
+    _write(tmp_path, "sweeps/size-4g-impl-cpu.json", _sweep("impl", sizes))
+    lines = goal_lines(tmp_path)
+    assert "the steps (median ms): fingerprint 9, buckets 3, agreement 0.5, the rest 2.5" in lines[2]
+    assert "the steps" not in lines[1], "a save without the planning steps' marks has no split"
+    assert "of it the copy (marks `copies` to `snapshot`) 100, 100 ms per GiB" in lines[3]

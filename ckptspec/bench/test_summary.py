@@ -57,7 +57,7 @@ def test_ratios_use_the_fastest_ceiling_round_scaled_to_the_same_bytes():
 
 def test_goals_are_checked_against_the_figures():
     goals = "\n".join(goals_of(summary.BenchmarkRun(RUN)))
-    assert "- [x] `dcp:impl` stall <= 1.5x the memcpy floor, snapshot correct: 1.20x" in goals
+    assert "- [ ] `dcp:impl` stall <= 1.05x the memcpy floor, snapshot correct: 1.20x" in goals  # missed, by how much
     assert "- [ ] `dcp:impl` stall no worse than `dcp:nvrx`" in goals
     assert "- [ ] `dcp:impl` time to durable <= 1.05x synchronous `dcp.save`: 1.10x" in goals  # missed, by how much
     assert "- [ ] `dcp:impl-overlapped`: not measured in this run" in goals

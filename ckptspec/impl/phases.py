@@ -5,7 +5,9 @@ the worker it starts, which inherits the environment) appends one line per mark 
 ``<name> <time.time()> <pid>``, tab-separated, in one ``O_APPEND`` write (whole lines, whatever the order). Unset,
 ``mark`` is one test of a module global: nothing is timed, opened or written.
 
-The marks of one save, in order: ``plan`` and ``planned`` (``save_state_dict_async_plan``), ``copies`` (the
+The marks of one save, in order: ``plan`` and ``planned`` (``save_state_dict_async_plan``; between them, on a
+repeated save that reuses its plan, ``fingerprinted`` (the state dict compared with the previous save's),
+``buckets`` (the writer's buckets filled) and ``agreed`` (every rank's answer known)), ``copies`` (the
 trainer starts copying into the slab), ``snapshot`` (every copy made), ``handed over`` (the request is on the
 worker's pipe; before ``copies`` where the worker writes as the copies land), ``first byte`` and ``last byte``
 (each file of the writer: the first item begun, the last item written), ``durable`` (every file fsynced, the

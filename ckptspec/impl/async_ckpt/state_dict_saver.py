@@ -172,7 +172,9 @@ def save_state_dict_async_plan(
     planner = planner if planner is not None else DefaultSavePlanner()
     if cache is not None and cache.cached_central_plan is not None:
         buckets = _prepared_buckets(cache, state_dict, planner, storage_writer)
-        if _all_ranks_agree(buckets is not None, dist_wrapper):
+        agreed = _all_ranks_agree(buckets is not None, dist_wrapper)
+        mark("agreed")
+        if agreed:
             assert buckets is not None
             storage_writer.use_write_buckets(buckets)
             planner.finish_plan(cache.cached_central_plan)
@@ -298,8 +300,9 @@ def verify_global_md_reuse(
 
 
 def _all_ranks_agree(flag: bool, dist_wrapper: _DistWrapper) -> bool:
-    """True iff ``flag`` is True on every rank of the wrapper's group (one MIN all-reduce of one int)."""
-    if not dist_wrapper.use_dist:
+    """True iff ``flag`` is True on every rank of the wrapper's group (one MIN all-reduce of one int; none when the
+    group has one rank)."""
+    if not dist_wrapper.use_dist or dist_wrapper.get_world_size() == 1:
         return flag
     return bool(all_reduce([int(flag)], dist.ReduceOp.MIN, group=dist_wrapper.group)[0])
 
@@ -447,15 +450,18 @@ def _prepared_buckets(
     if not isinstance(planner, DefaultSavePlanner) or _planner_settings(planner) != prepared.planner_settings:
         return None  # (the template was made for DefaultSavePlanner itself: the check also narrows the type)
     walk = _walk(state_dict, prepared.fingerprint)
+    mark("fingerprinted")
     if walk is None:
         return None
     try:
         writer.prepare_local_plan(cache.cached_local_plan)  # refuses a file or an existing checkpoint
-        return writer.prepared_buckets(
+        buckets = writer.prepared_buckets(
             prepared.template, walk.values, planner.transform_object, detach=prepared.requires_grad
         )
     except Exception:
-        return None  # the full path raises it on every rank
+        buckets = None  # the full path raises it on every rank
+    mark("buckets")
+    return buckets
 
 
 def _prepare_next(
