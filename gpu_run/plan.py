@@ -97,8 +97,8 @@ class Stage:
         return ("base", *(("s3",) if self.s3 else ()), *self.releases)
 
 
-# impl's own CUDA checks of its overlapped staging (gpu-marked), run with impl's GPU selection.
-IMPL_GPU_PATHS = ("ckptspec/bench/test_overlap.py",)
+# impl's own CUDA checks of its staging, overlapped and default (gpu-marked), run with impl's GPU selection.
+IMPL_GPU_PATHS = ("ckptspec/bench/test_overlap.py", "ckptspec/bench/test_landing.py")
 OVERLAPPED = (("CKPTSPEC_IMPL_STAGING", "overlapped"),)  # impl's protocol saver stages in the background
 
 

@@ -108,7 +108,10 @@ def _stall_per_gib_flat(results: Path) -> tuple[bool, str] | None:
 
 
 def _ranks_flat(results: Path) -> tuple[bool, str] | None:
-    run = _load(results, "sweeps/ranks-cpu.json")
+    """Judged by the stored CPU ranks sweep (`sweeps/ranks-cpu*.json`) of the machine with the most cores: the goal
+    is the cost of more ranks, not of more ranks than cores (docs/gpu.md's `sweep-ranks-cpu` measures it there)."""
+    runs = [json.loads(p.read_text()) for p in sorted((results / "sweeps").glob("ranks-cpu*.json"))]
+    run = max(runs, key=lambda r: r.get("machine", {}).get("cores", 0), default=None)
     points = _peer_rounds(run, "impl") if run else []
     if len(points) < 2:
         return None

@@ -62,7 +62,7 @@ def test_a_goal_line_says_where_the_time_goes_when_the_saves_carry_their_marks(t
     prepared = {"stall": 0.2, "committed": 1.0, "marks": {k: [v, v] for k, v in steps.items()}}
     _write(tmp_path, "sweeps/tensors-cpu.json", _sweep("impl-cached", {10000: [prepared] * 3, 16: [_save(0.01, 4e-4)]}))
     copy = {"copies": [0.001, 0.001], "snapshot": [0.101, 0.101]}
-    sizes = {
+    sizes: dict[float, list[dict]] = {
         v: [{"stall": 0.11 * v / 1024, "marks": {k: [t * v / 1024 for t in c] for k, c in copy.items()}}]
         for v in (256, 1024)
     }
@@ -71,3 +71,13 @@ def test_a_goal_line_says_where_the_time_goes_when_the_saves_carry_their_marks(t
     assert "the steps (median ms): fingerprint 9, buckets 3, agreement 0.5, the rest 2.5" in lines[2]
     assert "the steps" not in lines[1], "a save without the planning steps' marks has no split"
     assert "of it the copy (marks `copies` to `snapshot`) 100, 100 ms per GiB" in lines[3]
+
+
+def test_the_ranks_goal_is_judged_on_the_machine_with_the_most_cores(tmp_path):
+    two = {**_sweep("impl", {1: [_save(0.03)], 4: [_save(0.1)]}), "machine": {"cores": 2}}
+    sixteen = {**_sweep("impl", {1: [_save(0.03)], 4: [_save(0.032)]}), "machine": {"cores": 16}}
+    _write(tmp_path, "sweeps/ranks-cpu.json", two)
+    _write(tmp_path, "sweeps/ranks-cpu-h200-host.json", sixteen)
+    line = goal_lines(tmp_path)[4]
+    assert line.startswith("- [x]"), line
+    assert "(16 cores)" in line, line

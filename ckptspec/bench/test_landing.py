@@ -2,13 +2,17 @@
 clause states, for the figures these benchmarks time. The snapshot and the files themselves are the spec's (P-SNAP-1,
 FS-18, IN-1: unchanged).
 
-- A request reaches the worker before its tensors are copied, and the call still returns only after every copy.
+- A request reaches the worker before its tensors are copied where the copies leave the writer a core (a GPU's, or
+  fewer trainer threads than cores), after them otherwise; the call returns only after every copy.
 - The worker's writer waits for each tensor's bytes, and for no more: a tensor that has landed is written while the
   next is still being copied; a failed copy fails the wait instead of writing what is there.
+- The writer's host-copy preload never reaches the worker: the trainer stages its tensors with the rest, CUDA ones
+  into the pinned slab (a side stream, one event per group of copies), and scheduling returns once they have landed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -16,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from ckptspec.bench.peers import plan_write
 from ckptspec.spec.harness import load_target
@@ -82,7 +87,31 @@ def test_a_failed_copy_fails_the_wait_instead_of_writing_what_is_there():
     pool.clear()
 
 
-def test_a_request_is_sent_before_its_copies_and_the_call_returns_after_them(tmp_path, monkeypatch):
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("threads", ["one", "every core"])
+def test_a_request_is_sent_before_its_copies_only_where_they_leave_the_writer_a_core(tmp_path, monkeypatch, threads):
+    """Host copies use the trainer's torch threads: with fewer threads than cores the request goes to the worker
+    before its copies (it writes as they land); with a thread on every core, after them (a writer sharing the
+    copy's cores slows it). Either way the call returns after every copy."""
+    if threads == "one" and _cores() == 1:
+        pytest.skip("one core: no thread count leaves the writer a core")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if threads == "one" else _cores())
+    try:
+        events = _schedule_events(tmp_path, monkeypatch)
+    finally:
+        torch.set_num_threads(before)
+    if threads == "one":
+        assert events[-3:] == ["send", "copies begin", "copies end"], events
+    else:
+        assert events[-3:] == ["copies begin", "copies end", "send"], events
+
+
+def _schedule_events(tmp_path, monkeypatch) -> list[str]:
+    """The order of the request's sending and its copies in one save through impl's default queue."""
     queue = load_target("impl").module("async_ckpt.core").AsyncCallsQueue()
     caller = queue._get_async_caller()
     callers = sys.modules[type(caller).__module__]
@@ -103,7 +132,72 @@ def test_a_request_is_sent_before_its_copies_and_the_call_returns_after_them(tmp
     state = {"w": torch.randn(1 << 16), "step": 3}
     try:
         queue.schedule_async_request(plan_write("impl", state, str(tmp_path / "c")).request())
-        assert events[-3:] == ["send", "copies begin", "copies end"], events
+        scheduled = list(events)  # what happened by the time scheduling returned
         bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
+    finally:
+        bounded(BOUND, "close()", queue.close)
+    return scheduled
+
+
+def _saves_then_changes(queue: Any, tmp_path, device: str, saves: int, preload: bool = False) -> list[str]:
+    """`saves` saves of one state dict on `queue`, each changed in place as soon as scheduling returned; with
+    `preload`, each request carries the writer's host-copy preload, as the writer makes it for CUDA tensors."""
+    big, small = torch.arange(1 << 20, dtype=torch.float32, device=device), torch.zeros(7, device=device)
+    state: dict[str, Any] = {"big": big, "small": small, "step": 0}
+    problems: list[str] = []
+    for version in range(saves):
+        path = str(tmp_path / f"c{version}")
+        state["step"] = version
+        planned = plan_write("impl", state, path)
+        if preload:
+            writer = planned.writer
+            planned = planned.but(preload_fn=functools.partial(type(writer).preload_tensors, writer.write_buckets))
+        queue.schedule_async_request(planned.request())
+        for tensor in (big, small):
+            tensor.add_(1)  # the next training step; the checkpoint must hold the values before it
+        bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
+        loaded: dict = {"big": torch.empty(1 << 20), "small": torch.empty(7), "step": -1}
+        dcp.load(loaded, checkpoint_id=path, no_dist=True)
+        want = {"big": torch.arange(1 << 20, dtype=torch.float32) + version, "small": torch.full((7,), float(version))}
+        problems += [f"save {version}: {k} differs" for k in want if not torch.equal(loaded[k], want[k])]
+        if loaded["step"] != version:
+            problems.append(f"save {version}: step {loaded['step']}")
+    return problems
+
+
+def test_the_writers_host_copy_preload_is_staged_by_the_trainer(tmp_path, monkeypatch):
+    """The writer's preload (its tensors copied to host, marked `copies_to_host`) never reaches the worker: the
+    trainer stages its argument with the rest and scheduling waits for no acknowledgement from the worker (before
+    issue 62 the worker ran it on CUDA tensors received through IPC handles). CPU tensors here, the preload made as
+    the writer makes it for CUDA ones; the CUDA copies themselves are the GPU test's below."""
+    queue = load_target("impl").module("async_ckpt.core").AsyncCallsQueue()
+    caller = queue._get_async_caller()
+    acknowledgements: list[int] = []
+    real_wait = caller._wait_for_preload
+
+    def wait_for_preload(idx: int) -> None:
+        acknowledgements.append(idx)
+        real_wait(idx)
+
+    monkeypatch.setattr(caller, "_wait_for_preload", wait_for_preload)
+    try:
+        problems = _saves_then_changes(queue, tmp_path, "cpu", 2, preload=True)
+    finally:
+        bounded(BOUND, "close()", queue.close)
+    assert not problems, problems
+    assert not acknowledgements, f"scheduling waited for the worker's preload of requests {acknowledgements}"
+
+
+@pytest.mark.gpu  # skips without CUDA (the spec plugin); run by the GPU stages impl-gpu and impl-overlapped-lease
+def test_default_cuda_saves_are_staged_by_the_trainer_into_a_pinned_slab(tmp_path):
+    """The default (not overlapped) queue with CUDA tensors: scheduling returns once their device-to-host copies
+    into the pinned slab have landed, so the checkpoint holds the values at the call; one slab is reused."""
+    queue = load_target("impl").module("async_ckpt.core").AsyncCallsQueue(persistent=True)
+    try:
+        problems = _saves_then_changes(queue, tmp_path, "cuda", 3)
+        assert not problems, problems
+        free = queue._get_async_caller()._pool._free
+        assert len(free) == 1, f"{len(free)} slabs kept after 3 saves of one size"
+        assert free[0].pinned, "the CUDA tensors' slab is not page-locked"
     finally:
         bounded(BOUND, "close()", queue.close)

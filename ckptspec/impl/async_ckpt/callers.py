@@ -43,7 +43,7 @@ from ..phases import mark
 from ..utils import all_reduce, dist_ready
 from .process_reaping import kill_group, track_live, untrack_live
 from .request import AsyncRequest, raise_failure, run_guarded
-from .staging import Slab, SlabPool, copy_in, lay_out, map_tensors
+from .staging import Slab, SlabPool, copy_in, lay_out, map_tensors, writer_may_overlap
 from .worker import STARTED, persistent_worker, temporal_child
 
 __all__ = ["AsyncCaller", "PersistentAsyncCaller", "TemporalAsyncCaller"]
@@ -336,8 +336,11 @@ class PersistentAsyncCaller(AsyncCaller):
     """One long-lived spawned worker per caller, serving requests FIFO, one at a time.
 
     Tensors in the request's args/kwargs are staged into a pooled shared-memory slab in the
-    trainer; the worker maps the slab and uses the tensors without another copy. With a
-    preload_fn, scheduling waits for the worker's "preloaded" acknowledgement (or its death).
+    trainer; the worker maps the slab and uses the tensors without another copy. A preload_fn that
+    only copies to host (``copies_to_host``: the writer's, for CUDA tensors) is not run: its argument
+    is staged here with the rest, CUDA tensors into the pinned slab without blocking per tensor
+    (``copy_in``). With another preload_fn, scheduling waits for the worker's "preloaded"
+    acknowledgement (or its death).
     """
 
     def __init__(self) -> None:
@@ -357,7 +360,9 @@ class PersistentAsyncCaller(AsyncCaller):
             self._results[idx] = None
             self._pending.append(idx)
             return
-        request, slab, layout = lay_out(async_req, self._pool)
+        # A preload that only copies to host (impl's writer's, for CUDA tensors) is staged here instead, into the
+        # pinned slab (copy_in), not by the worker through CUDA IPC handles.
+        request, slab, layout = lay_out(async_req, self._pool, stage_preloads=True)
         try:
             body = self._pickler.dumps(request)
         except Exception as exc:
@@ -370,14 +375,22 @@ class PersistentAsyncCaller(AsyncCaller):
         if slab is None:
             self._send((idx, wants_ack, body, None))
         else:
-            # Sent before the copies: the worker writes each tensor once it has landed (staging: landing), and
-            # this call still returns only once every copy is made, so the snapshot is the state at the call.
+            # Sent before the copies where the writer may overlap them (staging: writer_may_overlap): the worker
+            # writes each tensor once it has landed (staging: landing). Either way this call returns only once
+            # every copy is made, so the snapshot is the state at the call.
             slab.set_progress(0)
-            self._send((idx, wants_ack, body, slab.nbytes), slab.fd)
-            mark("handed over")
-            mark("copies")
-            copy_in(slab, layout)  # a failed copy fails the request in the worker too
-            mark("snapshot")
+            overlap = writer_may_overlap(layout)
+            if overlap:
+                self._send((idx, wants_ack, body, slab.nbytes), slab.fd)
+                mark("handed over")
+            try:
+                mark("copies")
+                copy_in(slab, layout)  # a failed copy fails the request in the worker too
+                mark("snapshot")
+            finally:
+                if not overlap:
+                    self._send((idx, wants_ack, body, slab.nbytes), slab.fd)
+                    mark("handed over")
         if wants_ack:
             self._wait_for_preload(idx)
 
