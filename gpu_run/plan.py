@@ -98,7 +98,11 @@ class Stage:
 
 
 # impl's own CUDA checks of its staging, overlapped and default (gpu-marked), run with impl's GPU selection.
-IMPL_GPU_PATHS = ("ckptspec/bench/test_overlap.py", "ckptspec/bench/test_landing.py")
+IMPL_GPU_PATHS = (
+    "ckptspec/bench/test_overlap.py",
+    "ckptspec/bench/test_landing.py",
+    "ckptspec/bench/test_poll_device_wait.py",
+)
 OVERLAPPED = (("CKPTSPEC_IMPL_STAGING", "overlapped"),)  # impl's protocol saver stages in the background
 
 

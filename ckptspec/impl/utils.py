@@ -28,7 +28,7 @@ import pickle
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -144,10 +144,28 @@ def all_reduce(
     dtype: torch.dtype = torch.int32,
     group: dist.ProcessGroup | None = None,
 ) -> list[int]:
-    """Collective: ``values`` reduced elementwise with ``op`` over ``group``, in one all-reduce."""
-    tensor = torch.tensor(values, dtype=dtype, device=collective_device(group))
-    dist.all_reduce(tensor, op=op, group=group)
-    return tensor.tolist()
+    """Collective: ``values`` reduced elementwise with ``op`` over ``group``, in one all-reduce.
+
+    Under NCCL the values travel on the current GPU, on a side stream of their own: the collective then waits for
+    no kernel the trainer has queued, and reading the result back waits for the collective alone, not for the
+    training step in flight (the queue's polls run every step; each would otherwise drain the GPU's queue)."""
+    device = collective_device(group)
+    side = _flag_stream(device) if device.type == "cuda" else None
+    with torch.cuda.stream(side) if side is not None else nullcontext():
+        tensor = torch.tensor(values, dtype=dtype, device=device)
+        dist.all_reduce(tensor, op=op, group=group)
+        return tensor.tolist()
+
+
+_FLAG_STREAMS: dict[torch.device, Any] = {}
+
+
+def _flag_stream(device: torch.device) -> Any:
+    """The side stream ``all_reduce`` uses on ``device`` (one per device, kept)."""
+    stream = _FLAG_STREAMS.get(device)
+    if stream is None:
+        stream = _FLAG_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 def all_gather(obj: Any) -> list[Any]:

@@ -250,10 +250,12 @@ def copy_in(slab: Slab, layout: list[tuple[torch.Tensor, Staged]]) -> None:
         with torch.no_grad(), torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
 
             def copy_group(regions: list[torch.Tensor], sources: list[torch.Tensor], end: int) -> None:
-                torch._foreach_copy_(regions, sources, non_blocking=side is not None)
                 if side is None:
+                    torch._foreach_copy_(regions, sources)
                     slab.set_progress(end)
-                else:
+                else:  # one copy_ each: a device-to-host copy is queued, not made
+                    for region, source in zip(regions, sources, strict=True):
+                        region.copy_(source, non_blocking=True)
                     event = torch.cuda.Event()
                     event.record(side)
                     queued.append((event, end))
