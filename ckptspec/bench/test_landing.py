@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
 from ckptspec.bench.peers import plan_write
+from ckptspec.bench.snapshot_saves import saves_then_changes
 from ckptspec.spec.harness import load_target
 from ckptspec.spec.harness.asserts import bounded
 
@@ -139,30 +139,10 @@ def _schedule_events(tmp_path, monkeypatch) -> list[str]:
     return scheduled
 
 
-def _saves_then_changes(queue: Any, tmp_path, device: str, saves: int, preload: bool = False) -> list[str]:
-    """`saves` saves of one state dict on `queue`, each changed in place as soon as scheduling returned; with
-    `preload`, each request carries the writer's host-copy preload, as the writer makes it for CUDA tensors."""
-    big, small = torch.arange(1 << 20, dtype=torch.float32, device=device), torch.zeros(7, device=device)
-    state: dict[str, Any] = {"big": big, "small": small, "step": 0}
-    problems: list[str] = []
-    for version in range(saves):
-        path = str(tmp_path / f"c{version}")
-        state["step"] = version
-        planned = plan_write("impl", state, path)
-        if preload:
-            writer = planned.writer
-            planned = planned.but(preload_fn=functools.partial(type(writer).preload_tensors, writer.write_buckets))
-        queue.schedule_async_request(planned.request())
-        for tensor in (big, small):
-            tensor.add_(1)  # the next training step; the checkpoint must hold the values before it
-        bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
-        loaded: dict = {"big": torch.empty(1 << 20), "small": torch.empty(7), "step": -1}
-        dcp.load(loaded, checkpoint_id=path, no_dist=True)
-        want = {"big": torch.arange(1 << 20, dtype=torch.float32) + version, "small": torch.full((7,), float(version))}
-        problems += [f"save {version}: {k} differs" for k in want if not torch.equal(loaded[k], want[k])]
-        if loaded["step"] != version:
-            problems.append(f"save {version}: step {loaded['step']}")
-    return problems
+def _with_the_writers_preload(planned: Any) -> Any:
+    """The planned save with the writer's host-copy preload, as the writer makes it for CUDA tensors."""
+    writer = planned.writer
+    return planned.but(preload_fn=functools.partial(type(writer).preload_tensors, writer.write_buckets))
 
 
 def test_the_writers_host_copy_preload_is_staged_by_the_trainer(tmp_path, monkeypatch):
@@ -181,7 +161,7 @@ def test_the_writers_host_copy_preload_is_staged_by_the_trainer(tmp_path, monkey
 
     monkeypatch.setattr(caller, "_wait_for_preload", wait_for_preload)
     try:
-        problems = _saves_then_changes(queue, tmp_path, "cpu", 2, preload=True)
+        problems = saves_then_changes(queue, tmp_path, "cpu", 2, prepare=_with_the_writers_preload)
     finally:
         bounded(BOUND, "close()", queue.close)
     assert not problems, problems
@@ -194,7 +174,7 @@ def test_default_cuda_saves_are_staged_by_the_trainer_into_a_pinned_slab(tmp_pat
     into the pinned slab have landed, so the checkpoint holds the values at the call; one slab is reused."""
     queue = load_target("impl").module("async_ckpt.core").AsyncCallsQueue(persistent=True)
     try:
-        problems = _saves_then_changes(queue, tmp_path, "cuda", 3)
+        problems = saves_then_changes(queue, tmp_path, "cuda", 3)
         assert not problems, problems
         free = queue._get_async_caller()._pool._free
         assert len(free) == 1, f"{len(free)} slabs kept after 3 saves of one size"

@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 
 from ckptspec.bench.peers import plan_write
+from ckptspec.bench.snapshot_saves import BIG, saves_then_changes
 from ckptspec.spec.harness import load_target
 from ckptspec.spec.harness.asserts import bounded
 
 BOUND = 120.0  # seconds for a save, the first of which starts the worker
-BIG = 1 << 20  # elements of the large tensor: its copy is still running when the small ones are done
 
 
 def _queue(**options: Any) -> Any:
@@ -32,33 +31,10 @@ def _queue(**options: Any) -> Any:
     return load_target("impl").module("async_ckpt.core").AsyncCallsQueue(**options)
 
 
-def _state(device: str, version: int) -> dict[str, Any]:
-    return {
-        "big": torch.arange(BIG, dtype=torch.float32, device=device) + version,
-        "small": torch.full((7,), float(version), device=device),
-        "step": version,
-    }
-
-
 def _saves_then_changes(tmp_path, device: str, saves: int, **options) -> tuple[Any, list[str]]:
     """`saves` saves of one state dict on one overlapped queue, each changed in place once staging returned."""
     queue = _queue(overlap_staging=True, **options)
-    state, problems = _state(device, 0), []
-    for version in range(saves):
-        path = str(tmp_path / f"c{version}")
-        state["step"] = version
-        queue.schedule_async_request(plan_write("impl", state, path).request())
-        queue.wait_for_staging()
-        for key in ("big", "small"):
-            state[key].add_(1)  # the next training step; the checkpoint must hold the values before it
-        bounded(BOUND, "maybe_finalize_async_calls(blocking=True)", queue.maybe_finalize_async_calls, True)
-        loaded: dict = {"big": torch.empty(BIG), "small": torch.empty(7), "step": -1}
-        dcp.load(loaded, checkpoint_id=path, no_dist=True)
-        want = _state("cpu", version)
-        problems += [f"save {version}: {k} differs" for k in ("big", "small") if not torch.equal(loaded[k], want[k])]
-        if loaded["step"] != version:
-            problems.append(f"save {version}: step {loaded['step']}")
-    return queue, problems
+    return queue, saves_then_changes(queue, tmp_path, device, saves, wait_for_staging=True)
 
 
 def _pool(queue: Any) -> dict[int, list]:

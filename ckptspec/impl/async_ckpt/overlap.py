@@ -40,7 +40,7 @@ from ..phases import mark
 from ..utils import picklable_error
 from .callers import PersistentAsyncCaller
 from .request import AsyncRequest
-from .staging import LANDED_ALL, Slab, Staged, lay_out
+from .staging import LANDED_ALL, Slab, Staged, lay_out, side_stream
 
 __all__ = ["OverlappedAsyncCaller"]
 
@@ -81,7 +81,6 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
         self._unsignalled: dict[int, _Staging] = {}  # scheduled, not yet covered by a wait_for_staging
         self._staging: dict[int, _Staging] = {}  # in flight: its slab goes back to the pool once `copied`
         self._copy_failures: list[tuple[int, BaseException]] = []  # appended by the staging thread
-        self._side_streams: dict[torch.device, Any] = {}
         self._aborting = False
 
     def schedule_async_call(self, async_req: AsyncRequest) -> None:
@@ -126,7 +125,6 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
         self._unsignalled.clear()
         super().close(abort)
         self._staging.clear()
-        self._side_streams.clear()
 
     # ------------------------------------------------------------------------------------- helpers
 
@@ -137,10 +135,7 @@ class OverlappedAsyncCaller(PersistentAsyncCaller):
         for t, place in pairs:
             devices.setdefault(t.device, []).append((t, place))
         for device, items in devices.items():
-            side = self._side_streams.get(device)
-            if side is None:
-                side = self._side_streams[device] = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))  # the values the trainer's queued work leaves
+            side = side_stream(device)
             with torch.cuda.stream(side):
                 if self.device_clone:
                     sources = [t.detach().clone() for t, _ in items]  # allocated on, and freed for, the side stream

@@ -241,7 +241,7 @@ def copy_in(slab: Slab, layout: list[tuple[torch.Tensor, Staged]]) -> None:
     devices = {t.device for t, _ in layout if t.is_cuda}
     if devices:
         slab.pin()
-    side = _side_stream(devices.pop()) if len(devices) == 1 else None
+    side = side_stream(devices.pop()) if len(devices) == 1 else None
     queued: list[tuple[Any, int]] = []  # (event, bytes landed once it has happened), in slab order
     try:
         # Copies go in groups (one torch call per group; a copy_ per tensor costs about 3 us more), each group
@@ -299,8 +299,9 @@ def writer_may_overlap(layout: list[tuple[torch.Tensor, Staged]]) -> bool:
     return cores > torch.get_num_threads()
 
 
-def _side_stream(device: torch.device) -> Any:
-    """The side stream of ``device`` (one per device, kept), made to wait for the trainer's work queued so far."""
+def side_stream(device: torch.device) -> Any:
+    """The copies' side stream of ``device`` (one per device, kept, for both staging paths), made to wait for the
+    trainer's work queued so far."""
     side = _SIDE_STREAMS.get(device)
     if side is None:
         side = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
